@@ -1,0 +1,94 @@
+"""ScaleConfig: what to add to a model and how the added blocks train (DESIGN.md §1).
+
+Only checks that need no model live here; checks against a model's shapes (head size, GQA
+group, number of layers) are made by `upscale`, which knows the architecture.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+METHODS = ("preserve", "adapt", "route")
+INITS = ("zero", "random", "svd")
+MODULES = ("attn", "ffn")
+
+
+@dataclass
+class ScaleConfig:
+    """How to width-upscale a causal LM with SCALE.
+
+    Attributes:
+        hidden_up: width added to the residual stream (``u``); adds ``u / head_dim`` query heads.
+            Must be a positive multiple of ``head_dim * (n_heads / n_kv_heads)``.
+        ffn_up: width added to every FFN's hidden layer (``f``), 0 or more.
+        method: ``"preserve"`` (W12 frozen at zero everywhere), ``"adapt"`` (W12 trainable in
+            collaborative layers/modules) or ``"route"`` (per-token routing between both, Eq. 5).
+        preserve_layers: ``L_fp``; W12 stays frozen at zero in decoder layers ``< L_fp``.
+            Layers ``>= L_fp`` are collaborative (for ``adapt``/``route``).
+        collab_modules: where W12 may train inside collaborative layers: ``"attn"``, ``"ffn"``.
+        w21_init: initialiser of W21 (new rows reading the original stream).
+        w22_init: initialiser of W22 (new rows reading the new stream).
+        route_tau: cosine threshold of Eq. 5, in [-1, 1]; a token whose preserve and adapt
+            logits agree above it goes to the preserve path.
+        seed: seed of the random and randomised-SVD initialisers (upscaling is deterministic).
+    """
+
+    hidden_up: int
+    ffn_up: int
+    method: str = "preserve"
+    preserve_layers: int = 0
+    collab_modules: tuple[str, ...] = field(default=("attn", "ffn"))
+    w21_init: str = "svd"
+    w22_init: str = "zero"
+    route_tau: float = 0.5
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        self.collab_modules = tuple(self.collab_modules)
+        for name in ("hidden_up", "ffn_up", "preserve_layers", "seed"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ValueError(f"ScaleConfig.{name} must be an int, got {value!r}")
+        if self.hidden_up <= 0:
+            raise ValueError(
+                f"ScaleConfig.hidden_up must be positive (the width added to the residual stream), got {self.hidden_up}"
+            )
+        if self.ffn_up < 0:
+            raise ValueError(f"ScaleConfig.ffn_up must be 0 or more, got {self.ffn_up}")
+        if self.preserve_layers < 0:
+            raise ValueError(f"ScaleConfig.preserve_layers must be 0 or more, got {self.preserve_layers}")
+        check_method(self.method)
+        for name in ("w21_init", "w22_init"):
+            if getattr(self, name) not in INITS:
+                raise ValueError(f"ScaleConfig.{name} must be one of {INITS}, got {getattr(self, name)!r}")
+        unknown = [m for m in self.collab_modules if m not in MODULES]
+        if unknown or not self.collab_modules:
+            raise ValueError(
+                f"ScaleConfig.collab_modules must be a non-empty subset of {MODULES}, got {self.collab_modules!r}"
+            )
+        if len(set(self.collab_modules)) != len(self.collab_modules):
+            raise ValueError(f"ScaleConfig.collab_modules has duplicates: {self.collab_modules!r}")
+        tau = self.route_tau
+        if isinstance(tau, bool) or not isinstance(tau, (int, float)) or not -1.0 <= tau <= 1.0:
+            raise ValueError(f"ScaleConfig.route_tau must be a number in [-1, 1] (a cosine), got {tau!r}")
+        self.route_tau = float(tau)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["collab_modules"] = list(self.collab_modules)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ScaleConfig:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown ScaleConfig fields {unknown}; known fields: {sorted(known)}")
+        return cls(**data)
+
+
+def check_method(method: str) -> str:
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    return method

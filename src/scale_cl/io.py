@@ -1,0 +1,232 @@
+"""Save and load upscaled models: only what SCALE added, plus a JSON config naming the base model.
+
+A checkpoint directory holds:
+
+* ``scale_config.json``: format version, the ScaleConfig (method included), the base model's
+  name or path (and GGUF file), its class, config and a fingerprint of its weights, and the name
+  and shape of every saved tensor;
+* ``scale_model.safetensors``: every parameter SCALE added (``w12``/``w21``/``w22``/``bias_up``/
+  ``weight_up``), under the names the upscaled model uses;
+* ``base_model.safetensors``: only for ``full=True``, the frozen base weights, so that loading
+  needs no other file.
+
+Files are written to temporary names and renamed into place, so an interrupted save never leaves
+a directory that looks complete. Nothing is pickled.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+from torch import nn
+from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
+
+from scale_cl.config import ScaleConfig
+from scale_cl.upscale import scale_config_of, set_method, upscale, weight_fingerprint
+
+FORMAT = "scale-cl"
+VERSION = 1
+CONFIG_NAME = "scale_config.json"
+WEIGHTS_NAME = "scale_model.safetensors"
+BASE_WEIGHTS_NAME = "base_model.safetensors"
+NEW_PARAM_NAMES = ("w12", "w21", "w22", "bias_up", "weight_up")
+# Base config fields whose mismatch makes a checkpoint unusable.
+_SHAPE_FIELDS = (
+    "model_type",
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+)
+
+
+def is_new_parameter(name: str) -> bool:
+    return name.rsplit(".", 1)[-1] in NEW_PARAM_NAMES
+
+
+def _unique_parameters(model: nn.Module) -> dict[str, torch.Tensor]:
+    return dict(model.named_parameters())  # named_parameters lists a tied weight once
+
+
+def _atomic_write(path: Path, write: Any) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def save(
+    model: PreTrainedModel,
+    save_directory: str | os.PathLike,
+    full: bool = False,
+    state_dict: dict[str, torch.Tensor] | None = None,
+) -> Path:
+    """Save an upscaled model's new parameters (and with ``full`` its base weights); see module doc."""
+    cfg = scale_config_of(model)
+    base = model.config.scale_cl["base"]
+    values = state_dict if state_dict is not None else _unique_parameters(model)
+    params = _unique_parameters(model)
+    new = {n: values[n].detach().contiguous().cpu() for n in params if is_new_parameter(n)}
+    original = {n: values[n].detach().contiguous().cpu() for n in params if not is_new_parameter(n)}
+
+    directory = Path(save_directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    meta = {
+        "format": FORMAT,
+        "version": VERSION,
+        "scale_config": cfg.to_dict(),
+        "base_model": base,
+        "full": full,
+        "tensors": {n: list(t.shape) for n, t in new.items()},
+    }
+    # Weights first, the config last: a directory whose config names them is complete.
+    (directory / CONFIG_NAME).unlink(missing_ok=True)
+    _atomic_write(directory / WEIGHTS_NAME, lambda p: save_file(new, p, metadata={"format": "pt"}))
+    if full:
+        _atomic_write(directory / BASE_WEIGHTS_NAME, lambda p: save_file(original, p, metadata={"format": "pt"}))
+    else:
+        (directory / BASE_WEIGHTS_NAME).unlink(missing_ok=True)
+    _atomic_write(directory / CONFIG_NAME, lambda p: Path(p).write_text(json.dumps(meta, indent=2)))
+    return directory
+
+
+def read_meta(directory: str | os.PathLike) -> dict[str, Any]:
+    path = Path(directory) / CONFIG_NAME
+    if not path.is_file():
+        raise ValueError(
+            f"{directory} is not a scale-cl checkpoint: {CONFIG_NAME} is missing "
+            "(save one with model.save_pretrained(dir))"
+        )
+    try:
+        meta = json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path} is not valid JSON ({err}); the checkpoint is corrupted") from err
+    if meta.get("format") != FORMAT:
+        raise ValueError(f"{path} is not a scale-cl checkpoint config (format={meta.get('format')!r})")
+    if meta.get("version") != VERSION:
+        raise ValueError(f"{path} has format version {meta.get('version')}; this scale-cl reads version {VERSION}")
+    return meta
+
+
+def _read_tensors(path: Path) -> dict[str, torch.Tensor]:
+    if not path.is_file():
+        raise ValueError(f"checkpoint file {path} is missing")
+    try:
+        return load_file(path)
+    except (SafetensorError, OSError, ValueError) as err:
+        raise ValueError(f"cannot read {path}: {err}; the file is corrupted or not safetensors") from err
+
+
+def _config_differences(recorded: dict[str, Any], config: Any) -> list[str]:
+    now = config.to_dict()
+    diffs = []
+    for key in _SHAPE_FIELDS:
+        if (key in recorded or key in now) and recorded.get(key) != now.get(key):
+            diffs.append(f"{key}: checkpoint {recorded.get(key)!r}, base model {now.get(key)!r}")
+    return diffs
+
+
+def _load_base(meta: dict[str, Any], directory: Path, base_model: Any, kwargs: dict[str, Any]) -> PreTrainedModel:
+    base = meta["base_model"]
+    if meta["full"]:
+        fields = {k: v for k, v in base["config"].items() if k != "quantization_config"}
+        config = AutoConfig.for_model(**fields)
+        dtype = getattr(torch, base["dtype"])
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+        weights = _read_tensors(directory / BASE_WEIGHTS_NAME)
+        missing, unexpected = model.load_state_dict(weights, strict=False)
+        tied = {n for n in missing if n not in dict(model.named_parameters())}
+        if unexpected or set(missing) - tied:
+            raise ValueError(
+                f"{directory / BASE_WEIGHTS_NAME} does not match its base config: "
+                f"missing {sorted(set(missing) - tied)[:5]}, unexpected {sorted(unexpected)[:5]}"
+            )
+        return model
+    if isinstance(base_model, PreTrainedModel):
+        return base_model
+    name = base_model or base["name_or_path"]
+    if not name:
+        raise ValueError(
+            "this checkpoint does not name its base model (it was upscaled from a model built in memory): "
+            "pass base_model=<model or path>, or save with full=True"
+        )
+    if base.get("gguf_file") and not base_model:
+        kwargs.setdefault("gguf_file", base["gguf_file"])
+    kwargs.setdefault("dtype", getattr(torch, base["dtype"]))
+    return AutoModelForCausalLM.from_pretrained(name, **kwargs)
+
+
+def load(
+    directory: str | os.PathLike,
+    base_model: PreTrainedModel | str | None = None,
+    check_base_weights: bool = True,
+    **from_pretrained_kwargs: Any,
+) -> PreTrainedModel:
+    """Rebuild an upscaled model saved with ``save_pretrained``; its logits are bitwise the saved ones.
+
+    Args:
+        directory: the checkpoint directory.
+        base_model: the base model (a model, upscaled in place, or a hub id / local path); by default
+            the one the checkpoint names. Not needed for a ``full=True`` checkpoint.
+        check_base_weights: refuse a base model whose weights differ from the one the checkpoint
+            was trained on (compared by a fingerprint of its weights).
+        from_pretrained_kwargs: passed to ``AutoModelForCausalLM.from_pretrained`` for the base.
+    """
+    directory = Path(directory)
+    meta = read_meta(directory)
+    cfg = ScaleConfig.from_dict(meta["scale_config"])
+    weights = _read_tensors(directory / WEIGHTS_NAME)
+    shapes = {n: list(t.shape) for n, t in weights.items()}
+    if shapes != meta["tensors"]:
+        raise ValueError(f"{directory / WEIGHTS_NAME} does not hold the tensors {CONFIG_NAME} lists")
+
+    model = _load_base(meta, directory, base_model, dict(from_pretrained_kwargs))
+    recorded = meta["base_model"]
+    if type(model).__name__ != recorded["class"]:
+        raise ValueError(
+            f"the checkpoint was trained on a {recorded['class']}, the base model is a {type(model).__name__}"
+        )
+    diffs = _config_differences(recorded["config"], model.config)
+    if diffs:
+        raise ValueError("the base model does not match the checkpoint's: " + "; ".join(diffs))
+    if check_base_weights and not meta["full"] and weight_fingerprint(model) != recorded["fingerprint"]:
+        dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+        raise ValueError(
+            "the base model's weights differ from those this checkpoint was trained on "
+            f"(fingerprint {weight_fingerprint(model)} != {recorded['fingerprint']}; dtype now {dtype}, "
+            f"then {recorded['dtype']}). Load the same base checkpoint and dtype, or pass "
+            "check_base_weights=False to accept the difference."
+        )
+
+    # The saved values replace the initialisers, so skip the SVD.
+    model = upscale(model, ScaleConfig.from_dict({**cfg.to_dict(), "w21_init": "zero", "w22_init": "zero"}))
+    params = dict(model.named_parameters())
+    expected = {n: list(p.shape) for n, p in params.items() if is_new_parameter(n)}
+    if expected != shapes:
+        missing = sorted(set(expected) - set(shapes))
+        extra = sorted(set(shapes) - set(expected))
+        wrong = sorted(n for n in set(expected) & set(shapes) if expected[n] != shapes[n])
+        raise ValueError(
+            f"checkpoint tensors do not fit the upscaled model: missing {missing[:5]}, unexpected {extra[:5]}, "
+            f"wrong shape {[(n, shapes[n], expected[n]) for n in wrong[:5]]}"
+        )
+    with torch.no_grad():
+        for name, tensor in weights.items():
+            params[name].copy_(tensor)
+    model.config.scale_cl["config"] = {**model.config.scale_cl["config"], **cfg.to_dict()}
+    model.config.scale_cl["base"] = recorded
+    return set_method(model, cfg.method)

@@ -1,0 +1,171 @@
+"""The widened building blocks: one small module each (DESIGN.md §1 and §3).
+
+Every module here reads a hidden vector laid out as ``[x; x_up]`` (original part first) and keeps
+the pre-trained tensors under their original names ``weight``/``bias`` (frozen); what it adds is
+named ``w12``/``w21``/``w22``/``bias_up`` (linears) or ``weight_up``/``bias_up`` (embedding, head,
+norms). The original output never depends on ``x_up`` unless W12 is used, which is what makes
+Theorem 3.1 hold exactly.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from scale_cl.route import route_logits
+
+# How a ScaleLinear applies its W12 block on a forward pass (set by `set_method`):
+W12_OFF = "off"  # the network with W12 = 0 (preserve, and every non-collaborative linear)
+W12_ALL = "all"  # adapt
+W12_SECOND_HALF = "second_half"  # route: the batch is [preserve path; adapt path]
+W12_SCOPES = (W12_OFF, W12_ALL, W12_SECOND_HALF)
+
+
+class ScaleLinear(nn.Module):
+    """``[[W, W12], [W21, W22]] @ [x; x_up]`` with ``W`` (and its bias) frozen.
+
+    The output is ``[W x + W12 x_up (+ b); W21 x + W22 x_up + bias_up]``. W12 starts at zero and is
+    only computed when ``w12_scope`` says so, so a preserve layer never pays for it.
+    """
+
+    def __init__(
+        self,
+        base: nn.Linear,
+        in_up: int,
+        out_up: int,
+        w21: torch.Tensor,
+        w22: torch.Tensor,
+        collaborative: bool,
+        kind: str = "attn",
+    ) -> None:
+        super().__init__()
+        self.kind = kind  # "attn" or "ffn": the collab_modules name this linear belongs to
+        self.in_features, self.out_features = base.in_features, base.out_features
+        self.in_up, self.out_up = in_up, out_up
+        self.collaborative = collaborative
+        self.w12_scope = W12_OFF
+        self.weight = base.weight
+        self.bias = base.bias
+        factory = {"device": base.weight.device, "dtype": base.weight.dtype}
+        self.w12 = nn.Parameter(torch.zeros(self.out_features, in_up, **factory))
+        self.w21 = nn.Parameter(w21.to(**factory))
+        self.w22 = nn.Parameter(w22.to(**factory))
+        self.bias_up = nn.Parameter(torch.zeros(out_up, **factory)) if base.bias is not None else None
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        x, x_up = hidden.split((self.in_features, self.in_up), dim=-1)
+        out = F.linear(x, self.weight, self.bias)
+        if self.w12_scope == W12_ALL:
+            out = out + F.linear(x_up, self.w12)
+        elif self.w12_scope == W12_SECOND_HALF:
+            half = out.shape[0] // 2
+            out = torch.cat((out[:half], out[half:] + F.linear(x_up[half:], self.w12)))
+        out_up = F.linear(x, self.w21, self.bias_up) + F.linear(x_up, self.w22)
+        return torch.cat((out, out_up), dim=-1)
+
+    def extra_repr(self) -> str:
+        return (
+            f"in={self.in_features}+{self.in_up}, out={self.out_features}+{self.out_up}, "
+            f"bias={self.bias is not None}, kind={self.kind}, collaborative={self.collaborative}, w12={self.w12_scope}"
+        )
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Exactly the arithmetic of transformers' LlamaRMSNorm (float32 statistics)."""
+    dtype = x.dtype
+    x = x.to(torch.float32)
+    x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x.to(dtype)
+
+
+class SplitNorm(nn.Module):
+    """Normalises ``x`` with the frozen original norm over ``d`` and ``x_up`` with a new one over ``u``.
+
+    A norm over the whole ``d + u`` would let ``x_up`` rescale ``x`` and break preservation, so
+    the two parts never share statistics (DESIGN.md §1). ``kind`` is ``"rms"`` (Llama family) or
+    ``"layer"`` (LayerNorm with bias, GPT-NeoX).
+    """
+
+    def __init__(self, base: nn.Module, kind: str, hidden_up: int, eps: float) -> None:
+        super().__init__()
+        if kind not in ("rms", "layer"):
+            raise ValueError(f"unknown norm kind {kind!r}")
+        self.kind, self.eps = kind, eps
+        self.hidden_size, self.hidden_up = base.weight.shape[0], hidden_up
+        self.weight = base.weight
+        factory = {"device": base.weight.device, "dtype": base.weight.dtype}
+        self.weight_up = nn.Parameter(torch.ones(hidden_up, **factory))
+        if kind == "layer":
+            self.bias = base.bias
+            self.bias_up = nn.Parameter(torch.zeros(hidden_up, **factory))
+
+    def _norm(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        if self.kind == "rms":
+            return rms_norm(x, weight, self.eps)
+        return F.layer_norm(x, (x.shape[-1],), weight, bias, self.eps)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        x, x_up = hidden.split((self.hidden_size, self.hidden_up), dim=-1)
+        bias, bias_up = (self.bias, self.bias_up) if self.kind == "layer" else (None, None)
+        return torch.cat((self._norm(x, self.weight, bias), self._norm(x_up, self.weight_up, bias_up)), dim=-1)
+
+    def extra_repr(self) -> str:
+        return f"{self.kind}, {self.hidden_size}+{self.hidden_up}, eps={self.eps}"
+
+
+class ScaleEmbedding(nn.Module):
+    """Token -> ``[E[token]; E_up[token]]``; ``E`` frozen (and possibly tied to the LM head)."""
+
+    def __init__(self, base: nn.Embedding, weight_up: torch.Tensor) -> None:
+        super().__init__()
+        self.weight = base.weight
+        self.padding_idx = base.padding_idx
+        self.num_embeddings = base.num_embeddings
+        self.embedding_dim = base.embedding_dim + weight_up.shape[1]
+        self.weight_up = nn.Parameter(weight_up.to(device=base.weight.device, dtype=base.weight.dtype))
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        x = F.embedding(input_ids, self.weight, self.padding_idx)
+        x_up = F.embedding(input_ids, self.weight_up, self.padding_idx)
+        return torch.cat((x, x_up), dim=-1)
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.weight.shape[1]}+{self.weight_up.shape[1]}"
+
+
+class ScaleHead(nn.Module):
+    """LM head ``Z + Z_up = W_out x + W_out_up x_up``; ``W_out`` frozen, ``W_out_up`` zero at start.
+
+    In route mode the head also combines the two paths with Eq. 5 (see `scale_cl.route`):
+    ``stacked`` says whether its input batch is ``[preserve path; adapt path]``.
+    """
+
+    def __init__(self, base: nn.Linear, hidden_up: int) -> None:
+        super().__init__()
+        self.in_features = base.in_features + hidden_up
+        self.out_features = base.out_features
+        self.hidden_size, self.hidden_up = base.in_features, hidden_up
+        self.weight = base.weight
+        self.bias = base.bias
+        factory = {"device": base.weight.device, "dtype": base.weight.dtype}
+        self.weight_up = nn.Parameter(torch.zeros(base.out_features, hidden_up, **factory))
+        self.route = False
+        self.stacked = False
+        self.route_tau = 0.5
+        self.last_route_mask: torch.Tensor | None = None
+
+    def parts(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The original-part logits ``Z`` and the added part ``Z_up``."""
+        x, x_up = hidden.split((self.hidden_size, self.hidden_up), dim=-1)
+        return F.linear(x, self.weight, self.bias), F.linear(x_up, self.weight_up)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        z, z_up = self.parts(hidden)
+        if not self.route:
+            return z + z_up
+        logits, self.last_route_mask = route_logits(z, z_up, self.route_tau, self.stacked)
+        return logits
+
+    def extra_repr(self) -> str:
+        return f"{self.hidden_size}+{self.hidden_up} -> {self.out_features}, route={self.route}"

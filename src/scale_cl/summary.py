@@ -1,0 +1,64 @@
+"""A one-call summary of where an upscaled model's parameters are and which of them train."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from torch import nn
+
+from scale_cl.layers import ScaleEmbedding, ScaleHead, ScaleLinear, SplitNorm
+
+
+@dataclass
+class ParamSummary:
+    total: int
+    trainable: int
+    # (place, parameter name) -> trainable count, e.g. ("attn", "w21")
+    trainable_by_place: dict[tuple[str, str], int] = field(default_factory=dict)
+    collaborative_layers: list[int] = field(default_factory=list)
+
+    def __str__(self) -> str:
+        share = 100 * self.trainable / max(self.total, 1)
+        lines = [f"trainable params: {self.trainable:,} || all params: {self.total:,} || trainable%: {share:.4f}"]
+        for (place, name), count in sorted(self.trainable_by_place.items()):
+            lines.append(f"  {place:<10} {name:<8} {count:>14,}")
+        layers = self.collaborative_layers
+        lines.append(f"  W12 trains in decoder layers {layers}" if layers else "  W12 trains nowhere")
+        return "\n".join(lines)
+
+
+def _place(module: nn.Module) -> str:
+    if isinstance(module, ScaleLinear):
+        return module.kind
+    if isinstance(module, ScaleEmbedding):
+        return "embedding"
+    if isinstance(module, ScaleHead):
+        return "head"
+    if isinstance(module, SplitNorm):
+        return "norm"
+    return type(module).__name__
+
+
+def parameter_summary(model: nn.Module) -> ParamSummary:
+    """Count each parameter once (a tied embedding/head too) and group the trainable ones."""
+    from scale_cl.upscale import decoder_layers
+
+    seen: set[int] = set()
+    total = trainable = 0
+    by_place: Counter[tuple[str, str]] = Counter()
+    for module in model.modules():
+        for name, param in module.named_parameters(recurse=False):
+            if id(param) in seen:
+                continue
+            seen.add(id(param))
+            total += param.numel()
+            if param.requires_grad:
+                trainable += param.numel()
+                by_place[(_place(module), name)] += param.numel()
+    collaborative = [
+        index
+        for index, layer in enumerate(decoder_layers(model))
+        if any(isinstance(m, ScaleLinear) and m.w12.requires_grad for m in layer.modules())
+    ]
+    return ParamSummary(total, trainable, dict(by_place), collaborative)
