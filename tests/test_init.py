@@ -1,0 +1,69 @@
+"""The W21/W22 initialisers (scale_cl.init): the svd definition, its randomised path, determinism."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from scale_cl.init import expansion_blocks, top_singular
+
+
+def _decaying(out: int, inp: int, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    u, _ = torch.linalg.qr(torch.randn(out, min(out, inp), generator=g))
+    v, _ = torch.linalg.qr(torch.randn(inp, min(out, inp), generator=g))
+    s = 0.8 ** torch.arange(min(out, inp), dtype=torch.float32) * 5
+    return (u * s) @ v.T
+
+
+def test_svd_w21_rows_are_top_singular_directions_scaled():
+    w = _decaying(24, 20)
+    w21, w22 = expansion_blocks(w, out_up=6, in_up=4, w21_init="svd", w22_init="svd")
+    _, s, vh = torch.linalg.svd(w, full_matrices=False)
+    # Singular vectors are defined up to sign: compare rows up to sign.
+    signs = torch.sign((w21 * vh[:6]).sum(-1, keepdim=True))
+    torch.testing.assert_close(w21 * signs, s[:6, None] * vh[:6], atol=1e-5, rtol=1e-5)
+    expected22 = torch.zeros(6, 4)
+    expected22[range(4), range(4)] = s[:4]
+    torch.testing.assert_close(w22, expected22, atol=1e-5, rtol=1e-5)
+
+
+def test_svd_rows_beyond_the_rank_are_zero():
+    w = _decaying(4, 8)  # at most 4 directions
+    w21, w22 = expansion_blocks(w, out_up=7, in_up=7, w21_init="svd", w22_init="svd")
+    assert w21[:4].abs().sum() > 0 and torch.equal(w21[4:], torch.zeros(3, 8))
+    assert torch.count_nonzero(w22) == 4 and torch.equal(w22[4:], torch.zeros(3, 7))
+
+
+def test_randomised_svd_matches_full_svd_on_a_large_matrix():
+    w = _decaying(256, 200)
+    torch.manual_seed(0)
+    s_low, vh_low = top_singular(w, 8)  # 8 + oversampling << 200: the randomised path
+    _, s, vh = torch.linalg.svd(w, full_matrices=False)
+    torch.testing.assert_close(s_low, s[:8], rtol=1e-4, atol=1e-5)
+    overlap = (vh_low * vh[:8]).sum(-1).abs()
+    assert overlap.min() > 0.999
+
+
+def test_randomised_svd_is_deterministic_under_a_seed():
+    w = torch.randn(300, 300)
+    torch.manual_seed(3)
+    first = expansion_blocks(w, 16, 16, "svd", "svd")
+    torch.manual_seed(3)
+    second = expansion_blocks(w, 16, 16, "svd", "svd")
+    assert all(torch.equal(a, b) for a, b in zip(first, second, strict=True))
+
+
+def test_random_is_kaiming_uniform_with_the_blocks_fan_in():
+    torch.manual_seed(0)
+    w21, w22 = expansion_blocks(torch.randn(64, 100), 32, 16, "random", "random")
+    assert w21.abs().max() <= 1 / 100**0.5 and w21.std() > 0.3 / 100**0.5
+    assert w22.abs().max() <= 1 / 16**0.5 and w22.std() > 0.3 / 16**0.5
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_blocks_take_the_weights_dtype_and_zero_is_zero(dtype):
+    w = torch.randn(8, 8).to(dtype)
+    w21, w22 = expansion_blocks(w, 4, 4, "svd", "zero")
+    assert w21.dtype == dtype and w22.dtype == dtype
+    assert torch.count_nonzero(w22) == 0
