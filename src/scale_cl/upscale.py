@@ -8,7 +8,7 @@ that adds `set_method`, `save_pretrained` (only the new weights) and a parameter
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import torch
@@ -81,10 +81,6 @@ def _growth(cfg: ScaleConfig, dims: Dims) -> dict[str, int]:
     return {"hidden": u, "q": u, "kv": u // dims.group, "qkv": 3 * u, "ffn": cfg.ffn_up}
 
 
-def _get(root: nn.Module, path: str) -> nn.Module:
-    return root.get_submodule(path)
-
-
 def _set(root: nn.Module, path: str, module: nn.Module) -> None:
     parent, _, name = path.rpartition(".")
     setattr(root.get_submodule(parent) if parent else root, name, module)
@@ -118,7 +114,7 @@ def _base_record(model: PreTrainedModel, spec: ArchSpec, dims: Dims) -> dict[str
         "gguf_file": quant.get("gguf_file") if quant.get("quant_method") == "gguf" else None,
         "class": type(model).__name__,
         "config": config.to_dict(),
-        "dims": dims.__dict__.copy(),
+        "dims": asdict(dims),
         "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
         "fingerprint": weight_fingerprint(model),
     }
@@ -153,12 +149,12 @@ def upscale(model: PreTrainedModel, config: ScaleConfig) -> PreTrainedModel:
         head = model.get_output_embeddings()
         model.set_output_embeddings(ScaleHead(head, u))
         eps = getattr(model.config, spec.config_norm_eps)
-        _set(backbone, spec.final_norm, SplitNorm(_get(backbone, spec.final_norm), spec.norm_kind, u, eps))
+        _set(backbone, spec.final_norm, SplitNorm(backbone.get_submodule(spec.final_norm), spec.norm_kind, u, eps))
         for index, layer in enumerate(backbone.layers):
             for path in spec.layer_norms:
-                _set(layer, path, SplitNorm(_get(layer, path), spec.norm_kind, u, eps))
+                _set(layer, path, SplitNorm(layer.get_submodule(path), spec.norm_kind, u, eps))
             for lin in spec.linears:
-                old = _get(layer, lin.path)
+                old = layer.get_submodule(lin.path)
                 in_up, out_up = grow[lin.grow_in], grow[lin.grow_out]
                 w21, w22 = expansion_blocks(old.weight, out_up, in_up, config.w21_init, config.w22_init)
                 collaborative = index >= config.preserve_layers and lin.module in config.collab_modules
