@@ -39,9 +39,7 @@ def test_smollm2_is_the_expected_shape(smollm2):
 @pytest.mark.parametrize("method", ["preserve", "adapt", "route"])
 def test_upscaled_smollm2_keeps_logits_and_greedy_generation(smollm2, method):
     base, batch, base_logits, base_tokens, tokenizer = smollm2
-    cfg = ScaleConfig(
-        hidden_up=192, ffn_up=64, method=method, preserve_layers=28, w21_init="random", w22_init="random"
-    )
+    cfg = ScaleConfig(hidden_up=192, ffn_up=64, method=method, preserve_layers=28, w21_init="random", w22_init="random")
     model = upscale(copy.deepcopy(base), cfg)
     assert model.config.hidden_size == 576 + 192 and model.config.num_key_value_heads == 4
     assert model.lm_head.weight is model.model.embed_tokens.weight  # still tied, still frozen

@@ -4,7 +4,8 @@ A checkpoint directory holds:
 
 * ``scale_config.json``: format version, the ScaleConfig (method included), the base model's
   name or path (and GGUF file), its class, config and a fingerprint of its weights, and the name
-  and shape of every saved tensor;
+  and shape of every saved tensor, and the SHA-256 of every weight file (checked on load, so a
+  file damaged after saving is refused rather than loaded with wrong values);
 * ``scale_model.safetensors``: every parameter SCALE added (``w12``/``w21``/``w22``/``bias_up``/
   ``weight_up``), under the names the upscaled model uses;
 * ``base_model.safetensors``: only for ``full=True``, the frozen base weights, so that loading
@@ -16,6 +17,7 @@ a directory that looks complete. Nothing is pickled.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import tempfile
@@ -58,6 +60,14 @@ def _unique_parameters(model: nn.Module) -> dict[str, torch.Tensor]:
     return dict(model.named_parameters())  # named_parameters lists a tied weight once
 
 
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
 def _atomic_write(path: Path, write: Any) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     os.close(fd)
@@ -92,13 +102,15 @@ def save(
         "base_model": base,
         "full": full,
         "tensors": {n: list(t.shape) for n, t in new.items()},
+        "sha256": {},
     }
     # Weights first, the config last: a directory whose config names them is complete.
     (directory / CONFIG_NAME).unlink(missing_ok=True)
-    _atomic_write(directory / WEIGHTS_NAME, lambda p: save_file(new, p, metadata={"format": "pt"}))
-    if full:
-        _atomic_write(directory / BASE_WEIGHTS_NAME, lambda p: save_file(original, p, metadata={"format": "pt"}))
-    else:
+    files = {WEIGHTS_NAME: new, **({BASE_WEIGHTS_NAME: original} if full else {})}
+    for name, tensors in files.items():
+        _atomic_write(directory / name, lambda p, t=tensors: save_file(t, p, metadata={"format": "pt"}))
+        meta["sha256"][name] = sha256_of(directory / name)
+    if not full:
         (directory / BASE_WEIGHTS_NAME).unlink(missing_ok=True)
     _atomic_write(directory / CONFIG_NAME, lambda p: Path(p).write_text(json.dumps(meta, indent=2)))
     return directory
@@ -122,9 +134,15 @@ def read_meta(directory: str | os.PathLike) -> dict[str, Any]:
     return meta
 
 
-def _read_tensors(path: Path) -> dict[str, torch.Tensor]:
+def _read_tensors(path: Path, meta: dict[str, Any]) -> dict[str, torch.Tensor]:
     if not path.is_file():
         raise ValueError(f"checkpoint file {path} is missing")
+    expected = meta["sha256"].get(path.name)
+    if expected is None or sha256_of(path) != expected:
+        raise ValueError(
+            f"{path} does not match the SHA-256 recorded in {CONFIG_NAME}: the file is corrupted or was "
+            "replaced after saving"
+        )
     try:
         return load_file(path)
     except (SafetensorError, OSError, ValueError) as err:
@@ -147,7 +165,7 @@ def _load_base(meta: dict[str, Any], directory: Path, base_model: Any, kwargs: d
         config = AutoConfig.for_model(**fields)
         dtype = getattr(torch, base["dtype"])
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
-        weights = _read_tensors(directory / BASE_WEIGHTS_NAME)
+        weights = _read_tensors(directory / BASE_WEIGHTS_NAME, meta)
         missing, unexpected = model.load_state_dict(weights, strict=False)
         tied = {n for n in missing if n not in dict(model.named_parameters())}
         if unexpected or set(missing) - tied:
@@ -189,7 +207,7 @@ def load(
     directory = Path(directory)
     meta = read_meta(directory)
     cfg = ScaleConfig.from_dict(meta["scale_config"])
-    weights = _read_tensors(directory / WEIGHTS_NAME)
+    weights = _read_tensors(directory / WEIGHTS_NAME, meta)
     shapes = {n: list(t.shape) for n, t in weights.items()}
     if shapes != meta["tensors"]:
         raise ValueError(f"{directory / WEIGHTS_NAME} does not hold the tensors {CONFIG_NAME} lists")

@@ -266,6 +266,19 @@ class ScaleModelMixin:
         if kwargs.get("is_main_process", True):
             save(self, save_directory, full=full, state_dict=kwargs.get("state_dict"))
 
+    def _reorder_cache(self, past_key_values: Any, beam_idx: torch.Tensor) -> Any:
+        """Beam search: layers that hold the stacked route paths (2n rows) reorder both halves alike."""
+        start = next(
+            (i for i, layer in enumerate(decoder_layers(self)) if layer.scale_stack_paths == "start"), None
+        )
+        if start is None:
+            past_key_values.reorder_cache(beam_idx)
+            return past_key_values
+        both = torch.cat((beam_idx, beam_idx + beam_idx.numel()))
+        for index, layer in enumerate(past_key_values.layers):
+            layer.reorder_cache(both if index >= start else beam_idx)
+        return past_key_values
+
     def scale_summary(self) -> Any:
         from scale_cl.summary import parameter_summary
 

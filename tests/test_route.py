@@ -1,0 +1,333 @@
+"""SCALE-Route (paper Eq. 5) against an independent reference built from separate forward passes.
+
+The reference runs two deep copies of the upscaled model, one switched to ``preserve`` and one to
+``adapt``, reads the final (normed) hidden state of each, splits it into the original and the added
+part and applies the two LM-head blocks by hand. Route must reproduce
+
+    cos(Z_p, Z_a) > tau  ->  (Z_p + Z_a) / 2 + Z_p_up
+    otherwise            ->  Z_a + Z_a_up
+
+per token, while running the layers below ``preserve_layers`` once.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import VOCAB, hidden_up_for, make_model
+from scale_cl import ROUTE_SHARE_KEY, ScaleConfig, set_method, upscale
+from scale_cl.layers import ScaleLinear
+
+ATOL = 1e-5
+NUM_LAYERS = 3  # every tiny model in conftest has 3 decoder layers
+
+
+def scale_model(arch: str, preserve_layers: int = 1, tau: float = 0.5, collab=("attn", "ffn")):
+    """A route model whose preserve and adapt paths differ a lot: random W21/W22, W12 and W_out_up."""
+    base = make_model(arch, seed=0)
+    cfg = ScaleConfig(
+        hidden_up=hidden_up_for(base),
+        ffn_up=16,
+        method="route",
+        preserve_layers=preserve_layers,
+        collab_modules=collab,
+        w21_init="random",
+        w22_init="random",
+        route_tau=tau,
+        seed=3,
+    )
+    model = upscale(base, cfg)
+    gen = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, ScaleLinear):
+                # Every W12 gets a value; only collaborative ones may ever be used.
+                module.w12.copy_(0.5 * torch.randn(module.w12.shape, generator=gen))
+        head = model.get_output_embeddings()
+        head.weight_up.copy_(0.1 * torch.randn(head.weight_up.shape, generator=gen))
+    return model.eval()
+
+
+def base_hidden_size(arch: str) -> int:
+    return make_model(arch).config.hidden_size
+
+
+def input_batch(batch: int = 3, length: int = 9, seed: int = 11) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(3, VOCAB, (batch, length), generator=gen)
+
+
+def left_padded(ids: torch.Tensor, pads: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-pad row i with pads[i] pad tokens (id 0), keeping the total length."""
+    ids = ids.clone()
+    mask = torch.ones_like(ids)
+    for row, pad in enumerate(pads):
+        ids[row, :pad] = 0
+        mask[row, :pad] = 0
+    return ids, mask
+
+
+def path_parts(model, method: str, d: int, ids, attention_mask=None):
+    """(Z, Z_up) of ``model`` run as ``method`` on a separate deep copy, head applied by hand."""
+    ref = set_method(copy.deepcopy(model), method)
+    with torch.no_grad():
+        hidden = ref.base_model(ids, attention_mask=attention_mask).last_hidden_state
+    head = ref.get_output_embeddings()
+    assert hidden.shape[-1] == d + head.weight_up.shape[1]
+    x, x_up = hidden[..., :d], hidden[..., d:]
+    z = x @ head.weight.T
+    if head.bias is not None:
+        z = z + head.bias
+    return z, x_up @ head.weight_up.T
+
+
+def reference_route(model, d: int, ids, tau: float, attention_mask=None):
+    """Eq. 5 from two separate forward passes: (logits, mask routed to preserve, cosines)."""
+    z_p, z_p_up = path_parts(model, "preserve", d, ids, attention_mask)
+    z_a, z_a_up = path_parts(model, "adapt", d, ids, attention_mask)
+    cos = F.cosine_similarity(z_p, z_a, dim=-1)
+    to_preserve = cos > tau
+    logits = torch.where(to_preserve[..., None], (z_p + z_a) / 2 + z_p_up, z_a + z_a_up)
+    return logits, to_preserve, cos
+
+
+def median_tau(cos: torch.Tensor) -> float:
+    """A threshold between the two middle cosines, far enough from both that rounding cannot flip a token."""
+    values = cos.flatten().sort().values
+    mid = len(values) // 2
+    lo, hi = values[mid - 1].item(), values[mid].item()
+    assert hi - lo > 1e-4, "cosines too close to split robustly; change the test data"
+    return (lo + hi) / 2
+
+
+def route_logits_and_share(model, ids, attention_mask=None):
+    with torch.no_grad():
+        out = model(ids, attention_mask=attention_mask)
+    assert ROUTE_SHARE_KEY in out
+    return out.logits, out[ROUTE_SHARE_KEY]
+
+
+@pytest.mark.parametrize("tau_kind", ["minus_one", "median", "one"])
+def test_route_equals_reference(arch_name, tau_kind):
+    d = base_hidden_size(arch_name)
+    ids = input_batch()
+    probe = scale_model(arch_name)
+    _, _, cos = reference_route(probe, d, ids, tau=0.0)
+    # The two paths must really differ, or the test could not tell the branches apart.
+    z_p, _ = path_parts(probe, "preserve", d, ids)
+    z_a, _ = path_parts(probe, "adapt", d, ids)
+    assert (z_p - z_a).abs().max() > 0.1
+
+    tau = {"minus_one": -1.0, "median": median_tau(cos), "one": 1.0}[tau_kind]
+    model = scale_model(arch_name, tau=tau)
+    expected, to_preserve, _ = reference_route(model, d, ids, tau)
+    logits, share = route_logits_and_share(model, ids)
+
+    torch.testing.assert_close(logits, expected, atol=ATOL, rtol=0)
+    torch.testing.assert_close(share, to_preserve.float().mean(), atol=1e-6, rtol=0)
+    if tau_kind == "minus_one":  # every cosine is > -1: all tokens go to the preserve path
+        assert to_preserve.all()
+        assert share.item() == 1.0
+    elif tau_kind == "one":  # no cosine is > 1: all tokens go to the adapt path, i.e. route == adapt
+        assert not to_preserve.any()
+        assert share.item() == 0.0
+        with torch.no_grad():
+            adapt_logits = set_method(copy.deepcopy(model), "adapt")(ids).logits
+        torch.testing.assert_close(logits, adapt_logits, atol=ATOL, rtol=0)
+    else:  # both branches occur
+        assert to_preserve.any() and not to_preserve.all()
+        assert share.item() == pytest.approx(0.5, abs=1 / cos.numel())
+
+
+@pytest.mark.parametrize("arch", ["llama-gqa2-tied", "neox-parallel-rot0.25"])
+def test_route_reference_with_padding_and_share_counts_only_real_tokens(arch):
+    d = base_hidden_size(arch)
+    ids, mask = left_padded(input_batch(batch=3, length=10), pads=[0, 4, 7])
+    probe = scale_model(arch)
+    _, _, cos = reference_route(probe, d, ids, tau=0.0, attention_mask=mask)
+    real = mask.bool()
+    tau = median_tau(cos[real])
+    model = scale_model(arch, tau=tau)
+    expected, to_preserve, _ = reference_route(model, d, ids, tau, attention_mask=mask)
+    logits, share = route_logits_and_share(model, ids, attention_mask=mask)
+
+    torch.testing.assert_close(logits[real], expected[real], atol=ATOL, rtol=0)
+    expected_share = to_preserve[real].float().mean()
+    torch.testing.assert_close(share, expected_share, atol=1e-6, rtol=0)
+    # Guard: counting the padding too would give another number, so the check above can fail.
+    assert abs(to_preserve.float().mean().item() - expected_share.item()) > 1e-3
+
+
+@pytest.mark.parametrize("arch", ["llama-gqa3-tied", "neox-sequential-rot1.0"])
+@pytest.mark.parametrize("padded", [False, True])
+def test_route_batch_of_one(arch, padded):
+    d = base_hidden_size(arch)
+    ids = input_batch(batch=1, length=8)
+    mask = None
+    if padded:
+        ids, mask = left_padded(ids, pads=[3])
+    probe = scale_model(arch)
+    _, _, cos = reference_route(probe, d, ids, tau=0.0, attention_mask=mask)
+    real = torch.ones_like(ids, dtype=torch.bool) if mask is None else mask.bool()
+    tau = median_tau(cos[real])
+    model = scale_model(arch, tau=tau)
+    expected, to_preserve, _ = reference_route(model, d, ids, tau, attention_mask=mask)
+    logits, share = route_logits_and_share(model, ids, attention_mask=mask)
+
+    assert logits.shape == (1, ids.shape[1], VOCAB)
+    torch.testing.assert_close(logits[real], expected[real], atol=ATOL, rtol=0)
+    torch.testing.assert_close(share, to_preserve[real].float().mean(), atol=1e-6, rtol=0)
+    assert to_preserve[real].any() and not to_preserve[real].all()
+
+
+@pytest.mark.parametrize("arch", ["llama-mha-untied", "neox-parallel-rot0.25"])
+def test_route_without_collaborative_layer_equals_preserve(arch):
+    ids = input_batch()
+    model = scale_model(arch, preserve_layers=NUM_LAYERS, tau=0.5)
+    logits, share = route_logits_and_share(model, ids)
+    with torch.no_grad():
+        preserve_logits = set_method(copy.deepcopy(model), "preserve")(ids).logits
+        adapt_logits = set_method(copy.deepcopy(model), "adapt")(ids).logits
+    torch.testing.assert_close(logits, preserve_logits, atol=ATOL, rtol=0)
+    # No layer is collaborative, so adapt is preserve as well, and every token agrees with itself.
+    torch.testing.assert_close(adapt_logits, preserve_logits, atol=ATOL, rtol=0)
+    assert share.item() == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("arch", ["llama-gqa4-untied", "neox-sequential-rot1.0"])
+def test_route_all_layers_collaborative(arch):
+    d = base_hidden_size(arch)
+    ids = input_batch()
+    probe = scale_model(arch, preserve_layers=0)
+    _, _, cos = reference_route(probe, d, ids, tau=0.0)
+    tau = median_tau(cos)
+    model = scale_model(arch, preserve_layers=0, tau=tau)
+    expected, to_preserve, _ = reference_route(model, d, ids, tau)
+    logits, share = route_logits_and_share(model, ids)
+    torch.testing.assert_close(logits, expected, atol=ATOL, rtol=0)
+    torch.testing.assert_close(share, to_preserve.float().mean(), atol=1e-6, rtol=0)
+    assert to_preserve.any() and not to_preserve.all()
+
+
+@pytest.mark.parametrize("collab", [("attn",), ("ffn",)])
+def test_route_with_one_collaborative_module(collab):
+    arch = "llama-gqa2-tied"
+    d = base_hidden_size(arch)
+    ids = input_batch()
+    probe = scale_model(arch, collab=collab)
+    _, _, cos = reference_route(probe, d, ids, tau=0.0)
+    tau = median_tau(cos)
+    model = scale_model(arch, tau=tau, collab=collab)
+    expected, _, _ = reference_route(model, d, ids, tau)
+    logits, _ = route_logits_and_share(model, ids)
+    torch.testing.assert_close(logits, expected, atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("arch", ["llama-biases", "neox-parallel-rot0.25"])
+def test_route_loss_is_cross_entropy_of_reference_logits(arch):
+    d = base_hidden_size(arch)
+    ids = input_batch()
+    probe = scale_model(arch)
+    _, _, cos = reference_route(probe, d, ids, tau=0.0)
+    tau = median_tau(cos)
+    model = scale_model(arch, tau=tau)
+    expected, _, _ = reference_route(model, d, ids, tau)
+    with torch.no_grad():
+        loss = model(ids, labels=ids).loss
+    shifted = expected[:, :-1].reshape(-1, VOCAB)
+    targets = ids[:, 1:].reshape(-1)
+    torch.testing.assert_close(loss, F.cross_entropy(shifted, targets), atol=ATOL, rtol=0)
+
+    # Ignored labels (-100) do not count.
+    labels = ids.clone()
+    labels[:, :4] = -100
+    with torch.no_grad():
+        loss_masked = model(ids, labels=labels).loss
+    ref_masked = F.cross_entropy(shifted, labels[:, 1:].reshape(-1), ignore_index=-100)
+    torch.testing.assert_close(loss_masked, ref_masked, atol=ATOL, rtol=0)
+    assert abs(loss_masked.item() - loss.item()) > 1e-4
+
+
+@pytest.mark.parametrize("arch", ["llama-gqa2-tied", "neox-parallel-rot0.25"])
+def test_route_gradients_match_reference(arch):
+    """Backward through route equals backward through the two separate paths with the same routing."""
+    d = base_hidden_size(arch)
+    ids = input_batch()
+    probe = scale_model(arch)
+    _, _, cos = reference_route(probe, d, ids, tau=0.0)
+    tau = median_tau(cos)
+    model = scale_model(arch, tau=tau)
+
+    loss = model(ids, labels=ids).loss
+    loss.backward()
+
+    # Reference: two deep copies, one per path; a shared parameter's gradient is the sum of both.
+    ref_p = set_method(copy.deepcopy(model), "preserve")
+    ref_a = set_method(copy.deepcopy(model), "adapt")
+    for ref in (ref_p, ref_a):
+        ref.zero_grad(set_to_none=True)
+    h_p = ref_p.base_model(ids).last_hidden_state
+    h_a = ref_a.base_model(ids).last_hidden_state
+    head_p, head_a = ref_p.get_output_embeddings(), ref_a.get_output_embeddings()
+    z_p, z_p_up = F.linear(h_p[..., :d], head_p.weight), F.linear(h_p[..., d:], head_p.weight_up)
+    z_a, z_a_up = F.linear(h_a[..., :d], head_a.weight), F.linear(h_a[..., d:], head_a.weight_up)
+    to_preserve = F.cosine_similarity(z_p.detach(), z_a.detach(), dim=-1) > tau
+    assert to_preserve.any() and not to_preserve.all()
+    logits = torch.where(to_preserve[..., None], (z_p + z_a) / 2 + z_p_up, z_a + z_a_up)
+    F.cross_entropy(logits[:, :-1].reshape(-1, VOCAB), ids[:, 1:].reshape(-1)).backward()
+
+    params_p, params_a = dict(ref_p.named_parameters()), dict(ref_a.named_parameters())
+    checked_w12 = 0
+    for name, param in model.named_parameters():
+        if not param.requires_grad:
+            assert param.grad is None, name
+            continue
+        parts = [p.grad for p in (params_p[name], params_a[name]) if p.grad is not None]
+        expected = sum(parts) if parts else torch.zeros_like(param)
+        assert param.grad is not None, name
+        torch.testing.assert_close(param.grad, expected, atol=1e-5, rtol=1e-4, msg=name)
+        if name.endswith("w12"):
+            checked_w12 += 1
+            assert param.grad.abs().sum() > 0, f"{name}: a collaborative W12 gets no gradient"
+
+    # W12 trains exactly in the collaborative layers (>= preserve_layers = 1), and nowhere else.
+    for name, module in model.named_modules():
+        if isinstance(module, ScaleLinear):
+            assert module.w12.requires_grad == module.collaborative, name
+            assert (module.w12.grad is not None) == module.collaborative, name
+    assert checked_w12 == sum(isinstance(m, ScaleLinear) and m.collaborative for m in model.modules()) > 0
+    # Frozen originals never get a gradient.
+    for name, param in model.named_parameters():
+        if name.rsplit(".", 1)[-1] in ("weight", "bias"):
+            assert param.grad is None, name
+
+
+@pytest.mark.parametrize("arch", ["llama-mqa", "neox-sequential-rot1.0"])
+@pytest.mark.parametrize("padded", [False, True])
+def test_route_runs_lower_layers_once(arch, padded):
+    batch = 3
+    ids = input_batch(batch=batch)
+    mask = left_padded(ids, pads=[0, 2, 5])[1] if padded else None
+    model = scale_model(arch, preserve_layers=2)
+    layers = model.base_model.layers
+    seen: dict[int, list[int]] = {0: [], 1: [], 2: []}
+
+    def recorder(index):
+        def hook(module, args, kwargs, output):
+            hidden = args[0] if args else kwargs["hidden_states"]
+            seen[index].append(hidden.shape[0])
+
+        return hook
+
+    handles = [layers[i].register_forward_hook(recorder(i), with_kwargs=True) for i in seen]
+    try:
+        logits, _ = route_logits_and_share(model, ids, attention_mask=mask)
+    finally:
+        for handle in handles:
+            handle.remove()
+    assert seen == {0: [batch], 1: [batch], 2: [2 * batch]}
+    assert logits.shape[0] == batch
