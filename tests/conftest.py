@@ -62,9 +62,7 @@ ARCHS = {
     "llama-gqa3-tied": _llama_like(LlamaConfig, LlamaForCausalLM, 6, 2, tied=True),  # SmolLM2's 3:1
     "llama-gqa4-untied": _llama_like(LlamaConfig, LlamaForCausalLM, 8, 2, tied=False),
     "llama-mqa": _llama_like(LlamaConfig, LlamaForCausalLM, 4, 1, tied=False),
-    "llama-biases": _llama_like(
-        LlamaConfig, LlamaForCausalLM, 4, 2, tied=False, attention_bias=True, mlp_bias=True
-    ),
+    "llama-biases": _llama_like(LlamaConfig, LlamaForCausalLM, 4, 2, tied=False, attention_bias=True, mlp_bias=True),
     "mistral-gqa2": _llama_like(MistralConfig, MistralForCausalLM, 4, 2, tied=False),
     "qwen2-qkv-bias": _llama_like(Qwen2Config, Qwen2ForCausalLM, 4, 2, tied=True),
     "neox-parallel-rot0.25": _neox(parallel=True, rotary_pct=0.25),
@@ -96,6 +94,43 @@ def make_model(name: str, seed: int = 0):
             if param_name.endswith("bias") or "norm" in param_name:
                 param.add_(0.1 * torch.randn_like(param))
     return model.eval()
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _one_torch_thread():
+    """The models are tiny: intra-op threads only contend on a shared 2-core machine (10x slower)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def token_batch(
+    padded: bool = True, seed: int = 0, rows: int = 3, length: int = 9, pads: tuple[int, ...] = (4, 1)
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token ids and attention mask; ``padded`` left-pads the first rows by ``pads`` tokens."""
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.randint(1, VOCAB, (rows, length), generator=gen)
+    mask = torch.ones_like(ids)
+    if padded:
+        for row, pad in enumerate(pads):
+            mask[row, :pad] = 0
+        ids = ids.masked_fill(mask == 0, 0)
+    return ids, mask
+
+
+def randomize_new_weights(model, seed: int, w12_scale: float, head_scale: float = 0.1):
+    """Give every W12 and the head's W_out_up random values, so that all new weights matter."""
+    from scale_cl.layers import ScaleLinear
+
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, ScaleLinear):
+                module.w12.copy_(w12_scale * torch.randn(module.w12.shape, generator=gen))
+        head = model.get_output_embeddings()
+        head.weight_up.copy_(head_scale * torch.randn(head.weight_up.shape, generator=gen))
+    return model
 
 
 @pytest.fixture(params=sorted(ARCHS))

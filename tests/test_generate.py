@@ -12,7 +12,7 @@ import copy
 import pytest
 import torch
 
-from conftest import VOCAB, hidden_up_for, make_model
+from conftest import VOCAB, hidden_up_for, make_model, randomize_new_weights
 from scale_cl import ROUTE_SHARE_KEY, ScaleConfig, set_method, upscale
 from scale_cl.layers import ScaleLinear
 
@@ -114,15 +114,7 @@ def test_generate_route_with_trained_like_weights_runs():
 def nontrivial(arch: str, method: str):
     """An upscaled model whose new weights all matter (W12 and W_out_up non-zero)."""
     base = make_model(arch, seed=0)
-    model = untrained(base, method)
-    gen = torch.Generator().manual_seed(4)
-    with torch.no_grad():
-        for module in model.modules():
-            if isinstance(module, ScaleLinear):
-                module.w12.copy_(0.3 * torch.randn(module.w12.shape, generator=gen))
-        head = model.get_output_embeddings()
-        head.weight_up.copy_(0.1 * torch.randn(head.weight_up.shape, generator=gen))
-    return model
+    return randomize_new_weights(untrained(base, method), seed=4, w12_scale=0.3)
 
 
 @pytest.mark.parametrize("method", ["preserve", "adapt", "route"])

@@ -11,7 +11,7 @@ import copy
 import pytest
 import torch
 
-from conftest import VOCAB, hidden_up_for, make_model
+from conftest import VOCAB, hidden_up_for, make_model, token_batch
 from scale_cl import ScaleConfig, set_method, upscale
 from scale_cl.layers import ScaleLinear
 
@@ -19,25 +19,8 @@ METHODS = ("preserve", "adapt", "route")
 ATOL = 1e-5
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    """These models are tiny: intra-op threads only contend on a shared 2-core machine (10x slower)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def batch(padded: bool, seed: int = 0, rows: int = 3, length: int = 9) -> tuple[torch.Tensor, torch.Tensor]:
-    """Token ids and attention mask; ``padded`` left-pads two of the rows (mask zeros at the start)."""
-    gen = torch.Generator().manual_seed(seed)
-    ids = torch.randint(1, VOCAB, (rows, length), generator=gen)
-    mask = torch.ones_like(ids)
-    if padded:
-        mask[0, :4] = 0
-        mask[1, :1] = 0
-        ids = ids.masked_fill(mask == 0, 0)
-    return ids, mask
+    return token_batch(padded, seed, rows, length, pads=(4, 1))
 
 
 def labels_for(ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -18,7 +18,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import VOCAB, hidden_up_for, make_model
+from conftest import VOCAB, hidden_up_for, make_model, randomize_new_weights
 from scale_cl import ROUTE_SHARE_KEY, ScaleConfig, set_method, upscale
 from scale_cl.layers import ScaleLinear
 
@@ -40,16 +40,8 @@ def scale_model(arch: str, preserve_layers: int = 1, tau: float = 0.5, collab=("
         route_tau=tau,
         seed=3,
     )
-    model = upscale(base, cfg)
-    gen = torch.Generator().manual_seed(7)
-    with torch.no_grad():
-        for module in model.modules():
-            if isinstance(module, ScaleLinear):
-                # Every W12 gets a value; only collaborative ones may ever be used.
-                module.w12.copy_(0.5 * torch.randn(module.w12.shape, generator=gen))
-        head = model.get_output_embeddings()
-        head.weight_up.copy_(0.1 * torch.randn(head.weight_up.shape, generator=gen))
-    return model.eval()
+    # Every W12 gets a value; only collaborative ones may ever be used.
+    return randomize_new_weights(upscale(base, cfg), seed=7, w12_scale=0.5).eval()
 
 
 def base_hidden_size(arch: str) -> int:

@@ -14,7 +14,7 @@ import torch
 from transformers import Trainer, TrainingArguments
 
 import scale_cl
-from conftest import VOCAB, hidden_up_for, make_model
+from conftest import VOCAB, hidden_up_for, make_model, token_batch
 from scale_cl import ScaleConfig, parameter_summary, set_method, upscale
 from scale_cl.layers import ScaleLinear
 
@@ -23,23 +23,8 @@ NEW_NAMES = ("w21", "w22", "bias_up", "weight_up")
 ATOL = 1e-5
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    """These models are tiny: intra-op threads only contend on a shared 2-core machine (10x slower)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def batch(padded: bool = True, seed: int = 0, rows: int = 3, length: int = 9) -> tuple[torch.Tensor, torch.Tensor]:
-    gen = torch.Generator().manual_seed(seed)
-    ids = torch.randint(1, VOCAB, (rows, length), generator=gen)
-    mask = torch.ones_like(ids)
-    if padded:
-        mask[0, :4] = 0
-        ids = ids.masked_fill(mask == 0, 0)
-    return ids, mask
+    return token_batch(padded, seed, rows, length, pads=(4,))
 
 
 def loss_of(model, ids, mask, **kwargs):
