@@ -268,9 +268,7 @@ class ScaleModelMixin:
 
     def _reorder_cache(self, past_key_values: Any, beam_idx: torch.Tensor) -> Any:
         """Beam search: layers that hold the stacked route paths (2n rows) reorder both halves alike."""
-        start = next(
-            (i for i, layer in enumerate(decoder_layers(self)) if layer.scale_stack_paths == "start"), None
-        )
+        start = next((i for i, layer in enumerate(decoder_layers(self)) if layer.scale_stack_paths == "start"), None)
         if start is None:
             past_key_values.reorder_cache(beam_idx)
             return past_key_values
