@@ -8,6 +8,7 @@ that adds `set_method`, `save_pretrained` (only the new weights) and a parameter
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -92,8 +93,6 @@ def decoder_layers(model: nn.Module) -> nn.ModuleList:
 
 def weight_fingerprint(model: nn.Module) -> str:
     """A cheap hash of a strided sample of the base weights, to tell one base checkpoint from another."""
-    import hashlib
-
     digest = hashlib.sha256()
     for name, param in model.named_parameters():
         if name.rsplit(".", 1)[-1] in ("weight", "bias"):
@@ -104,7 +103,7 @@ def weight_fingerprint(model: nn.Module) -> str:
     return digest.hexdigest()[:16]
 
 
-def _base_record(model: PreTrainedModel, spec: ArchSpec, dims: Dims) -> dict[str, Any]:
+def _base_record(model: PreTrainedModel, dims: Dims) -> dict[str, Any]:
     config = model.config
     quant = getattr(config, "quantization_config", None) or {}
     if not isinstance(quant, dict):
@@ -132,7 +131,7 @@ def upscale(model: PreTrainedModel, config: ScaleConfig) -> PreTrainedModel:
     spec = spec_for(model)
     dims = base_dims(model.config, spec)
     check_fits(config, dims)
-    base = _base_record(model, spec, dims)
+    base = _base_record(model, dims)
     grow = _growth(config, dims)
     u = config.hidden_up
 
