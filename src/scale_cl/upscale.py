@@ -77,7 +77,8 @@ def check_fits(cfg: ScaleConfig, dims: Dims) -> None:
         raise ValueError(f"preserve_layers={cfg.preserve_layers} exceeds the model's {dims.layers} decoder layers")
 
 
-def _growth(cfg: ScaleConfig, dims: Dims) -> dict[str, int]:
+def growth(cfg: ScaleConfig, dims: Dims) -> dict[str, int]:
+    """How much each growth unit of `scale_cl.arch.spec.GROWTHS` adds under ``cfg``."""
     u = cfg.hidden_up
     return {"hidden": u, "q": u, "kv": u // dims.group, "qkv": 3 * u, "ffn": cfg.ffn_up}
 
@@ -132,7 +133,7 @@ def upscale(model: PreTrainedModel, config: ScaleConfig) -> PreTrainedModel:
     dims = base_dims(model.config, spec)
     check_fits(config, dims)
     base = _base_record(model, dims)
-    grow = _growth(config, dims)
+    grow = growth(config, dims)
     u = config.hidden_up
 
     backbone = getattr(model, spec.backbone)

@@ -1,0 +1,166 @@
+"""The biography benchmark's configuration: nested dataclasses and the presets micro/small/paper.
+
+Every leaf field is a command-line option (``--task1.lr 1e-4``) and a YAML key (``task1: {lr: ...}``);
+its ``metadata["help"]`` is the option's help text.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
+from typing import Any
+
+from scale_cl.train.trainer import StageConfig
+
+ALL_METHODS = ("fft", "lora", "freeze", "llama_pro", "scale_preserve", "scale_adapt", "scale_route")
+PRESETS = ("micro", "small", "paper")
+
+
+@dataclass
+class DataConfig:
+    people: int = field(default=1000, metadata={"help": "number of synthetic people (splits keep the paper's shares)"})
+    pools: str = field(default="small", metadata={"help": "name-pool sizes: a biography preset (micro, small, paper)"})
+    seed: int = field(default=0, metadata={"help": "seed of the generated people and biographies"})
+    vocab_size: int = field(default=3072, metadata={"help": "vocabulary of the byte-level BPE trained on the data"})
+
+
+@dataclass
+class BackboneConfig:
+    """The GPT-NeoX (Pythia-style) model pre-trained from scratch in stage 1."""
+
+    hidden_size: int = field(default=128, metadata={"help": "model width"})
+    layers: int = field(default=4, metadata={"help": "decoder layers"})
+    heads: int = field(default=4, metadata={"help": "attention heads"})
+    intermediate_size: int = field(default=512, metadata={"help": "FFN width"})
+    rotary_pct: float = field(default=0.25, metadata={"help": "share of each head's dims that get rotary embeddings"})
+    max_seq_len: int = field(default=256, metadata={"help": "pre-training sequence length (packed)"})
+
+
+@dataclass
+class MethodOptions:
+    """How each continual-learning method is set up for Task 1."""
+
+    hidden_up: int = field(default=64, metadata={"help": "SCALE: width added to the residual stream"})
+    ffn_up: int = field(default=64, metadata={"help": "SCALE: width added to every FFN"})
+    preserve_layers: int = field(
+        default=-1, metadata={"help": "SCALE: L_fp (W12 frozen below it); -1 = all but the last layer, as in the paper"}
+    )
+    route_tau: float = field(default=0.5, metadata={"help": "SCALE-Route: cosine threshold of Eq. 5"})
+    w21_init: str = field(default="svd", metadata={"help": "SCALE: W21 initialiser (zero, random, svd)"})
+    w22_init: str = field(default="zero", metadata={"help": "SCALE: W22 initialiser (zero, random, svd)"})
+    lora_rank: str = field(
+        default="match", metadata={"help": "LoRA rank, or 'match' for SCALE-Route's trainable parameters"}
+    )
+    freeze_layers: int = field(
+        default=1, metadata={"help": "Freeze: bottom decoder layers frozen (with the embedding)"}
+    )
+    llama_pro_blocks: str = field(
+        default="match", metadata={"help": "LLaMA Pro: blocks added, or 'match' for SCALE-Route's trainable parameters"}
+    )
+
+
+@dataclass
+class Task1Config(StageConfig):
+    """Task 1 (new people's QA): one learning rate per method, and the evaluation interval."""
+
+    eval_every: int = field(default=20, metadata={"help": "evaluate Task 0 and Task 1 every this many steps"})
+    fft_lr: float = field(default=0.0, metadata={"help": "learning rate of fft (0 = lr)"})
+    lora_lr: float = field(default=0.0, metadata={"help": "learning rate of lora (0 = lr)"})
+    freeze_lr: float = field(default=0.0, metadata={"help": "learning rate of freeze (0 = lr)"})
+    llama_pro_lr: float = field(default=0.0, metadata={"help": "learning rate of llama_pro (0 = lr)"})
+    scale_preserve_lr: float = field(default=0.0, metadata={"help": "learning rate of scale_preserve (0 = lr)"})
+    scale_adapt_lr: float = field(default=0.0, metadata={"help": "learning rate of scale_adapt (0 = lr)"})
+    scale_route_lr: float = field(default=0.0, metadata={"help": "learning rate of scale_route (0 = lr)"})
+
+    def lr_of(self, method: str) -> float:
+        return getattr(self, f"{method}_lr") or self.lr
+
+
+@dataclass
+class BioConfig:
+    preset: str = field(default="small", metadata={"help": f"starting point of every setting: one of {PRESETS}"})
+    methods: list[str] = field(default_factory=lambda: list(ALL_METHODS), metadata={"help": "methods to run"})
+    seeds: list[int] = field(default_factory=lambda: [0], metadata={"help": "training seeds (mean and spread)"})
+    eval_people: int = field(default=200, metadata={"help": "people evaluated per test split (0 = all)"})
+    data: DataConfig = field(default_factory=DataConfig)
+    model: BackboneConfig = field(default_factory=BackboneConfig)
+    pretrain: StageConfig = field(default_factory=StageConfig)
+    task0: StageConfig = field(default_factory=StageConfig)
+    task1: Task1Config = field(default_factory=Task1Config)
+    options: MethodOptions = field(default_factory=MethodOptions)
+
+    def __post_init__(self) -> None:
+        if self.preset not in PRESETS:
+            raise ValueError(f"unknown preset {self.preset!r}; valid presets: {', '.join(PRESETS)}")
+        unknown = [m for m in self.methods if m not in ALL_METHODS]
+        if unknown or not self.methods:
+            raise ValueError(f"unknown methods {unknown}; valid methods: {', '.join(ALL_METHODS)}")
+        if not self.seeds:
+            raise ValueError("seeds must name at least one seed")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def preset(name: str) -> BioConfig:
+    """The settings of preset ``name`` (see the README for what each is for)."""
+    if name == "micro":
+        return BioConfig(
+            preset="micro",
+            eval_people=0,
+            data=DataConfig(people=120, pools="micro", vocab_size=512),
+            model=BackboneConfig(hidden_size=32, layers=2, heads=2, intermediate_size=64, max_seq_len=128),
+            pretrain=StageConfig(lr=3e-3, epochs=2, batch_size=16),
+            task0=StageConfig(lr=1e-3, epochs=1, batch_size=16),
+            task1=Task1Config(lr=1e-3, max_steps=4, batch_size=16, eval_every=2),
+            options=MethodOptions(hidden_up=16, ffn_up=16, freeze_layers=1),
+        )
+    if name == "small":
+        return BioConfig(
+            preset="small",
+            data=DataConfig(people=1000, pools="small", vocab_size=3072),
+            model=BackboneConfig(hidden_size=128, layers=4, heads=4, intermediate_size=512, max_seq_len=256),
+            pretrain=StageConfig(lr=1e-3, epochs=20, batch_size=32, warmup_steps=50, schedule="cosine_with_min_lr"),
+            task0=StageConfig(lr=1e-3, epochs=5, batch_size=32),
+            task1=Task1Config(lr=1e-3, max_steps=200, batch_size=32, eval_every=20),
+            options=MethodOptions(hidden_up=64, ffn_up=64, freeze_layers=1),
+        )
+    if name == "paper":
+        # Pythia-160M, 200k people, the original benchmark's and the paper's hyper-parameters (for a GPU).
+        return BioConfig(
+            preset="paper",
+            eval_people=2000,
+            data=DataConfig(people=200_000, pools="paper", vocab_size=32_768),
+            model=BackboneConfig(hidden_size=768, layers=12, heads=12, intermediate_size=3072, max_seq_len=512),
+            pretrain=StageConfig(
+                lr=1e-3,
+                epochs=10,
+                batch_size=96,
+                warmup_steps=1000,
+                weight_decay=0.1,
+                schedule="cosine_with_min_lr",
+                min_lr_ratio=0.1,
+            ),
+            task0=StageConfig(lr=5e-6, epochs=10, batch_size=48),
+            task1=Task1Config(
+                lr=5e-6, epochs=10, batch_size=48, eval_every=200, scale_route_lr=5e-5, llama_pro_lr=5e-5
+            ),
+            options=MethodOptions(hidden_up=128, ffn_up=128, preserve_layers=-1, freeze_layers=3, llama_pro_blocks="4"),
+        )
+    raise ValueError(f"unknown preset {name!r}; valid presets: {', '.join(PRESETS)}")
+
+
+def apply_overrides(config: Any, overrides: dict[str, Any], where: str = "") -> Any:
+    """A copy of the dataclass ``config`` with nested ``overrides`` applied; unknown keys are errors."""
+    known = {f.name: f for f in fields(config)}
+    changes = {}
+    for key, value in overrides.items():
+        if key not in known:
+            raise ValueError(f"unknown setting {where}{key!r}; known: {', '.join(sorted(known))}")
+        current = getattr(config, key)
+        if is_dataclass(current):
+            if not isinstance(value, dict):
+                raise ValueError(f"setting {where}{key} is a section; give it a mapping, got {value!r}")
+            changes[key] = apply_overrides(current, value, f"{where}{key}.")
+        else:
+            changes[key] = value
+    return replace(config, **changes)

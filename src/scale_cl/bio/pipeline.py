@@ -1,0 +1,284 @@
+"""The biography continual-learning pipeline (paper Section 5, Fig. 8).
+
+Stage 1 pre-trains a GPT-NeoX model from scratch on the biographies of people [0, N/2); stage 2
+fine-tunes QA of Task 0 (people [0, N/4), loss on the answer only); stage 3 applies a method and
+fine-tunes QA of Task 1 (new people [N/2, 6N/10)) while Task 0 (people [N/4, N/2), whose QA was
+never trained) and Task 1 are evaluated every few steps with hard first-token accuracy.
+
+Stages 1-2 are computed once per (settings, seed) and cached under ``<out>/cache/<stage>-<key>``,
+where the key hashes every setting the stage depends on; each method's stage-3 result is written
+to ``<out>/seed-<s>/<method>.json``. Everything is written to a temporary name and renamed into
+place, so a killed run leaves no half-written stage and a re-run skips what is done.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+from scale_cl.data import (
+    ATTRIBUTES,
+    answer_first_token,
+    bio_spec,
+    biographies,
+    generate_people,
+    qa_items,
+    splits,
+    train_bpe_tokenizer,
+)
+from transformers import GPTNeoXConfig, GPTNeoXForCausalLM, PreTrainedTokenizerFast
+
+from scale_cl.bio.config import BioConfig
+from scale_cl.bio.datasets import AnswerOnlyQA, PackedText, PadCollator
+from scale_cl.eval.first_token import QAExample, first_token_accuracy
+from scale_cl.train.callbacks import PeriodicEval
+from scale_cl.train.trainer import run_stage
+
+CONFIG_FILE = "config.json"
+VERSION = 1  # bump when a stage's computation changes, so old caches are not reused
+
+
+def _key(*parts: Any) -> str:
+    text = json.dumps([VERSION, *parts], sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def _write_json(path: Path, data: Any) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=2))
+    os.replace(tmp, path)
+
+
+@dataclass
+class BioData:
+    """Everything stages 1-3 read, tokenised once."""
+
+    tokenizer: PreTrainedTokenizerFast
+    pretrain: PackedText
+    task0_train: AnswerOnlyQA
+    task1_train: AnswerOnlyQA
+    task0_test: list[QAExample]
+    task1_test: list[QAExample]
+
+
+def build_data(cfg: BioConfig, out: Path) -> BioData:
+    """Generate the people, train (or reuse) the tokenizer, and tokenise every split."""
+    spec = bio_spec(cfg.data.pools, people=cfg.data.people)
+    people = generate_people(spec, cfg.data.seed)
+    ranges = splits(len(people))
+    texts = [bio for i in ranges["pretrain"] for bio in biographies(people[i], seed=cfg.data.seed)]
+    tok_dir = out / "cache" / f"tokenizer-{_key(asdict(cfg.data))}"
+    if tok_dir.is_dir():
+        tokenizer = PreTrainedTokenizerFast.from_pretrained(tok_dir)
+    else:
+        qa_text = [item.prompt + item.answer for person in people for item in qa_items(person)]
+        tokenizer = train_bpe_tokenizer(texts + qa_text, cfg.data.vocab_size)
+        tmp = tok_dir.with_name(tok_dir.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tokenizer.save_pretrained(tmp)
+        os.replace(tmp, tok_dir)
+    eos = tokenizer.eos_token_id
+
+    def encode(text: str) -> list[int]:
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def qa_pairs(people_range: range) -> list[tuple[list[int], list[int]]]:
+        return [(encode(q.prompt), encode(q.answer)) for i in people_range for q in qa_items(people[i])]
+
+    def examples(people_range: range) -> list[QAExample]:
+        if cfg.eval_people:
+            people_range = people_range[: cfg.eval_people]
+        return [
+            QAExample(tuple(encode(q.prompt)), answer_first_token(tokenizer, q.answer), q.attribute)
+            for i in people_range
+            for q in qa_items(people[i])
+        ]
+
+    return BioData(
+        tokenizer=tokenizer,
+        pretrain=PackedText([encode(t) for t in texts], eos, cfg.model.max_seq_len),
+        task0_train=AnswerOnlyQA(qa_pairs(ranges["task0_train"]), eos),
+        task1_train=AnswerOnlyQA(qa_pairs(ranges["task1"]), eos),
+        task0_test=examples(ranges["task0_test"]),
+        task1_test=examples(ranges["task1"]),
+    )
+
+
+def new_backbone(cfg: BioConfig, tokenizer: PreTrainedTokenizerFast, seed: int) -> GPTNeoXForCausalLM:
+    m = cfg.model
+    config = GPTNeoXConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=m.hidden_size,
+        num_hidden_layers=m.layers,
+        num_attention_heads=m.heads,
+        intermediate_size=m.intermediate_size,
+        rotary_pct=m.rotary_pct,
+        max_position_embeddings=m.max_seq_len,
+        use_parallel_residual=True,
+        tie_word_embeddings=False,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    torch.manual_seed(seed)
+    return GPTNeoXForCausalLM(config)
+
+
+def _cached_stage(directory: Path, build: Any) -> GPTNeoXForCausalLM:
+    """Load the model cached in ``directory``, or ``build()`` it and cache it atomically."""
+    if (directory / "model.safetensors").is_file():
+        return GPTNeoXForCausalLM.from_pretrained(directory)
+    model = build()
+    tmp = directory.with_name(directory.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    shutil.rmtree(directory, ignore_errors=True)
+    os.replace(tmp, directory)
+    return model
+
+
+def evaluate_tasks(model: torch.nn.Module, data: BioData) -> dict[str, dict[str, float]]:
+    pad = data.tokenizer.pad_token_id
+    return {
+        "task0": first_token_accuracy(model, data.task0_test, pad),
+        "task1": first_token_accuracy(model, data.task1_test, pad),
+    }
+
+
+def stage_models(cfg: BioConfig, data: BioData, seed: int, out: Path) -> tuple[Path, Path]:
+    """Stages 1 and 2 (cached): the pre-trained model and the Task-0 model's directories."""
+    collator = PadCollator(data.tokenizer.pad_token_id)
+    key1 = _key(asdict(cfg.data), asdict(cfg.model), asdict(cfg.pretrain), seed)
+    dir1 = out / "cache" / f"stage1-{key1}"
+    key2 = _key(key1, asdict(cfg.task0), seed)
+    dir2 = out / "cache" / f"stage2-{key2}"
+    if (dir2 / "model.safetensors").is_file():
+        return dir1, dir2
+
+    def pretrain() -> GPTNeoXForCausalLM:
+        print(f"[bio] stage 1 (seed {seed}): pre-training on {len(data.pretrain)} blocks of biographies")
+        model = new_backbone(cfg, data.tokenizer, seed)
+        run_stage(model, data.pretrain, collator, cfg.pretrain, out / "trainer", seed)
+        return model
+
+    base = _cached_stage(dir1, pretrain)
+
+    def task0() -> GPTNeoXForCausalLM:
+        print(f"[bio] stage 2 (seed {seed}): Task 0 QA on {len(data.task0_train)} questions")
+        run_stage(base, data.task0_train, collator, cfg.task0, out / "trainer", seed)
+        return base
+
+    _cached_stage(dir2, task0)
+    return dir1, dir2
+
+
+def method_options(cfg: BioConfig, method: str, layers: int) -> dict[str, Any]:
+    """The keyword options of `scale_cl.prepare` for ``method`` under ``cfg.options``."""
+    from scale_cl.config import ScaleConfig
+
+    o = cfg.options
+    preserve = layers - 1 if o.preserve_layers < 0 else o.preserve_layers
+    route = ScaleConfig(
+        hidden_up=o.hidden_up,
+        ffn_up=o.ffn_up,
+        method="route",
+        preserve_layers=preserve,
+        route_tau=o.route_tau,
+        w21_init=o.w21_init,
+        w22_init=o.w22_init,
+        seed=0,
+    )
+    if method.startswith("scale_"):
+        return {"scale": route}
+    if method == "lora":
+        return {"rank": "match" if o.lora_rank == "match" else int(o.lora_rank), "match": route}
+    if method == "llama_pro":
+        return {"blocks": "match" if o.llama_pro_blocks == "match" else int(o.llama_pro_blocks), "match": route}
+    if method == "freeze":
+        return {"layers": o.freeze_layers}
+    return {}
+
+
+def run_method(cfg: BioConfig, data: BioData, task0_dir: Path, method: str, seed: int, out: Path) -> dict:
+    """Stage 3 for one method: returns (and caches) its curve, parameter count and wall time."""
+    from scale_cl.methods import prepare, trainable_parameter_count
+
+    result_path = out / f"seed-{seed}" / f"{method}.json"
+    if result_path.is_file():
+        return json.loads(result_path.read_text())
+    result_path.parent.mkdir(parents=True, exist_ok=True)
+    model = GPTNeoXForCausalLM.from_pretrained(task0_dir)
+    model = prepare(model, method, **method_options(cfg, method, cfg.model.layers))
+    lr = cfg.task1.lr_of(method)
+    stage = replace(cfg.task1, lr=lr)
+    log = result_path.with_suffix(".jsonl")
+    log.unlink(missing_ok=True)
+    print(f"[bio] stage 3 (seed {seed}): {method}, lr {lr:g}, {trainable_parameter_count(model):,} trainable")
+    tracker = PeriodicEval(lambda m: evaluate_tasks(m, data), every=cfg.task1.eval_every, path=log)
+    start = time.perf_counter()
+    collator = PadCollator(data.tokenizer.pad_token_id)
+    run_stage(model, data.task1_train, collator, stage, out / "trainer", seed, [tracker])
+    result = {
+        "method": method,
+        "seed": seed,
+        "lr": lr,
+        "trainable": trainable_parameter_count(model),
+        "seconds": time.perf_counter() - start,
+        "curve": tracker.records,
+    }
+    _write_json(result_path, result)
+    return result
+
+
+def check_output_folder(cfg: BioConfig, out: Path) -> None:
+    """Refuse an output folder that holds results of another configuration (methods may differ)."""
+    path = out / CONFIG_FILE
+    mine = {k: v for k, v in cfg.to_dict().items() if k != "methods"}
+    if path.is_file():
+        theirs = {k: v for k, v in json.loads(path.read_text()).items() if k != "methods"}
+        if theirs != mine:
+            diffs = sorted(_diff(theirs, mine))
+            raise ValueError(
+                f"{out} holds results of another configuration (differs in: {', '.join(diffs[:8])}); "
+                "choose another --out or delete that folder"
+            )
+    else:
+        out.mkdir(parents=True, exist_ok=True)
+        _write_json(path, cfg.to_dict())
+
+
+def _diff(a: dict, b: dict, prefix: str = "") -> list[str]:
+    keys = set(a) | set(b)
+    found = []
+    for key in keys:
+        if isinstance(a.get(key), dict) and isinstance(b.get(key), dict):
+            found += _diff(a[key], b[key], f"{prefix}{key}.")
+        elif a.get(key) != b.get(key):
+            found.append(f"{prefix}{key}")
+    return found
+
+
+def run_bio(cfg: BioConfig, out: Path) -> dict[str, Any]:
+    """Run (or resume) the whole benchmark into ``out``; returns the collected results."""
+    from scale_cl.bio.report import collect, write_report
+
+    out = Path(out)
+    check_output_folder(cfg, out)
+    data = build_data(cfg, out)
+    for seed in cfg.seeds:
+        _, task0_dir = stage_models(cfg, data, seed, out)
+        for method in cfg.methods:
+            run_method(cfg, data, task0_dir, method, seed, out)
+    results = collect(cfg, out)
+    write_report(results, out)
+    return results
+
+
+__all__ = ["ATTRIBUTES", "BioData", "build_data", "run_bio"]

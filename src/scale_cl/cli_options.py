@@ -1,0 +1,73 @@
+"""Command-line options generated from nested dataclass configs (``--section.field value``).
+
+Options default to "not given", so a preset can supply the defaults and a YAML file and the
+command line override only what they name, in that order.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import fields, is_dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+def _bool(text: str) -> bool:
+    if text.lower() in ("1", "true", "yes", "on"):
+        return True
+    if text.lower() in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+def add_dataclass_options(
+    parser: argparse.ArgumentParser, instance: Any, prefix: str = "", aliases: dict[str, list[str]] | None = None
+) -> None:
+    """One option per leaf field of ``instance``; help from ``field.metadata["help"]``, default shown."""
+    aliases = aliases or {}
+    for f in fields(instance):
+        value = getattr(instance, f.name)
+        name = f"{prefix}{f.name}"
+        if is_dataclass(value):
+            group = parser.add_argument_group(f"{name} settings", (type(value).__doc__ or "").strip() or None)
+            add_dataclass_options(group, value, f"{name}.", aliases)
+            continue
+        kwargs: dict[str, Any] = {
+            "dest": name,
+            "default": argparse.SUPPRESS,
+            "help": f"{f.metadata.get('help', '')} (default: {value})",
+        }
+        if isinstance(value, bool):
+            kwargs["type"] = _bool
+        elif isinstance(value, list):
+            kwargs["nargs"] = "+"
+            kwargs["type"] = type(value[0]) if value else str
+        else:
+            kwargs["type"] = type(value)
+        parser.add_argument(f"--{name}", *aliases.get(name, []), **kwargs)
+
+
+def nested_overrides(args: argparse.Namespace, skip: tuple[str, ...] = ()) -> dict[str, Any]:
+    """``{"a.b": 1}``-style parsed options as ``{"a": {"b": 1}}``."""
+    nested: dict[str, Any] = {}
+    for dotted, value in vars(args).items():
+        if dotted in skip or dotted.startswith("_"):
+            continue
+        *sections, leaf = dotted.split(".")
+        node = nested
+        for section in sections:
+            node = node.setdefault(section, {})
+        node[leaf] = value
+    return nested
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(Path(path).read_text()) or {}
+    except (OSError, yaml.YAMLError) as err:
+        raise ValueError(f"cannot read the config file {path}: {err}") from err
+    if not isinstance(data, dict):
+        raise ValueError(f"{path} must hold a mapping of settings, got {type(data).__name__}")
+    return data

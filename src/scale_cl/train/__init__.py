@@ -1,0 +1,1 @@
+"""HF Trainer glue shared by the experiments."""
