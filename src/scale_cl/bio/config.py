@@ -155,7 +155,7 @@ def apply_overrides(config: Any, overrides: dict[str, Any], where: str = "") -> 
     changes = {}
     for key, value in overrides.items():
         if key not in known:
-            raise ValueError(f"unknown setting {where}{key!r}; known: {', '.join(sorted(known))}")
+            raise ValueError(f"unknown setting '{where}{key}'; known here: {', '.join(sorted(known))}")
         current = getattr(config, key)
         if is_dataclass(current):
             if not isinstance(value, dict):

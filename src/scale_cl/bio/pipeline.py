@@ -265,11 +265,33 @@ def _diff(a: dict, b: dict, prefix: str = "") -> list[str]:
     return found
 
 
+def validate(cfg: BioConfig) -> None:
+    """Raise a ValueError for settings that cannot work, before anything is written."""
+    bio_spec(cfg.data.pools, people=cfg.data.people)
+    splits(cfg.data.people)
+    m, o = cfg.model, cfg.options
+    if m.hidden_size % m.heads:
+        raise ValueError(f"model.hidden_size={m.hidden_size} must be a multiple of model.heads={m.heads}")
+    head_dim = m.hidden_size // m.heads
+    if o.hidden_up <= 0 or o.hidden_up % head_dim:
+        raise ValueError(f"options.hidden_up={o.hidden_up} must be a positive multiple of the head size {head_dim}")
+    if o.preserve_layers >= m.layers or o.freeze_layers > m.layers:
+        raise ValueError(
+            f"options.preserve_layers={o.preserve_layers} and options.freeze_layers={o.freeze_layers} "
+            f"must be below the model's {m.layers} layers"
+        )
+    for name in ("lora_rank", "llama_pro_blocks"):
+        value = getattr(o, name)
+        if value != "match" and not (str(value).isdigit() and int(value) > 0):
+            raise ValueError(f"options.{name} must be 'match' or a positive integer, got {value!r}")
+
+
 def run_bio(cfg: BioConfig, out: Path) -> dict[str, Any]:
     """Run (or resume) the whole benchmark into ``out``; returns the collected results."""
     from scale_cl.bio.report import collect, write_report
 
     out = Path(out)
+    validate(cfg)
     check_output_folder(cfg, out)
     data = build_data(cfg, out)
     for seed in cfg.seeds:
