@@ -8,6 +8,7 @@ model.save_pretrained("out"); model = load("out")
 
 from scale_cl.config import METHODS, ScaleConfig
 from scale_cl.io import load, save
+from scale_cl.methods import METHOD_NAMES, prepare, trainable_parameter_count
 from scale_cl.summary import ParamSummary, parameter_summary
 from scale_cl.upscale import ROUTE_SHARE_KEY, scale_config_of, set_method, upscale
 
@@ -15,13 +16,16 @@ __version__ = "0.1.0"
 
 __all__ = [
     "METHODS",
+    "METHOD_NAMES",
     "ROUTE_SHARE_KEY",
     "ParamSummary",
     "ScaleConfig",
     "load",
     "parameter_summary",
+    "prepare",
     "save",
     "scale_config_of",
     "set_method",
+    "trainable_parameter_count",
     "upscale",
 ]

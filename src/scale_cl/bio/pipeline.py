@@ -23,6 +23,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from transformers import GPTNeoXConfig, GPTNeoXForCausalLM, PreTrainedTokenizerFast
+
+from scale_cl.bio.config import BioConfig
+from scale_cl.bio.datasets import AnswerOnlyQA, PackedText, PadCollator
 from scale_cl.data import (
     ATTRIBUTES,
     answer_first_token,
@@ -33,10 +37,6 @@ from scale_cl.data import (
     splits,
     train_bpe_tokenizer,
 )
-from transformers import GPTNeoXConfig, GPTNeoXForCausalLM, PreTrainedTokenizerFast
-
-from scale_cl.bio.config import BioConfig
-from scale_cl.bio.datasets import AnswerOnlyQA, PackedText, PadCollator
 from scale_cl.eval.first_token import QAExample, first_token_accuracy
 from scale_cl.train.callbacks import PeriodicEval
 from scale_cl.train.trainer import run_stage
