@@ -76,6 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     bio = commands.add_parser(
         "bio",
+        usage="scale-cl bio [--preset micro|small|paper] [--methods M ...] [--seed S ...] [--out DIR] [options]",
         help="the biography continual-learning benchmark (paper Fig. 8): every method, figure and table",
         description=(
             "Pre-train a GPT-NeoX model on synthetic biographies (stage 1), fine-tune QA of Task 0 (stage 2), "

@@ -46,6 +46,7 @@ def add_dataclass_options(
             kwargs["type"] = type(value[0]) if value else str
         else:
             kwargs["type"] = type(value)
+        kwargs["metavar"] = "BOOL" if isinstance(value, bool) else kwargs["type"].__name__.upper()
         parser.add_argument(f"--{name}", *aliases.get(name, []), **kwargs)
 
 

@@ -17,6 +17,8 @@ PRESETS = ("micro", "small", "paper")
 
 @dataclass
 class DataConfig:
+    """The synthetic people and the tokenizer trained on their text."""
+
     people: int = field(default=1000, metadata={"help": "number of synthetic people (splits keep the paper's shares)"})
     pools: str = field(default="small", metadata={"help": "name-pool sizes: a biography preset (micro, small, paper)"})
     seed: int = field(default=0, metadata={"help": "seed of the generated people and biographies"})
@@ -77,6 +79,8 @@ class Task1Config(StageConfig):
 
 @dataclass
 class BioConfig:
+    """Every setting of one biography benchmark run."""
+
     preset: str = field(default="small", metadata={"help": f"starting point of every setting: one of {PRESETS}"})
     methods: list[str] = field(default_factory=lambda: list(ALL_METHODS), metadata={"help": "methods to run"})
     seeds: list[int] = field(default_factory=lambda: [0], metadata={"help": "training seeds (mean and spread)"})
