@@ -133,6 +133,19 @@ def randomize_new_weights(model, seed: int, w12_scale: float, head_scale: float 
     return model
 
 
+def greedy(model, ids: torch.Tensor, mask: torch.Tensor, new_tokens: int = 8) -> torch.Tensor:
+    """Exactly ``new_tokens`` greedily generated tokens after a (left-padded) batch."""
+    with torch.no_grad():
+        return model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            max_new_tokens=new_tokens,
+            min_new_tokens=new_tokens,
+            do_sample=False,
+            pad_token_id=0,
+        )
+
+
 @pytest.fixture(params=sorted(ARCHS))
 def arch_name(request) -> str:
     return request.param

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from conftest import VOCAB, hidden_up_for, make_model, randomize_new_weights
+from conftest import greedy as generate_greedy
 from scale_cl import ROUTE_SHARE_KEY, ScaleConfig, set_method, upscale
 from scale_cl.layers import ScaleLinear
 
@@ -53,15 +54,7 @@ def untrained(base, method: str):
 
 
 def greedy(model, ids, mask) -> torch.Tensor:
-    with torch.no_grad():
-        return model.generate(
-            input_ids=ids,
-            attention_mask=mask,
-            max_new_tokens=NEW_TOKENS,
-            min_new_tokens=NEW_TOKENS,
-            do_sample=False,
-            pad_token_id=0,
-        )
+    return generate_greedy(model, ids, mask, NEW_TOKENS)
 
 
 @pytest.mark.parametrize("method", ["preserve", "adapt", "route"])

@@ -16,7 +16,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from conftest import ARCHS, VOCAB, hidden_up_for, make_model, token_batch
+from conftest import ARCHS, VOCAB, greedy, hidden_up_for, make_model, token_batch
 from scale_cl import ScaleConfig, parameter_summary, scale_config_of, upscale
 from scale_cl.methods import (
     METHOD_NAMES,
@@ -134,18 +134,6 @@ def train_two_steps(model) -> tuple[set[str], set[str]]:
             assert p.grad is None, f"frozen {name} got a gradient"
             assert torch.equal(p.detach(), before[name]), f"frozen {name} changed"
     return frozen, moved
-
-
-def greedy(model, ids, mask, new_tokens: int = 6) -> torch.Tensor:
-    with torch.no_grad():
-        return model.generate(
-            input_ids=ids,
-            attention_mask=mask,
-            max_new_tokens=new_tokens,
-            min_new_tokens=new_tokens,
-            do_sample=False,
-            pad_token_id=0,
-        )
 
 
 def expected_llama_pro_positions(num_layers: int, blocks: int) -> list[int]:

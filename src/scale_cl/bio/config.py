@@ -9,9 +9,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
 from typing import Any
 
+from scale_cl.methods import METHOD_NAMES as ALL_METHODS
 from scale_cl.train.trainer import StageConfig
 
-ALL_METHODS = ("fft", "lora", "freeze", "llama_pro", "scale_preserve", "scale_adapt", "scale_route")
 PRESETS = ("micro", "small", "paper")
 
 
