@@ -127,6 +127,7 @@ def test_interrupted_stage_cache_is_not_taken_as_finished(tmp_path, monkeypatch)
         ({"preset": "huge"}, "unknown preset"),
         ({"data": {"people": 5}}, "at least 10 people"),
         ({"data": {"pools": "tiny"}}, "unknown biography preset"),
+        ({"data": {"attributes": ["major", "shoe_size"]}}, "unknown attributes"),
         ({"task1": {"learning_rate": 1.0}}, "unknown setting 'task1.learning_rate'"),
         ({"options": {"hidden_up": 20}}, "multiple of the head size"),
         ({"options": {"lora_rank": "big"}}, "lora_rank"),
@@ -167,3 +168,10 @@ def test_cli_runs_with_yaml_and_command_line_overrides(tmp_path, capsys):
     assert saved["config"]["seeds"] == [1] and set(saved["methods"]) == {"fft", "scale_route"}
     assert [r["step"] for r in saved["methods"]["fft"]["runs"][0]["curve"]] == [0, 1, 2]
     assert "| scale_route |" in capsys.readouterr().out
+
+
+def test_attribute_subset_is_trained_and_reported(tmp_path):
+    results = pipeline.run_bio(micro(methods=["fft"], data={"attributes": ["major", "birth_city"]}), tmp_path / "r")
+    record = results["methods"]["fft"]["runs"][0]["curve"][-1]
+    assert set(record["task0"]) == {"overall", "major", "birth_city"}
+    assert "| fft | " in (tmp_path / "r" / "results.md").read_text().split("per attribute")[1]

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
 from typing import Any
 
+from scale_cl.data import ATTRIBUTES
 from scale_cl.methods import METHOD_NAMES as ALL_METHODS
 from scale_cl.train.trainer import StageConfig
 
@@ -22,6 +23,9 @@ class DataConfig:
     people: int = field(default=600, metadata={"help": "number of synthetic people (splits keep the paper's shares)"})
     pools: str = field(default="small", metadata={"help": "name-pool sizes: a biography preset (micro, small, paper)"})
     seed: int = field(default=0, metadata={"help": "seed of the generated people and biographies"})
+    attributes: list[str] = field(
+        default_factory=lambda: list(ATTRIBUTES), metadata={"help": "attributes asked about in Task 0 and Task 1 QA"}
+    )
     vocab_size: int = field(default=3072, metadata={"help": "vocabulary of the byte-level BPE trained on the data"})
 
 

@@ -56,6 +56,11 @@ def _write_json(path: Path, data: Any) -> None:
     os.replace(tmp, path)
 
 
+def _text_settings(cfg: BioConfig) -> dict[str, Any]:
+    """The data settings the biographies and the tokenizer depend on (not which QA is asked)."""
+    return {k: v for k, v in asdict(cfg.data).items() if k != "attributes"}
+
+
 @dataclass
 class BioData:
     """Everything stages 1-3 read, tokenised once."""
@@ -74,7 +79,7 @@ def build_data(cfg: BioConfig, out: Path) -> BioData:
     people = generate_people(spec, cfg.data.seed)
     ranges = splits(len(people))
     texts = [bio for i in ranges["pretrain"] for bio in biographies(people[i], seed=cfg.data.seed)]
-    tok_dir = out / "cache" / f"tokenizer-{_key(asdict(cfg.data))}"
+    tok_dir = out / "cache" / f"tokenizer-{_key(_text_settings(cfg))}"
     if tok_dir.is_dir():
         tokenizer = PreTrainedTokenizerFast.from_pretrained(tok_dir)
     else:
@@ -89,16 +94,18 @@ def build_data(cfg: BioConfig, out: Path) -> BioData:
     def encode(text: str) -> list[int]:
         return tokenizer(text, add_special_tokens=False)["input_ids"]
 
+    def questions(people_range: range) -> list:
+        return [q for i in people_range for q in qa_items(people[i]) if q.attribute in cfg.data.attributes]
+
     def qa_pairs(people_range: range) -> list[tuple[list[int], list[int]]]:
-        return [(encode(q.prompt), encode(q.answer)) for i in people_range for q in qa_items(people[i])]
+        return [(encode(q.prompt), encode(q.answer)) for q in questions(people_range)]
 
     def examples(people_range: range) -> list[QAExample]:
         if cfg.eval_people:
             people_range = people_range[: cfg.eval_people]
         return [
             QAExample(tuple(encode(q.prompt)), answer_first_token(tokenizer, q.answer), q.attribute)
-            for i in people_range
-            for q in qa_items(people[i])
+            for q in questions(people_range)
         ]
 
     return BioData(
@@ -155,9 +162,9 @@ def evaluate_tasks(model: torch.nn.Module, data: BioData) -> dict[str, dict[str,
 def stage_models(cfg: BioConfig, data: BioData, seed: int, out: Path) -> tuple[Path, Path]:
     """Stages 1 and 2 (cached): the pre-trained model and the Task-0 model's directories."""
     collator = PadCollator(data.tokenizer.pad_token_id)
-    key1 = _key(asdict(cfg.data), asdict(cfg.model), asdict(cfg.pretrain), seed)
+    key1 = _key(_text_settings(cfg), asdict(cfg.model), asdict(cfg.pretrain), seed)
     dir1 = out / "cache" / f"stage1-{key1}"
-    key2 = _key(key1, asdict(cfg.task0), seed)
+    key2 = _key(key1, asdict(cfg.task0), cfg.data.attributes, seed)
     dir2 = out / "cache" / f"stage2-{key2}"
     if (dir2 / "model.safetensors").is_file():
         return dir1, dir2
@@ -269,6 +276,9 @@ def validate(cfg: BioConfig) -> None:
     """Raise a ValueError for settings that cannot work, before anything is written."""
     bio_spec(cfg.data.pools, people=cfg.data.people)
     splits(cfg.data.people)
+    unknown = [a for a in cfg.data.attributes if a not in ATTRIBUTES]
+    if unknown or not cfg.data.attributes:
+        raise ValueError(f"unknown attributes {unknown}; valid attributes: {', '.join(ATTRIBUTES)}")
     m, o = cfg.model, cfg.options
     if m.hidden_size % m.heads:
         raise ValueError(f"model.hidden_size={m.hidden_size} must be a multiple of model.heads={m.heads}")
@@ -295,6 +305,8 @@ def run_bio(cfg: BioConfig, out: Path) -> dict[str, Any]:
     check_output_folder(cfg, out)
     data = build_data(cfg, out)
     for seed in cfg.seeds:
+        if all((out / f"seed-{seed}" / f"{method}.json").is_file() for method in cfg.methods):
+            continue  # finished: its stage models are not needed
         _, task0_dir = stage_models(cfg, data, seed, out)
         for method in cfg.methods:
             run_method(cfg, data, task0_dir, method, seed, out)

@@ -80,6 +80,14 @@ def results_markdown(results: dict[str, Any]) -> str:
             f"| {name} | {_cell(r['task0_start'])} | {_cell(r['task0_min'])} | {_cell(r['task0_end'])} | "
             f"{_cell(r['task1_end'])} | {r['trainable']:,} | {r['lr']:g} | {_cell(r['seconds'], percent=False)} |"
         )
+    attributes = results["config"]["data"]["attributes"]
+    lines += ["", "Task 0 at the end, per attribute (%, mean over seeds):", ""]
+    lines.append("| method | " + " | ".join(attributes) + " |")
+    lines.append("|---" * (len(attributes) + 1) + "|")
+    for name, r in results["methods"].items():
+        ends = [run["curve"][-1]["task0"] for run in r["runs"]]
+        cells = [f"{100 * statistics.fmean(end[a] for end in ends):.1f}" for a in attributes]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
     seeds = sorted({s for r in results["methods"].values() for s in r["seeds"]})
     lines.append("")
     lines.append(
