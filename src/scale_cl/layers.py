@@ -45,6 +45,9 @@ class ScaleLinear(nn.Module):
         self.in_up, self.out_up = in_up, out_up
         self.collaborative = collaborative
         self.w12_scope = W12_OFF
+        # True where the original input stream depends on no trainable parameter (set by set_method):
+        # then no gradient is taken through the frozen products, which is most of FFT's backward.
+        self.constant_input = False
         self.weight = base.weight
         self.bias = base.bias
         factory = {"device": base.weight.device, "dtype": base.weight.dtype}
@@ -55,6 +58,8 @@ class ScaleLinear(nn.Module):
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         x, x_up = hidden.split((self.in_features, self.in_up), dim=-1)
+        if self.constant_input:
+            x = x.detach()
         out = F.linear(x, self.weight, self.bias)
         if self.w12_scope == W12_ALL:
             out = out + F.linear(x_up, self.w12)
@@ -93,6 +98,7 @@ class SplitNorm(nn.Module):
             raise ValueError(f"unknown norm kind {kind!r}")
         self.kind, self.eps = kind, eps
         self.hidden_size, self.hidden_up = base.weight.shape[0], hidden_up
+        self.constant_input = False  # as in ScaleLinear
         self.weight = base.weight
         factory = {"device": base.weight.device, "dtype": base.weight.dtype}
         self.weight_up = nn.Parameter(torch.ones(hidden_up, **factory))
@@ -107,6 +113,8 @@ class SplitNorm(nn.Module):
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         x, x_up = hidden.split((self.hidden_size, self.hidden_up), dim=-1)
+        if self.constant_input:
+            x = x.detach()
         bias, bias_up = (self.bias, self.bias_up) if self.kind == "layer" else (None, None)
         return torch.cat((self._norm(x, self.weight, bias), self._norm(x_up, self.weight_up, bias_up)), dim=-1)
 
@@ -153,18 +161,31 @@ class ScaleHead(nn.Module):
         self.route = False
         self.stacked = False
         self.route_tau = 0.5
+        self.constant_input = False  # as in ScaleLinear
         self.last_route_mask: torch.Tensor | None = None
 
     def parts(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The original-part logits ``Z`` and the added part ``Z_up``."""
         x, x_up = hidden.split((self.hidden_size, self.hidden_up), dim=-1)
+        if self.constant_input:
+            x = x.detach()
         return F.linear(x, self.weight, self.bias), F.linear(x_up, self.weight_up)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        z, z_up = self.parts(hidden)
         if not self.route:
+            z, z_up = self.parts(hidden)
             return z + z_up
-        logits, self.last_route_mask = route_logits(z, z_up, self.route_tau, self.stacked)
+        if not self.stacked:  # no collaborative layer: both paths are the same network
+            z, z_up = self.parts(hidden)
+            logits, self.last_route_mask = route_logits(z, z, z_up, z_up, self.route_tau)
+            return logits
+        x, x_up = hidden.split((self.hidden_size, self.hidden_up), dim=-1)
+        half = x.shape[0] // 2
+        # The preserve path's original logits depend on no trainable parameter: no gradient for them.
+        z_p = F.linear(x[:half].detach(), self.weight, self.bias)
+        z_a = F.linear(x[half:], self.weight, self.bias)
+        z_up = F.linear(x_up, self.weight_up)
+        logits, self.last_route_mask = route_logits(z_p, z_a, z_up[:half], z_up[half:], self.route_tau)
         return logits
 
     def extra_repr(self) -> str:

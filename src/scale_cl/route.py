@@ -24,18 +24,13 @@ from torch import nn
 _BATCHED_KWARGS = ("attention_mask", "position_ids", "position_embeddings")
 
 
-def route_logits(z: torch.Tensor, z_up: torch.Tensor, tau: float, stacked: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """Eq. 5. Returns the logits (B, T, V) and the mask of tokens routed to the preserve path.
+def route_logits(
+    z_p: torch.Tensor, z_a: torch.Tensor, z_p_up: torch.Tensor, z_a_up: torch.Tensor, tau: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Eq. 5 from the original (``z``) and added (``z_up``) logit parts of the preserve and adapt paths.
 
-    ``z``/``z_up`` are the original and added logit parts; when ``stacked`` their batch is
-    ``[preserve; adapt]``, otherwise both paths are the same network (no collaborative layer).
+    Returns the logits (B, T, V) and the mask of tokens routed to the preserve path.
     """
-    if stacked:
-        half = z.shape[0] // 2
-        z_p, z_a, z_p_up, z_a_up = z[:half], z[half:], z_up[:half], z_up[half:]
-    else:
-        z_p = z_a = z
-        z_p_up = z_a_up = z_up
     with torch.no_grad():
         to_preserve = F.cosine_similarity(z_p.float(), z_a.float(), dim=-1) > tau
     logits = torch.where(to_preserve[..., None], (z_p + z_a) / 2 + z_p_up, z_a + z_a_up)

@@ -199,7 +199,16 @@ def set_method(model: nn.Module, method: str) -> nn.Module:
     cfg = replace(scale_config_of(model), method=check_method(method))
     layers = decoder_layers(model)
     stacked = method == "route" and cfg.preserve_layers < len(layers)
+    # The original stream is constant (depends on no trainable parameter) below the first layer
+    # whose W12 is used; there, the modules skip the gradient through the frozen products.
+    first_w12 = len(layers) if method == "preserve" else cfg.preserve_layers
+    for module in model.modules():
+        if isinstance(module, (ScaleLinear, SplitNorm, ScaleHead)):
+            module.constant_input = first_w12 >= len(layers)
     for index, layer in enumerate(layers):
+        for module in layer.modules():
+            if isinstance(module, (ScaleLinear, SplitNorm)):
+                module.constant_input = index < first_w12
         first = cfg.preserve_layers
         layer.scale_stack_paths = None if not stacked or index < first else "start" if index == first else "continue"
         for module in layer.modules():
