@@ -17,7 +17,6 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 # Keyword arguments of a decoder layer that carry a batch dimension and must be stacked too.
@@ -29,11 +28,18 @@ def route_logits(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Eq. 5 from the original (``z``) and added (``z_up``) logit parts of the preserve and adapt paths.
 
-    Returns the logits (B, T, V) and the mask of tokens routed to the preserve path.
+    Returns the logits (B, T, V) and the mask of tokens routed to the preserve path. The vocabulary
+    axis is large, so the work is kept to one pass over it per branch: the adapt branch for every
+    token, then the preserve branch for the routed tokens only, written over it.
     """
     with torch.no_grad():
-        to_preserve = F.cosine_similarity(z_p.float(), z_a.float(), dim=-1) > tau
-    logits = torch.where(to_preserve[..., None], (z_p + z_a) / 2 + z_p_up, z_a + z_a_up)
+        p, a = z_p.float(), z_a.float()
+        norms = p.norm(dim=-1) * a.norm(dim=-1)
+        to_preserve = (p * a).sum(-1) / norms.clamp_min(1e-8) > tau
+    logits = z_a + z_a_up
+    if to_preserve.any():
+        routed = (z_p[to_preserve] + z_a[to_preserve]) / 2 + z_p_up[to_preserve]
+        logits = logits.index_put((to_preserve,), routed)
     return logits, to_preserve
 
 
