@@ -76,7 +76,9 @@ def test_constant_input_marks_exactly_the_layers_below_the_first_w12(method, con
 
 @pytest.mark.parametrize("constant", [True, False])
 def test_constant_input_stops_the_gradient_into_the_original_stream(constant):
-    model = upscale(make_model("llama-gqa2-tied"), ScaleConfig(hidden_up=32, ffn_up=16, w21_init="random", w22_init="random"))
+    model = upscale(
+        make_model("llama-gqa2-tied"), ScaleConfig(hidden_up=32, ffn_up=16, w21_init="random", w22_init="random")
+    )
     linear = model.model.layers[0].mlp.up_proj
     linear.constant_input = constant
     hidden = torch.randn(2, 5, linear.in_features + linear.in_up, requires_grad=True)
