@@ -18,6 +18,7 @@ import json
 import os
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -31,7 +32,7 @@ from scale_cl.data import (
     ATTRIBUTES,
     answer_first_token,
     bio_spec,
-    biographies,
+    biography_corpus,
     generate_people,
     qa_items,
     splits,
@@ -78,7 +79,7 @@ def build_data(cfg: BioConfig, out: Path) -> BioData:
     spec = bio_spec(cfg.data.pools, people=cfg.data.people)
     people = generate_people(spec, cfg.data.seed)
     ranges = splits(len(people))
-    texts = [bio for i in ranges["pretrain"] for bio in biographies(people[i], seed=cfg.data.seed)]
+    texts = list(biography_corpus((people[i] for i in ranges["pretrain"]), seed=cfg.data.seed))
     tok_dir = out / "cache" / f"tokenizer-{_key(_text_settings(cfg))}"
     if tok_dir.is_dir():
         tokenizer = PreTrainedTokenizerFast.from_pretrained(tok_dir)
@@ -138,7 +139,7 @@ def new_backbone(cfg: BioConfig, tokenizer: PreTrainedTokenizerFast, seed: int) 
     return GPTNeoXForCausalLM(config)
 
 
-def _cached_stage(directory: Path, build: Any) -> GPTNeoXForCausalLM:
+def _cached_stage(directory: Path, build: Callable[[], GPTNeoXForCausalLM]) -> GPTNeoXForCausalLM:
     """Load the model cached in ``directory``, or ``build()`` it and cache it atomically."""
     if (directory / "model.safetensors").is_file():
         return GPTNeoXForCausalLM.from_pretrained(directory)
@@ -315,4 +316,4 @@ def run_bio(cfg: BioConfig, out: Path) -> dict[str, Any]:
     return results
 
 
-__all__ = ["ATTRIBUTES", "BioData", "build_data", "run_bio"]
+__all__ = ["BioData", "build_data", "run_bio"]
