@@ -46,6 +46,30 @@ def _bio(args: argparse.Namespace) -> int:
     return 0 if results["methods"] else 1
 
 
+def _cpt(args: argparse.Namespace) -> int:
+    from scale_cl.bio.config import apply_overrides
+    from scale_cl.cli_options import nested_overrides, read_yaml
+    from scale_cl.cpt.config import preset
+    from scale_cl.cpt.pipeline import run_cpt
+    from scale_cl.train.checkpointing import NonFiniteLossError
+
+    options = nested_overrides(args, skip=("command", "func", "config", "out"))
+    name = options.get("preset") or (read_yaml(args.config).get("preset") if args.config else None) or "smollm2"
+    try:
+        cfg = preset(name)
+        if args.config:
+            cfg = apply_overrides(cfg, read_yaml(args.config))
+        cfg = apply_overrides(cfg, options)
+        out = Path(args.out or f"outputs/cpt-{cfg.preset}")
+        results = run_cpt(cfg, out)
+    except (ValueError, FileNotFoundError, NonFiniteLossError) as err:
+        print(f"scale-cl cpt: error: {err}", file=sys.stderr)
+        return 2 if not isinstance(err, NonFiniteLossError) else 1
+    print((out / "results.md").read_text())
+    print(f"[cpt] wrote {out / 'results.md'}, {out / 'results.json'}, {out / 'perplexity.png'}")
+    return 0 if results["methods"] else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="scale-cl",
@@ -90,6 +114,34 @@ def build_parser() -> argparse.ArgumentParser:
     bio.add_argument("--config", help="YAML file of settings, e.g. {task1: {lr: 1e-4}, methods: [fft, scale_route]}")
     add_dataclass_options(bio, preset("small"), aliases={"seeds": ["--seed"]})
     bio.set_defaults(func=_bio)
+
+    from scale_cl.cpt.config import preset as cpt_preset
+
+    cpt = commands.add_parser(
+        "cpt",
+        usage="scale-cl cpt --data.train FILE... [--data.old_eval NAME=FILE...] [--preset smollm2|paper] "
+        "[--model M] [--methods M ...] [--out DIR] [options]",
+        help="continual pre-training of a causal LM on new-domain text with every method (paper Fig. 4, 9)",
+        description=(
+            "Continually pre-train a base model (hub id, local folder, .gguf file, or 'smollm2') on new-domain "
+            "text with each method, measuring learning perplexity (held-out new-domain split), forgetting "
+            "perplexity (each old-domain set), representation drift and SCALE-Route's routing share every "
+            "--eval.every steps. Writes metrics.jsonl per method, results.md/json and figures. Re-running the "
+            "same command resumes from the last checkpoint. Runs under torchrun / accelerate launch (DDP). "
+            "Settings come from --preset, then --config (YAML), then the options below. Defaults shown are "
+            "the smollm2 preset's."
+        ),
+    )
+    cpt.add_argument("--out", help="output folder (default: outputs/cpt-<preset>)")
+    cpt.add_argument(
+        "--config", help="YAML file of settings, e.g. {data: {train: [ko/*.jsonl]}, train: {max_steps: 50}}"
+    )
+    add_dataclass_options(cpt, cpt_preset("smollm2"))
+    cpt.set_defaults(func=_cpt)
+
+    from scale_cl.eval.harness import add_eval_parser
+
+    add_eval_parser(commands)
     return parser
 
 

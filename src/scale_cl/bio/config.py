@@ -11,6 +11,7 @@ from typing import Any
 
 from scale_cl.data import ATTRIBUTES
 from scale_cl.methods import METHOD_NAMES as ALL_METHODS
+from scale_cl.methods.settings import MethodRates, MethodSettings
 from scale_cl.train.trainer import StageConfig
 
 PRESETS = ("micro", "small", "paper")
@@ -42,43 +43,10 @@ class BackboneConfig:
 
 
 @dataclass
-class MethodOptions:
-    """How each continual-learning method is set up for Task 1."""
-
-    hidden_up: int = field(default=64, metadata={"help": "SCALE: width added to the residual stream"})
-    ffn_up: int = field(default=64, metadata={"help": "SCALE: width added to every FFN"})
-    preserve_layers: int = field(
-        default=-1, metadata={"help": "SCALE: L_fp (W12 frozen below it); -1 = all but the last layer, as in the paper"}
-    )
-    route_tau: float = field(default=0.5, metadata={"help": "SCALE-Route: cosine threshold of Eq. 5"})
-    w21_init: str = field(default="svd", metadata={"help": "SCALE: W21 initialiser (zero, random, svd)"})
-    w22_init: str = field(default="zero", metadata={"help": "SCALE: W22 initialiser (zero, random, svd)"})
-    lora_rank: str = field(
-        default="match", metadata={"help": "LoRA rank, or 'match' for SCALE-Route's trainable parameters"}
-    )
-    freeze_layers: int = field(
-        default=1, metadata={"help": "Freeze: bottom decoder layers frozen (with the embedding)"}
-    )
-    llama_pro_blocks: str = field(
-        default="match", metadata={"help": "LLaMA Pro: blocks added, or 'match' for SCALE-Route's trainable parameters"}
-    )
-
-
-@dataclass
-class Task1Config(StageConfig):
+class Task1Config(MethodRates, StageConfig):
     """Task 1 (new people's QA): one learning rate per method, and the evaluation interval."""
 
     eval_every: int = field(default=20, metadata={"help": "evaluate Task 0 and Task 1 every this many steps"})
-    fft_lr: float = field(default=0.0, metadata={"help": "learning rate of fft (0 = lr)"})
-    lora_lr: float = field(default=0.0, metadata={"help": "learning rate of lora (0 = lr)"})
-    freeze_lr: float = field(default=0.0, metadata={"help": "learning rate of freeze (0 = lr)"})
-    llama_pro_lr: float = field(default=0.0, metadata={"help": "learning rate of llama_pro (0 = lr)"})
-    scale_preserve_lr: float = field(default=0.0, metadata={"help": "learning rate of scale_preserve (0 = lr)"})
-    scale_adapt_lr: float = field(default=0.0, metadata={"help": "learning rate of scale_adapt (0 = lr)"})
-    scale_route_lr: float = field(default=0.0, metadata={"help": "learning rate of scale_route (0 = lr)"})
-
-    def lr_of(self, method: str) -> float:
-        return getattr(self, f"{method}_lr") or self.lr
 
 
 @dataclass
@@ -94,7 +62,7 @@ class BioConfig:
     pretrain: StageConfig = field(default_factory=StageConfig)
     task0: StageConfig = field(default_factory=StageConfig)
     task1: Task1Config = field(default_factory=Task1Config)
-    options: MethodOptions = field(default_factory=MethodOptions)
+    options: MethodSettings = field(default_factory=MethodSettings)
 
     def __post_init__(self) -> None:
         if self.preset not in PRESETS:
@@ -120,7 +88,7 @@ def preset(name: str) -> BioConfig:
             pretrain=StageConfig(lr=3e-3, epochs=2, batch_size=16),
             task0=StageConfig(lr=1e-3, epochs=1, batch_size=16),
             task1=Task1Config(lr=1e-3, max_steps=4, batch_size=16, eval_every=2),
-            options=MethodOptions(hidden_up=16, ffn_up=16, freeze_layers=1),
+            options=MethodSettings(hidden_up=16, ffn_up=16, freeze_layers=1),
         )
     if name == "small":
         # Tuned on the 2-core CPU (see README): 300 people's biographies memorised in 60 epochs, Task-0
@@ -143,7 +111,7 @@ def preset(name: str) -> BioConfig:
                 scale_adapt_lr=1e-3,
                 scale_route_lr=1e-3,
             ),
-            options=MethodOptions(hidden_up=64, ffn_up=64, freeze_layers=1),
+            options=MethodSettings(hidden_up=64, ffn_up=64, freeze_layers=1),
         )
     if name == "paper":
         # Pythia-160M, 200k people, the original benchmark's and the paper's hyper-parameters (for a GPU).
@@ -165,7 +133,9 @@ def preset(name: str) -> BioConfig:
             task1=Task1Config(
                 lr=5e-6, epochs=10, batch_size=48, eval_every=200, scale_route_lr=5e-5, llama_pro_lr=5e-5
             ),
-            options=MethodOptions(hidden_up=128, ffn_up=128, preserve_layers=-1, freeze_layers=3, llama_pro_blocks="4"),
+            options=MethodSettings(
+                hidden_up=128, ffn_up=128, preserve_layers=-1, freeze_layers=3, llama_pro_blocks="4"
+            ),
         )
     raise ValueError(f"unknown preset {name!r}; valid presets: {', '.join(PRESETS)}")
 

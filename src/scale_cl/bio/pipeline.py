@@ -187,33 +187,6 @@ def stage_models(cfg: BioConfig, data: BioData, seed: int, out: Path) -> tuple[P
     return dir1, dir2
 
 
-def method_options(cfg: BioConfig, method: str, layers: int) -> dict[str, Any]:
-    """The keyword options of `scale_cl.prepare` for ``method`` under ``cfg.options``."""
-    from scale_cl.config import ScaleConfig
-
-    o = cfg.options
-    preserve = layers - 1 if o.preserve_layers < 0 else o.preserve_layers
-    route = ScaleConfig(
-        hidden_up=o.hidden_up,
-        ffn_up=o.ffn_up,
-        method="route",
-        preserve_layers=preserve,
-        route_tau=o.route_tau,
-        w21_init=o.w21_init,
-        w22_init=o.w22_init,
-        seed=0,
-    )
-    if method.startswith("scale_"):
-        return {"scale": route}
-    if method == "lora":
-        return {"rank": "match" if o.lora_rank == "match" else int(o.lora_rank), "match": route}
-    if method == "llama_pro":
-        return {"blocks": "match" if o.llama_pro_blocks == "match" else int(o.llama_pro_blocks), "match": route}
-    if method == "freeze":
-        return {"layers": o.freeze_layers}
-    return {}
-
-
 def run_method(cfg: BioConfig, data: BioData, task0_dir: Path, method: str, seed: int, out: Path) -> dict:
     """Stage 3 for one method: returns (and caches) its curve, parameter count and wall time."""
     from scale_cl.methods import prepare, trainable_parameter_count
@@ -223,7 +196,7 @@ def run_method(cfg: BioConfig, data: BioData, task0_dir: Path, method: str, seed
         return json.loads(result_path.read_text())
     result_path.parent.mkdir(parents=True, exist_ok=True)
     model = GPTNeoXForCausalLM.from_pretrained(task0_dir)
-    model = prepare(model, method, **method_options(cfg, method, cfg.model.layers))
+    model = prepare(model, method, **cfg.options.prepare_options(method, cfg.model.layers))
     lr = cfg.task1.lr_of(method)
     stage = replace(cfg.task1, lr=lr)
     log = result_path.with_suffix(".jsonl")
@@ -280,21 +253,10 @@ def validate(cfg: BioConfig) -> None:
     unknown = [a for a in cfg.data.attributes if a not in ATTRIBUTES]
     if unknown or not cfg.data.attributes:
         raise ValueError(f"unknown attributes {unknown}; valid attributes: {', '.join(ATTRIBUTES)}")
-    m, o = cfg.model, cfg.options
+    m = cfg.model
     if m.hidden_size % m.heads:
         raise ValueError(f"model.hidden_size={m.hidden_size} must be a multiple of model.heads={m.heads}")
-    head_dim = m.hidden_size // m.heads
-    if o.hidden_up <= 0 or o.hidden_up % head_dim:
-        raise ValueError(f"options.hidden_up={o.hidden_up} must be a positive multiple of the head size {head_dim}")
-    if o.preserve_layers >= m.layers or o.freeze_layers > m.layers:
-        raise ValueError(
-            f"options.preserve_layers={o.preserve_layers} and options.freeze_layers={o.freeze_layers} "
-            f"must be below the model's {m.layers} layers"
-        )
-    for name in ("lora_rank", "llama_pro_blocks"):
-        value = getattr(o, name)
-        if value != "match" and not (str(value).isdigit() and int(value) > 0):
-            raise ValueError(f"options.{name} must be 'match' or a positive integer, got {value!r}")
+    cfg.options.validate(m.layers, m.hidden_size // m.heads)
 
 
 def run_bio(cfg: BioConfig, out: Path) -> dict[str, Any]:

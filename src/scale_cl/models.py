@@ -1,0 +1,129 @@
+"""Load base models (hub id, local folder or GGUF file, offline-safe) and save/load a trained model of any method.
+
+A trained model is saved in its method's natural format, beside a ``scale_cl_run.json`` naming the
+method and the base model, so that `load_trained` (and ``scale-cl eval``) can rebuild it:
+
+=====================  =======================================================================
+``scale_*``            `scale_cl.io` format: only SCALE's new parameters; the base is re-loaded
+``lora``               PEFT adapter (``adapter_config.json`` + ``adapter_model.safetensors``)
+``fft``/``freeze``/    a full HF checkpoint (``config.json`` + ``model.safetensors``)
+``llama_pro``
+=====================  =======================================================================
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+RUN_FILE = "scale_cl_run.json"
+SCALE_METHOD_PREFIX = "scale_"
+
+
+@dataclass(frozen=True)
+class BaseModelRef:
+    """Where a base model comes from: a hub id or local folder, and optionally a GGUF file in it."""
+
+    name_or_path: str
+    gguf_file: str | None = None
+
+    @classmethod
+    def parse(cls, model: str, gguf_file: str | None = None) -> BaseModelRef:
+        """Accept ``path/to/file.gguf`` as well as a folder + ``gguf_file``."""
+        if gguf_file is None and model.endswith(".gguf"):
+            path = Path(model)
+            return cls(str(path.parent), path.name)
+        return cls(model, gguf_file)
+
+
+def _offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes")
+
+
+def load_base(ref: BaseModelRef, dtype: torch.dtype = torch.float32) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """(model, tokenizer) of a pre-trained causal LM; a clear error when it cannot be had (e.g. offline)."""
+    if ref.gguf_file and not (Path(ref.name_or_path) / ref.gguf_file).is_file():
+        raise FileNotFoundError(f"GGUF file {Path(ref.name_or_path) / ref.gguf_file} does not exist")
+    kwargs: dict[str, Any] = {"gguf_file": ref.gguf_file} if ref.gguf_file else {}
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(ref.name_or_path, **kwargs)
+        model = AutoModelForCausalLM.from_pretrained(ref.name_or_path, dtype=dtype, **kwargs)
+    except OSError as err:
+        where = "offline (HF_HUB_OFFLINE=1)" if _offline() else "locally or from the hub"
+        raise FileNotFoundError(
+            f"cannot load the model {ref.name_or_path!r}{' / ' + ref.gguf_file if ref.gguf_file else ''} {where}: "
+            f"{str(err).splitlines()[0]}. Pass a local folder with config.json and weights, a .gguf file, or a "
+            "hub id that is in the local cache."
+        ) from err
+    quantizer = getattr(model, "hf_quantizer", None)
+    if ref.gguf_file and quantizer is not None:
+        # transformers de-quantises GGUF weights on load: the model holds plain float tensors, so drop
+        # the quantisation marks that would make Trainer refuse it and save_pretrained fail.
+        quantizer.remove_quantization_config(model)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return model, tokenizer
+
+
+def _base_model_of(model: nn.Module) -> nn.Module:
+    """The transformers model under a PEFT wrapper (or the model itself)."""
+    get_base = getattr(model, "get_base_model", None)
+    return get_base() if callable(get_base) else model
+
+
+def save_trained(
+    model: nn.Module, tokenizer: PreTrainedTokenizerBase | None, method: str, ref: BaseModelRef, directory: Path
+) -> Path:
+    """Save ``model`` trained with ``method`` so that `load_trained` rebuilds it (see module doc)."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / RUN_FILE).unlink(missing_ok=True)  # written last: its presence marks a complete save
+    model.save_pretrained(directory)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(directory)
+    tmp = directory / (RUN_FILE + ".tmp")
+    tmp.write_text(json.dumps({"method": method, "base": asdict(ref)}, indent=2))
+    os.replace(tmp, directory / RUN_FILE)
+    return directory
+
+
+def read_run_file(directory: Path) -> dict[str, Any]:
+    path = Path(directory) / RUN_FILE
+    if not path.is_file():
+        raise ValueError(
+            f"{directory} is not a model saved by scale-cl ({RUN_FILE} is missing): pass the 'model' folder of a "
+            "finished `scale-cl cpt` method run, or a folder written by scale_cl.models.save_trained"
+        )
+    return json.loads(path.read_text())
+
+
+def load_trained(
+    directory: str | os.PathLike, dtype: torch.dtype = torch.float32
+) -> tuple[nn.Module, PreTrainedTokenizerBase, str]:
+    """(model, tokenizer, method) of a model saved with `save_trained`, whatever its method."""
+    directory = Path(directory)
+    run = read_run_file(directory)
+    method, ref = run["method"], BaseModelRef(**run["base"])
+    tokenizer = AutoTokenizer.from_pretrained(directory)
+    if method.startswith(SCALE_METHOD_PREFIX):
+        from scale_cl.io import load
+
+        kwargs: dict[str, Any] = {"gguf_file": ref.gguf_file} if ref.gguf_file else {}
+        model = load(directory, base_model=ref.name_or_path, **kwargs)
+    elif method == "lora":
+        from peft import PeftModel
+
+        base, _ = load_base(ref, dtype)
+        model = PeftModel.from_pretrained(base, directory)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(directory, dtype=dtype)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return model.eval(), tokenizer, method

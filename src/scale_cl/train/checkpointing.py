@@ -1,0 +1,198 @@
+"""A Trainer whose checkpoints hold only what trains, are written atomically, and which stops on NaN/inf loss.
+
+Why not the stock Trainer checkpoints: they hold every weight (a 1B base model per checkpoint for a
+method that trains a few percent of it), a crash while saving leaves a ``checkpoint-N`` folder
+that looks complete, and a NaN loss is silently averaged away (``logging_nan_inf_filter``).
+
+A checkpoint folder ``checkpoint-N`` here holds ``trainable.safetensors`` (the parameters with
+``requires_grad``, under the names of the model as trained), ``checkpoint.json`` (what was
+trained, from which base model, with the SHA-256 of the weights), and the Trainer's own
+optimizer, scheduler, RNG and trainer-state files. It is written in a hidden staging folder and
+renamed into place once every file (of every process) is there, so ``checkpoint-N`` either is
+complete or does not exist. Resuming (``trainer.train(resume_from_checkpoint=...)``) goes through
+the Trainer's own machinery (data order, RNG, optimizer, scheduler), so a resumed run continues
+bitwise where the interrupted one stopped (on CPU).
+
+FSDP and DeepSpeed keep their own sharded checkpoint formats; with them this class falls back to
+the Trainer's saving and loading.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+from transformers import Trainer
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
+
+from scale_cl.io import sha256_of
+
+TRAINABLE_WEIGHTS = "trainable.safetensors"
+CHECKPOINT_META = "checkpoint.json"
+STAGING_DIR = ".staging"
+
+
+class NonFiniteLossError(RuntimeError):
+    """Training produced a NaN or infinite loss; nothing after the last good checkpoint was saved."""
+
+
+def trainable_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Every parameter that trains, detached on the CPU (tied parameters once)."""
+    seen: set[int] = set()
+    state = {}
+    for name, param in model.named_parameters():
+        if param.requires_grad and id(param) not in seen:
+            seen.add(id(param))
+            state[name] = param.detach().contiguous().cpu()
+    return state
+
+
+def complete_checkpoints(run_dir: Path) -> list[Path]:
+    """``checkpoint-N`` folders of ``run_dir`` that were written completely, oldest first."""
+    found = []
+    for path in Path(run_dir).glob(f"{PREFIX_CHECKPOINT_DIR}-*"):
+        suffix = path.name.removeprefix(f"{PREFIX_CHECKPOINT_DIR}-")
+        if path.is_dir() and suffix.isdigit() and (path / CHECKPOINT_META).is_file():
+            found.append((int(suffix), path))
+    return [path for _, path in sorted(found)]
+
+
+class CheckpointingTrainer(Trainer):
+    """HF Trainer with trainable-only atomic checkpoints and a hard stop on non-finite loss.
+
+    Args:
+        run_info: JSON-able description written into every checkpoint (method, base model, ...);
+            resuming refuses a checkpoint whose ``run_info`` differs.
+        other arguments: as `transformers.Trainer`.
+    """
+
+    def __init__(self, *args: Any, run_info: dict[str, Any] | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.run_info = run_info or {}
+
+    def _own_format(self) -> bool:
+        return not (self.is_fsdp_enabled or self.is_deepspeed_enabled)
+
+    # --- saving -------------------------------------------------------------------------------
+    def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
+        if not self._own_format():
+            return super()._save(output_dir, state_dict)
+        if not self.args.should_save:
+            return None
+        directory = Path(output_dir or self.args.output_dir)
+        directory.mkdir(parents=True, exist_ok=True)
+        weights = trainable_state(self.accelerator.unwrap_model(self.model))
+        save_file(weights, directory / TRAINABLE_WEIGHTS, metadata={"format": "pt"})
+        meta = {
+            "run": self.run_info,
+            "global_step": self.state.global_step,
+            "tensors": {name: list(t.shape) for name, t in weights.items()},
+            "sha256": sha256_of(directory / TRAINABLE_WEIGHTS),
+        }
+        (directory / CHECKPOINT_META).write_text(json.dumps(meta, indent=2))
+        return None
+
+    def _save_checkpoint(self, model: nn.Module, trial: Any) -> None:
+        """Write ``checkpoint-N`` under a staging folder, then rename it into place (see module doc)."""
+        run_dir = Path(self._get_output_dir(trial))
+        staging = run_dir / STAGING_DIR
+        name = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+        if self.args.should_save:
+            shutil.rmtree(staging / name, ignore_errors=True)
+        self.accelerator.wait_for_everyone()
+        get_output_dir = self._get_output_dir
+        self._get_output_dir = lambda trial=None: str(staging)  # type: ignore[method-assign]
+        try:
+            super()._save_checkpoint(model, trial)
+        finally:
+            self._get_output_dir = get_output_dir  # type: ignore[method-assign]
+        self.accelerator.wait_for_everyone()  # every process has written its RNG state
+        if self.args.should_save:
+            _fsync_tree(staging / name)
+            final = run_dir / name
+            if final.exists():
+                shutil.rmtree(final)
+            os.replace(staging / name, final)
+            _fsync_dir(run_dir)
+            rotate_checkpoints(
+                output_dir=str(run_dir),
+                save_total_limit=self.args.save_total_limit,
+                best_model_checkpoint=self.state.best_model_checkpoint,
+                use_mtime=False,
+            )
+        self.accelerator.wait_for_everyone()
+
+    # --- loading ------------------------------------------------------------------------------
+    def _load_from_checkpoint(self, resume_from_checkpoint: str, model: nn.Module | None = None) -> None:
+        if not self._own_format():
+            return super()._load_from_checkpoint(resume_from_checkpoint, model)
+        load_trainable(self.accelerator.unwrap_model(model or self.model), Path(resume_from_checkpoint), self.run_info)
+        return None
+
+    # --- non-finite loss ----------------------------------------------------------------------
+    def training_step(self, model: nn.Module, inputs: dict[str, Any], num_items_in_batch: Any = None) -> torch.Tensor:
+        loss = super().training_step(model, inputs, num_items_in_batch)
+        finite = torch.isfinite(loss.detach()).all()
+        if self.args.world_size > 1:  # every process must stop, or the others wait forever
+            finite = self.accelerator.gather(finite.reshape(1).to(loss.device)).all()
+        if not bool(finite):
+            last = complete_checkpoints(Path(self.args.output_dir))
+            kept = f"the last good checkpoint is {last[-1]}" if last else "no checkpoint had been written yet"
+            raise NonFiniteLossError(
+                f"the training loss became {loss.item()} at step {self.state.global_step + 1}; training stopped "
+                f"before the optimizer applied it ({kept}). Lower the learning rate, add warm-up, or check the data."
+            )
+        return loss
+
+
+def load_trainable(model: nn.Module, checkpoint: Path, run_info: dict[str, Any] | None = None) -> None:
+    """Copy a checkpoint's trainable weights into ``model``; refuse a checkpoint of another run or a damaged one."""
+    meta_path = checkpoint / CHECKPOINT_META
+    if not meta_path.is_file():
+        raise ValueError(f"{checkpoint} is not a complete scale-cl training checkpoint ({CHECKPOINT_META} missing)")
+    meta = json.loads(meta_path.read_text())
+    if run_info is not None and meta["run"] != run_info:
+        raise ValueError(
+            f"{checkpoint} belongs to another run: it records {meta['run']}, this run is {run_info}. "
+            "Use another output folder, or delete the old checkpoints."
+        )
+    weights_path = checkpoint / TRAINABLE_WEIGHTS
+    if not weights_path.is_file() or sha256_of(weights_path) != meta["sha256"]:
+        raise ValueError(f"{weights_path} is missing or does not match its recorded SHA-256; the checkpoint is damaged")
+    weights = load_file(weights_path)
+    params = dict(model.named_parameters())
+    expected = {name for name, p in params.items() if p.requires_grad}
+    if set(weights) != expected:
+        raise ValueError(
+            f"{checkpoint} does not fit this model: unexpected {sorted(set(weights) - expected)[:5]}, missing "
+            f"{sorted(expected - set(weights))[:5]}; was it written by another method or model?"
+        )
+    with torch.no_grad():
+        for name, value in weights.items():
+            if tuple(params[name].shape) != tuple(value.shape):
+                raise ValueError(
+                    f"{checkpoint}: {name} has shape {tuple(value.shape)}, the model's is {params[name].shape}"
+                )
+            params[name].copy_(value)
+
+
+def _fsync_tree(directory: Path) -> None:
+    for path in directory.rglob("*"):
+        if path.is_file():
+            with open(path, "rb") as handle:
+                os.fsync(handle.fileno())
+    _fsync_dir(directory)
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

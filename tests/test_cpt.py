@@ -1,0 +1,254 @@
+"""Continual pre-training end to end on a tiny Llama: metrics, saved models, resuming after SIGKILL, bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+
+from scale_cl.cpt.config import CptConfig, CptTrainConfig, EvalConfig
+from scale_cl.cpt.pipeline import run_cpt
+from scale_cl.data.corpus import CorpusConfig
+from scale_cl.data.tokenizer import train_bpe_tokenizer
+from scale_cl.methods.settings import MethodSettings
+from scale_cl.models import load_trained
+from scale_cl.train.checkpointing import CHECKPOINT_META, TRAINABLE_WEIGHTS
+
+SYLLABLES = ["ka", "to", "mi", "ra", "ne", "su", "lo", "pe", "di", "gu"]
+WORDS = ["the", "cat", "sat", "on", "a", "mat", "and", "then", "it", "ran", "to", "house", "where", "dog", "slept"]
+
+
+def _documents(seed: int, count: int, vocabulary: list[str], join: str) -> list[str]:
+    rng = random.Random(seed)
+    docs = []
+    for _ in range(count):
+        words = [
+            join.join(rng.choice(vocabulary) for _ in range(rng.randint(1, 3))) for _ in range(rng.randint(20, 50))
+        ]
+        docs.append(" ".join(words) + ".")
+    return docs
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory) -> Path:
+    """A tiny Llama base model folder (with its tokenizer) and new-/old-domain JSONL corpora."""
+    root = tmp_path_factory.mktemp("cpt")
+    new = _documents(0, 200, SYLLABLES, "")
+    old = _documents(1, 40, WORDS, " ")
+    (root / "new.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in new))
+    (root / "old.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in old))
+    tokenizer = train_bpe_tokenizer(new + old, vocab_size=320)
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=64,
+        tie_word_embeddings=True,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    LlamaForCausalLM(config).save_pretrained(root / "base")
+    tokenizer.save_pretrained(root / "base")
+    return root
+
+
+def tiny_config(root: Path, methods: list[str], steps: int = 6, save_every: int = 2) -> CptConfig:
+    return CptConfig(
+        preset="smollm2",
+        model=str(root / "base"),
+        methods=methods,
+        data=CorpusConfig(
+            train=[str(root / "new.jsonl")],
+            old_eval=[f"toy={root / 'old.jsonl'}"],
+            seq_len=32,
+            heldout_fraction=0.1,
+            max_eval_sequences=6,
+        ),
+        train=CptTrainConfig(
+            lr=1e-3, max_steps=steps, batch_size=4, micro_batch_size=2, save_every=save_every, schedule="linear"
+        ),
+        eval=EvalConfig(every=3, batch_size=3, representation_sequences=2),
+        options=MethodSettings(hidden_up=32, ffn_up=32, preserve_layers=1, freeze_layers=1, llama_pro_blocks="1"),
+    )
+
+
+@pytest.fixture(scope="module")
+def finished_run(workspace, tmp_path_factory) -> tuple[CptConfig, Path, dict]:
+    cfg = tiny_config(workspace, ["scale_preserve", "scale_route", "freeze", "llama_pro"])
+    out = tmp_path_factory.mktemp("run")
+    return cfg, out, run_cpt(cfg, out)
+
+
+def test_run_writes_metrics_tables_and_figures(finished_run):
+    cfg, out, results = finished_run
+    assert set(results["methods"]) == set(cfg.methods)
+    for method in cfg.methods:
+        records = [json.loads(line) for line in (out / method / "metrics.jsonl").read_text().splitlines()]
+        assert [r["step"] for r in records] == [0, 3, 6]
+        for r in records:
+            assert r["learning_ppl"] > 1 and r["forgetting_ppl"]["toy"] > 1
+            assert -1 <= r["representation_similarity"] <= 1 + 1e-6
+        assert all(r["train_tokens_per_s"] > 0 for r in records[1:])
+        # Every method starts from the base model's function: identical step-0 perplexities.
+        assert records[0]["learning_ppl"] == pytest.approx(results["methods"]["freeze"]["curve"][0]["learning_ppl"])
+        assert not (out / method / "run").exists(), "checkpoints are deleted once the method has finished"
+    assert "route_preserve_share" in results["methods"]["scale_route"]["curve"][-1]
+    assert "route_preserve_share" not in results["methods"]["freeze"]["curve"][-1]
+    table = (out / "results.md").read_text()
+    assert all(f"| {m} |" in table for m in cfg.methods)
+    assert (out / "perplexity.png").stat().st_size > 0 and (out / "representation.png").stat().st_size > 0
+
+
+def test_scale_preserve_keeps_the_original_representation_exactly(finished_run):
+    _, _, results = finished_run
+    curve = results["methods"]["scale_preserve"]["curve"]
+    assert all(r["representation_similarity"] == pytest.approx(1.0, abs=1e-6) for r in curve)
+    learning = [r["learning_ppl"] for r in curve]
+    assert learning[-1] < learning[0], "SCALE-Preserve learns through its new LM-head columns"
+
+
+def test_saved_models_reload_with_frozen_weights_bitwise_unchanged(finished_run, workspace):
+    _, out, _ = finished_run
+    base = AutoModelForCausalLM.from_pretrained(workspace / "base")
+    base_state = base.state_dict()
+
+    freeze, _, method = load_trained(out / "freeze" / "model")
+    assert method == "freeze"
+    state = freeze.state_dict()
+    frozen = [n for n in base_state if n.startswith(("model.embed_tokens", "model.layers.0."))]
+    trained = [n for n in base_state if n.startswith("model.layers.2.")]
+    assert frozen and trained
+    assert all(torch.equal(state[n], base_state[n]) for n in frozen)
+    assert not all(torch.equal(state[n], base_state[n]) for n in trained)
+
+    llama_pro, _, _ = load_trained(out / "llama_pro" / "model")
+    assert llama_pro.config.num_hidden_layers == 4
+    originals = [n for n in llama_pro.state_dict() if ".layers." not in n]  # embedding, final norm
+    assert all(torch.equal(llama_pro.state_dict()[n], base_state[n]) for n in originals)
+
+    route, _, method = load_trained(out / "scale_route" / "model")
+    assert method == "scale_route" and route.scale_config.method == "route"
+
+
+def _trainable_weights(path: Path) -> dict[str, torch.Tensor]:
+    return load_file(path / "model" / "scale_model.safetensors")
+
+
+def _cli(cfg: CptConfig, out: Path) -> list[str]:
+    """The command line of ``cfg`` (the subset tiny_config sets)."""
+    d, t, e, o = cfg.data, cfg.train, cfg.eval, cfg.options
+    return [
+        sys.executable, "-m", "scale_cl.cli", "cpt", "--out", str(out), "--model", cfg.model,
+        "--methods", *cfg.methods, "--data.train", *d.train, "--data.old_eval", *d.old_eval,
+        "--data.seq_len", str(d.seq_len), "--data.heldout_fraction", str(d.heldout_fraction),
+        "--data.max_eval_sequences", str(d.max_eval_sequences),
+        "--train.lr", str(t.lr), "--train.scale_adapt_lr", str(t.scale_adapt_lr), "--train.max_steps", str(t.max_steps),
+        "--train.batch_size", str(t.batch_size), "--train.micro_batch_size", str(t.micro_batch_size),
+        "--train.save_every", str(t.save_every), "--train.schedule", t.schedule, "--train.warmup_ratio", "0",
+        "--eval.every", str(e.every), "--eval.batch_size", str(e.batch_size),
+        "--eval.representation_sequences", str(e.representation_sequences),
+        "--options.hidden_up", str(o.hidden_up), "--options.ffn_up", str(o.ffn_up),
+        "--options.preserve_layers", str(o.preserve_layers), "--options.freeze_layers", str(o.freeze_layers),
+        "--options.llama_pro_blocks", o.llama_pro_blocks,
+    ]  # fmt: skip
+
+
+def test_resume_after_sigkill_gives_bitwise_the_same_weights(workspace, tmp_path):
+    cfg = tiny_config(workspace, ["scale_adapt"], steps=40, save_every=4)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+
+    straight = tmp_path / "straight"
+    subprocess.run(_cli(cfg, straight), check=True, env=env, capture_output=True)
+
+    killed = tmp_path / "killed"
+    process = subprocess.Popen(_cli(cfg, killed), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    target = killed / "scale_adapt" / "run" / "checkpoint-8" / CHECKPOINT_META
+    deadline = time.monotonic() + 120
+    while not target.is_file() and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    assert not (killed / "scale_adapt" / "result.json").exists(), "the run must be killed before it finished"
+    checkpoints = sorted((killed / "scale_adapt" / "run").glob("checkpoint-*"))
+    assert checkpoints, "the killed run left at least one complete checkpoint"
+
+    subprocess.run(_cli(cfg, killed), check=True, env=env, capture_output=True)
+    a, b = _trainable_weights(straight / "scale_adapt"), _trainable_weights(killed / "scale_adapt")
+    assert a.keys() == b.keys()
+    assert all(torch.equal(a[n], b[n]) for n in a), "resumed weights differ from the uninterrupted run"
+    steps = [json.loads(x)["step"] for x in (killed / "scale_adapt" / "metrics.jsonl").read_text().splitlines()]
+    assert steps == sorted(set(steps)) and steps[-1] == 40, "metrics after the checkpoint are recorded once"
+
+
+def test_checkpoints_hold_only_trainable_weights(workspace, tmp_path, monkeypatch):
+    import scale_cl.cpt.pipeline as pipeline
+
+    cfg = tiny_config(workspace, ["scale_adapt"], steps=4, save_every=2)
+    monkeypatch.setattr(pipeline.shutil, "rmtree", lambda *a, **k: None)  # keep the checkpoints to look at
+    run_cpt(cfg, tmp_path)
+    checkpoint = tmp_path / "scale_adapt" / "run" / "checkpoint-4"
+    weights = load_file(checkpoint / TRAINABLE_WEIGHTS)
+    meta = json.loads((checkpoint / CHECKPOINT_META).read_text())
+    assert meta["run"]["method"] == "scale_adapt" and meta["run"]["base"]["name_or_path"] == cfg.model
+    assert weights and all(any(k in n for k in ("w12", "w21", "w22", "weight_up", "bias_up")) for n in weights)
+    assert {"optimizer.pt", "scheduler.pt", "rng_state.pth", "trainer_state.json"} <= {
+        p.name for p in checkpoint.iterdir()
+    }
+
+
+def test_output_folder_of_another_run_is_refused_untouched(finished_run):
+    cfg, out, _ = finished_run
+    before = {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file()}
+    other = replace(cfg, train=replace(cfg.train, lr=5e-4))
+    with pytest.raises(ValueError, match=r"holds a run with other settings .*train"):
+        run_cpt(other, out)
+    assert before == {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file()}
+
+
+def test_model_not_available_offline_is_a_clear_error(workspace, tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    cfg = replace(tiny_config(workspace, ["fft"]), model="no-such-org/no-such-model")
+    with pytest.raises(FileNotFoundError, match="cannot load the configuration of model 'no-such-org/no-such-model'"):
+        run_cpt(cfg, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_bad_data_fails_before_anything_is_written(workspace, tmp_path):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    for train in ([str(empty)], [str(tmp_path / "missing.jsonl")], [str(tmp_path / "*.nothing")]):
+        cfg = tiny_config(workspace, ["fft"])
+        cfg = replace(cfg, data=replace(cfg.data, train=train))
+        with pytest.raises((ValueError, FileNotFoundError)):
+            run_cpt(cfg, tmp_path / "out")
+        assert not (tmp_path / "out").exists()
+
+
+def test_cli_reports_bad_input_with_exit_code_2(workspace, tmp_path, capsys):
+    from scale_cl.cli import main
+
+    code = main(["cpt", "--model", str(workspace / "base"), "--data.train", str(tmp_path / "none.jsonl")])
+    assert code == 2
+    assert "none.jsonl" in capsys.readouterr().err
+
+
+def test_saved_full_model_loads_with_transformers_alone(finished_run):
+    _, out, _ = finished_run
+    model = AutoModelForCausalLM.from_pretrained(out / "freeze" / "model")
+    assert model.config.num_hidden_layers == 3
