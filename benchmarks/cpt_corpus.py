@@ -66,6 +66,18 @@ class Corpus:
     script: str  # "hangul" or "latin"
     sources: list[Source]
     heldout: bool = True  # False: every document goes to eval.jsonl
+    markers: frozenset[str] = frozenset()  # if set, a paragraph needs more of these words ...
+    against: frozenset[str] = frozenset()  # ... than of these (drops untranslated English and the like)
+    default: bool = True  # built without --corpora
+
+
+ENGLISH_WORDS = frozenset({
+    "the", "and", "of", "to", "is", "are", "that", "for", "with", "this", "be", "it", "by", "on", "as", "can",
+})  # fmt: skip
+GERMAN_WORDS = frozenset({
+    "der", "die", "das", "und", "ist", "sind", "nicht", "mit", "sie", "ein", "eine", "den", "zu", "von", "wird",
+    "werden", "auf", "für", "es",
+})  # fmt: skip
 
 
 CORPORA = [
@@ -125,6 +137,21 @@ CORPORA = [
             ),
         ],
         heldout=False,
+        markers=ENGLISH_WORDS,
+        against=GERMAN_WORDS,
+    ),
+    Corpus(
+        "german",
+        "latin",
+        [
+            Source("debian", "libreoffice-help-de", ["*/help/de/text/*.html"], "MPL-2.0 (LibreOffice help)"),
+            Source("debian", "installation-guide-amd64", ["*/installation-guide-amd64/de/*.html"], "GPL-2.0"),
+            Source("debian", "debian-faq-de", ["*/FAQ/de/*.html"], "Debian FAQ licence (see korean)"),
+            Source("debian", "debian-reference-de", ["*/debian-reference/*.de.html"], "GPL-2.0+"),
+        ],
+        markers=GERMAN_WORDS,
+        against=ENGLISH_WORDS,
+        default=False,
     ),
 ]
 
@@ -265,7 +292,7 @@ class TextParser(HTMLParser):
     def handle_data(self, data: str) -> None:
         """Keep text outside skipped elements."""
         if not self.skip:
-            self.parts.append(data)
+            self.parts.append(re.sub(r"\s+", " ", data))
 
 
 def html_paragraphs(html: str) -> list[str]:
@@ -296,15 +323,19 @@ def script_share(text: str, script: str) -> float:
     return sum(c.isascii() for c in letters) / len(letters)
 
 
-def keep_paragraph(para: str, source: Source, script: str) -> bool:
-    """Whether a paragraph is running text in the corpus's script (not a heading, menu or command)."""
-    if len(para) < source.min_chars or script_share(para, script) < source.min_script:
+def keep_paragraph(para: str, source: Source, corpus: Corpus) -> bool:
+    """Whether a paragraph is running text in the corpus's language (not a heading, menu or command)."""
+    if len(para) < source.min_chars or script_share(para, corpus.script) < source.min_script:
         return False
-    letters = sum(c.isalpha() for c in para)
-    return letters >= 0.5 * len(para.replace(" ", ""))
+    if sum(c.isalpha() for c in para) < 0.5 * len(para.replace(" ", "")):
+        return False
+    if not corpus.markers:
+        return True
+    words = re.findall(r"\w+", para.lower())
+    return sum(w in corpus.markers for w in words) > sum(w in corpus.against for w in words)
 
 
-def source_documents(source: Source, script: str, cache: Path, seen: set[str]) -> list[tuple[str, str]]:
+def source_documents(source: Source, corpus: Corpus, cache: Path, seen: set[str]) -> list[tuple[str, str]]:
     """[(id, text)] of a source: downloaded, read, cleaned; paragraphs seen before are dropped."""
     if source.registry == "debian":
         version, files = read_deb(fetch_debian(source.package, cache), source.patterns)
@@ -320,7 +351,7 @@ def source_documents(source: Source, script: str, cache: Path, seen: set[str]) -
         for number, paragraphs in enumerate(groups):
             kept = []
             for para in paragraphs:
-                if para not in seen and keep_paragraph(para, source, script):
+                if para not in seen and keep_paragraph(para, source, corpus):
                     seen.add(para)
                     kept.append(para)
             text = "\n\n".join(kept)
@@ -352,7 +383,7 @@ def build_corpus(corpus: Corpus, out: Path, cache: Path, fraction: float) -> dic
     """Write a corpus's files; {file name: (documents, text bytes)}."""
     log(f"[{corpus.name}]")
     seen: set[str] = set()
-    docs = [d for source in corpus.sources for d in source_documents(source, corpus.script, cache, seen)]
+    docs = [d for source in corpus.sources for d in source_documents(source, corpus, cache, seen)]
     if corpus.heldout:
         train, heldout = split_heldout(docs, fraction)
         splits = {"train": train, "heldout": heldout}
@@ -365,8 +396,8 @@ def build_corpus(corpus: Corpus, out: Path, cache: Path, fraction: float) -> dic
     return sizes
 
 
-def measure(out: Path, sequences: int = 20, length: int = 256) -> dict[str, tuple[float, float, int]]:
-    """{corpus file: (tokens per byte, perplexity, sequences)} of SmolLM2-135M (needs torch and scale_cl)."""
+def measure(out: Path, names: list[str], sequences: int = 20, length: int = 256) -> dict[str, tuple]:
+    """{corpus file: (tokens/byte, perplexity, bits/byte, sequences)} of SmolLM2-135M (needs torch, scale_cl)."""
     import torch
 
     from scale_cl.smollm2 import load_smollm2
@@ -374,24 +405,25 @@ def measure(out: Path, sequences: int = 20, length: int = 256) -> dict[str, tupl
     torch.set_num_threads(2)
     model, tokenizer = load_smollm2()
     results = {}
-    for path in sorted(out.glob("*/*.jsonl")):
-        texts = [json.loads(line)["text"] for line in path.open(encoding="utf-8")]
-        ids = [i for t in texts for i in tokenizer(t + "\n\n")["input_ids"]]
-        per_byte = len(ids) / sum(len((t + "\n\n").encode()) for t in texts)
+    for path in sorted(p for name in names for p in (out / name).glob("*.jsonl")):
+        texts = [json.loads(line)["text"] + "\n\n" for line in path.open(encoding="utf-8")]
+        ids = [i for t in texts for i in tokenizer(t)["input_ids"]]
+        per_byte = len(ids) / sum(len(t.encode()) for t in texts)
         step = max(length, (len(ids) - length) // sequences)
         chunks = [ids[s : s + length] for s in range(0, len(ids) - length + 1, step)][:sequences]
         with torch.no_grad():
             losses = [model(torch.tensor([c]), labels=torch.tensor([c])).loss.item() for c in chunks]
+        loss = sum(losses) / len(losses)
         name = f"{path.parent.name}/{path.name}"
-        results[name] = (per_byte, math.exp(sum(losses) / len(losses)), len(chunks))
-        log(f"  {name}: {per_byte:.3f} tokens/byte, perplexity {results[name][1]:.1f} ({len(chunks)} x {length})")
+        results[name] = (per_byte, math.exp(loss), loss * per_byte / math.log(2), len(chunks))
+        log(f"  {name}: {per_byte:.3f} tokens/byte, perplexity {math.exp(loss):.1f}, {results[name][2]:.3f} bits/byte")
     return results
 
 
 def sources_markdown(sizes: dict[str, dict[str, tuple[int, int]]], measured: dict | None, seconds: float) -> str:
-    """The text of SOURCES.md: the packages, files, licences and sizes of each corpus."""
+    """The text of SOURCES.md: the packages, files, licences and sizes of each corpus built."""
     lines = ["# CPT corpora: sources", "", f"Built by `benchmarks/cpt_corpus.py` in {seconds:.0f} s.", ""]
-    for corpus in CORPORA:
+    for corpus in (c for c in CORPORA if c.name in sizes):
         lines += [f"## {corpus.name}", "", "| registry | package | version | files used | text licence | note |"]
         lines.append("|---|---|---|---|---|---|")
         for s in corpus.sources:
@@ -402,34 +434,52 @@ def sources_markdown(sizes: dict[str, dict[str, tuple[int, int]]], measured: dic
             lines.append(f"- `{corpus.name}/{name}`: {docs} documents, {size:,} bytes of text")
         lines.append("")
     if measured:
-        lines += ["## SmolLM2-135M on these corpora", "", "| file | tokens / byte | perplexity | sequences |"]
-        lines.append("|---|---|---|---|")
-        for name, (per_byte, ppl, count) in measured.items():
-            lines.append(f"| {name} | {per_byte:.3f} | {ppl:.1f} | {count} x 256 tokens |")
-        lines.append("")
+        lines += [
+            "## SmolLM2-135M on these corpora",
+            "",
+            "| file | tokens / byte | perplexity | bits / byte | sequences |",
+        ]
+        lines.append("|---|---|---|---|---|")
+        for name, (per_byte, ppl, bits, count) in measured.items():
+            lines.append(f"| {name} | {per_byte:.3f} | {ppl:.1f} | {bits:.3f} | {count} x 256 tokens |")
+        lines += [
+            "",
+            "Per-token perplexity is not comparable across languages: SmolLM2's byte-level BPE cuts a Hangul",
+            "syllable (3 UTF-8 bytes) into ~2.5 tokens, most of them nearly certain given the one before, which",
+            "lowers the perplexity per token. Compare bits per byte (loss x tokens/byte / ln 2) instead.",
+            "",
+        ]
     lines += [
-        "Cleaning: HTML tags, scripts, code/pre blocks, navigation and hidden text are stripped; a paragraph",
-        "is kept when it is long enough and mostly in the corpus's script (Hangul / ASCII letters), and only",
-        "its first occurrence in a corpus is kept. Held-out: the documents whose id has the lowest SHA-1.",
+        "Cleaning: HTML tags, scripts, pre blocks, navigation and hidden text are stripped; a paragraph is kept",
+        "when it is long enough, mostly in the corpus's script (Hangul / ASCII letters) and, where the corpus",
+        "names marker words, has more of its own language's function words than of the other's; only its first",
+        "occurrence in a corpus is kept. Held-out: the documents whose id has the lowest SHA-1 (deterministic).",
     ]
     return "\n".join(lines) + "\n"
 
 
 def main() -> None:
-    """Build all corpora and SOURCES.md."""
+    """Build the chosen corpora and SOURCES.md."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=Path("outputs/corpora"))
     parser.add_argument("--cache", type=Path, help="download folder (default OUT/_cache)")
+    default = ",".join(c.name for c in CORPORA if c.default)
+    known = ", ".join(c.name for c in CORPORA)
+    parser.add_argument("--corpora", default=default, help=f"comma-separated, of: {known} (default {default})")
     parser.add_argument("--heldout", type=float, default=HELDOUT_FRACTION, help="held-out share of documents")
     parser.add_argument("--measure", action="store_true", help="add SmolLM2's tokens/byte and perplexity")
     args = parser.parse_args()
+    names = [n.strip() for n in args.corpora.split(",") if n.strip()]
+    unknown = set(names) - {c.name for c in CORPORA}
+    if unknown:
+        parser.error(f"unknown corpora {sorted(unknown)}; known: {known}")
     start = time.time()
     cache = args.cache or args.out / "_cache"
-    sizes = {c.name: build_corpus(c, args.out, cache, args.heldout) for c in CORPORA}
+    sizes = {c.name: build_corpus(c, args.out, cache, args.heldout) for c in CORPORA if c.name in names}
     measured = None
     if args.measure:
         log("[measure] SmolLM2-135M")
-        measured = measure(args.out)
+        measured = measure(args.out, names)
     (args.out / "SOURCES.md").write_text(sources_markdown(sizes, measured, time.time() - start), encoding="utf-8")
     log(f"wrote {args.out / 'SOURCES.md'} in {time.time() - start:.0f} s")
 

