@@ -65,8 +65,11 @@ def _cpt(args: argparse.Namespace) -> int:
     except (ValueError, FileNotFoundError, NonFiniteLossError) as err:
         print(f"scale-cl cpt: error: {err}", file=sys.stderr)
         return 2 if not isinstance(err, NonFiniteLossError) else 1
-    print((out / "results.md").read_text())
-    print(f"[cpt] wrote {out / 'results.md'}, {out / 'results.json'}, {out / 'perplexity.png'}")
+    from scale_cl.cpt.pipeline import process_state
+
+    if process_state().is_main_process:
+        print((out / "results.md").read_text())
+        print(f"[cpt] wrote {out / 'results.md'}, {out / 'results.json'}, {out / 'perplexity.png'}")
     return 0 if results["methods"] else 1
 
 

@@ -1,0 +1,146 @@
+"""``scale-cl cpt`` under ``torchrun`` (DDP, 2 CPU processes on gloo) gives the single-process result.
+
+The same command line runs once as one process (micro-batch 2 x gradient accumulation 2) and once
+under ``torchrun --nproc_per_node 2`` (micro-batch 2 x 2 processes): the global batch is 4 either
+way and the pipeline derives the accumulation from the world size. Both runs must see the same
+samples at every optimizer step and end with the same weights; frozen weights must stay bitwise
+the base model's; only the main process may write; a killed 2-process run must resume.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+from safetensors.torch import load_file
+
+from scale_cl.train.checkpointing import CHECKPOINT_META
+from test_cpt import _cli, tiny_config, workspace  # noqa: F401  (workspace: the tiny base model + corpora fixture)
+
+pytestmark = pytest.mark.skipif(
+    not (dist.is_available() and dist.is_gloo_available()), reason="torch.distributed with the gloo backend is missing"
+)
+
+METHODS = ["scale_adapt", "freeze"]  # new weights only / full model with the embedding and layer 0 frozen
+WEIGHTS = {"scale_adapt": "scale_model.safetensors", "freeze": "model.safetensors"}
+# With two ranks the DDP all-reduce adds the same two micro-batch gradients that accumulation adds (two-term
+# float addition is commutative, the 1/2 scalings are exact), so on CPU the weights agree bitwise (measured:
+# max abs difference 0). The tolerance only admits float32 rounding (eps 1.2e-7) from another reduction
+# order; a different data order or global batch moves the weights by ~1e-3 (about lr per Adam step).
+RTOL, ATOL = 1e-5, 1e-6
+LAUNCHER_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARIABLES and not k.startswith("ACCELERATE_")}
+    # No CUDA: both runs on the CPU, so DDP uses gloo (two processes cannot share one GPU through NCCL).
+    return {**env, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": ""}
+
+
+def _torchrun(command: list[str]) -> list[str]:
+    """``python -m scale_cl.cli ...`` as 2 processes on this machine (``--standalone`` picks a free port)."""
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", *command[1:]]
+
+
+def _run(command: list[str]) -> str:
+    done = subprocess.run(command, env=_env(), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, f"{command[:6]} failed:\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}"
+    return done.stdout
+
+
+def _weights(out: Path, method: str) -> dict[str, torch.Tensor]:
+    return load_file(out / method / "model" / WEIGHTS[method])
+
+
+def _assert_close(actual: dict[str, torch.Tensor], expected: dict[str, torch.Tensor], what: str) -> None:
+    assert actual.keys() == expected.keys()
+    for name in expected:
+        torch.testing.assert_close(
+            actual[name], expected[name], rtol=RTOL, atol=ATOL, msg=lambda m, name=name: f"{what} {name}: {m}"
+        )
+
+
+def _metrics(out: Path, method: str) -> list[dict]:
+    return [json.loads(line) for line in (out / method / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def runs(workspace, tmp_path_factory) -> tuple[Path, Path, str]:  # noqa: F811
+    """(single-process output, 2-process output, 2-process stdout) of the same command."""
+    cfg = tiny_config(workspace, METHODS, steps=6, save_every=3)
+    one, two = tmp_path_factory.mktemp("one"), tmp_path_factory.mktemp("two")
+    _run(_cli(cfg, one))
+    stdout = _run(_torchrun(_cli(cfg, two)))
+    return one, two, stdout
+
+
+def test_two_processes_train_the_same_weights_as_one(runs):
+    one, two, _ = runs
+    for method in METHODS:
+        _assert_close(_weights(two, method), _weights(one, method), method)
+        # Same samples per step: the evaluations along the way agree too.
+        for r1, r2 in zip(_metrics(one, method), _metrics(two, method), strict=True):
+            assert r1["step"] == r2["step"]
+            assert r2["learning_ppl"] == pytest.approx(r1["learning_ppl"], rel=1e-5)
+            assert r2["forgetting_ppl"]["toy"] == pytest.approx(r1["forgetting_ppl"]["toy"], rel=1e-5)
+
+
+def test_frozen_weights_stay_bitwise_the_base_models(runs, workspace):  # noqa: F811
+    _, two, _ = runs
+    base = load_file(workspace / "base" / "model.safetensors")
+    trained = _weights(two, "freeze")
+    frozen = [n for n in base if n.startswith(("model.embed_tokens.", "model.layers.0."))]
+    top = [n for n in base if n.startswith("model.layers.2.")]
+    assert frozen and top and set(frozen + top) <= set(trained)
+    assert all(torch.equal(trained[n], base[n]) for n in frozen)
+    assert not all(torch.equal(trained[n], base[n]) for n in top), "the unfrozen layers trained"
+
+
+def test_only_the_main_process_writes(runs):
+    _, two, stdout = runs
+    results = json.loads((two / "results.json").read_text())
+    assert list(results["methods"]) == METHODS
+    for method in METHODS:
+        records = _metrics(two, method)
+        assert [r["step"] for r in records] == [0, 3, 6], "one evaluation record per step"
+        assert records == json.loads((two / method / "result.json").read_text())["curve"]
+        assert not (two / method / "run").exists()
+    assert not [p for p in two.rglob("*") if p.name.endswith(".tmp")]
+    # Messages of the main process only (a process that took itself for the main one would repeat them).
+    assert stdout.count("[cpt] data train:") == 1
+    assert all(stdout.count(f"[cpt] {method}: lr") == 1 for method in METHODS)
+
+
+def test_killed_two_process_run_resumes_to_the_same_weights(runs, workspace, tmp_path):  # noqa: F811
+    one, _, _ = runs
+    cfg = tiny_config(workspace, ["scale_adapt"], steps=6, save_every=3)
+    out = tmp_path / "killed"
+    command = _torchrun(_cli(cfg, out))
+    target = out / "scale_adapt" / "run" / "checkpoint-3" / CHECKPOINT_META
+    process = subprocess.Popen(
+        command, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not target.is_file() and process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)  # torchrun and both workers
+        process.wait()
+    assert target.is_file() and not (out / "scale_adapt" / "result.json").exists(), "killed mid-run"
+    files = {p.name for p in target.parent.iterdir()}
+    assert {"rng_state_0.pth", "rng_state_1.pth"} <= files, "a checkpoint holds the RNG state of both processes"
+
+    _run(command)
+    _assert_close(_weights(out, "scale_adapt"), _weights(one, "scale_adapt"), "resumed scale_adapt")
+    assert [r["step"] for r in _metrics(out, "scale_adapt")] == [0, 3, 6]
