@@ -37,7 +37,7 @@ BLOCK_TAGS = {
     "p", "div", "br", "li", "ul", "ol", "h1", "h2", "h3", "h4", "h5", "h6", "tr", "td", "th", "dt", "dd",
     "table", "blockquote", "section", "article", "header", "footer", "nav", "aside", "title", "caption",
 }  # fmt: skip
-SKIP_TAGS = {"script", "style", "head", "pre", "noscript", "nav", "aside"}
+SKIP_TAGS = {"script", "style", "head", "pre", "noscript", "nav", "aside", "header", "footer"}
 VOID_TAGS = {"br", "hr", "img", "input", "meta", "link", "area", "base", "col", "embed", "source", "wbr"}
 
 
@@ -168,7 +168,7 @@ def run(cmd: list[str], registry: str, cwd: Path | None = None) -> None:
     result = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
     if result.returncode != 0:
         tail = (result.stderr or result.stdout).strip()[-800:]
-        sys.exit(f"error: `{' '.join(cmd)}` failed; is {registry} reachable?\n{tail}")
+        sys.exit(f"error: `{' '.join(cmd)}` failed: is {registry} reachable, and does it have this package?\n{tail}")
 
 
 def fetch_debian(package: str, cache: Path) -> Path:
