@@ -3,7 +3,7 @@
 # matched trainable parameters (LoRA rank and LLaMA Pro blocks matched to SCALE-Route), English
 # forgetting and Korean learning perplexity side by side. Corpora: benchmarks/cpt_corpus.py (Debian
 # documentation packages and KoNLPy's copy of the Korean Constitution; see outputs/corpora/SOURCES.md).
-# Takes about 30 min on the project's 2-core CPU machine; extra arguments go to `scale-cl cpt`.
+# Takes about 28 min on the project's 2-core CPU machine; extra arguments go to `scale-cl cpt`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 .venv/bin/python benchmarks/cpt_corpus.py --out outputs/corpora
