@@ -252,3 +252,41 @@ def test_saved_full_model_loads_with_transformers_alone(finished_run):
     _, out, _ = finished_run
     model = AutoModelForCausalLM.from_pretrained(out / "freeze" / "model")
     assert model.config.num_hidden_layers == 3
+
+
+def test_gradient_checkpointing_trains_the_same_weights(workspace, tmp_path, monkeypatch):
+    from transformers import PreTrainedModel
+
+    plain = tiny_config(workspace, ["scale_adapt", "llama_pro", "lora"], steps=3, save_every=0)
+    checkpointed = replace(plain, train=replace(plain.train, gradient_checkpointing=True))
+    run_cpt(plain, tmp_path / "plain")
+    switch = next(
+        n for n in ("activation_checkpointing_enable", "gradient_checkpointing_enable") if hasattr(PreTrainedModel, n)
+    )
+    enable, enabled = getattr(PreTrainedModel, switch), []
+
+    def record(self, *args, **kwargs):
+        enabled.append(type(self).__name__)
+        return enable(self, *args, **kwargs)
+
+    monkeypatch.setattr(PreTrainedModel, switch, record)
+    run_cpt(checkpointed, tmp_path / "checkpointed")
+    assert len(enabled) == 3, "gradient checkpointing was switched on for every method"
+    a, b = (
+        _trainable_weights(tmp_path / "plain" / "scale_adapt"),
+        _trainable_weights(tmp_path / "checkpointed" / "scale_adapt"),
+    )
+    assert a.keys() == b.keys()
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=1e-5, atol=1e-6, msg=name)
+    before = load_file(workspace / "base" / "model.safetensors")
+    after = load_file(tmp_path / "checkpointed" / "llama_pro" / "model" / "model.safetensors")
+    new_block = [n for n in after if n.startswith("model.layers.") and n not in before]
+    assert new_block, "LLaMA Pro added a block"
+    plain_pro = load_file(tmp_path / "plain" / "llama_pro" / "model" / "model.safetensors")
+    for name in after:
+        torch.testing.assert_close(after[name], plain_pro[name], rtol=1e-5, atol=1e-6, msg=name)
+    lora_plain = load_file(tmp_path / "plain" / "lora" / "model" / "adapter_model.safetensors")
+    lora_checkpointed = load_file(tmp_path / "checkpointed" / "lora" / "model" / "adapter_model.safetensors")
+    for name in lora_plain:
+        torch.testing.assert_close(lora_plain[name], lora_checkpointed[name], rtol=1e-5, atol=1e-6, msg=name)

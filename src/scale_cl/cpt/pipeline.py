@@ -43,6 +43,12 @@ from scale_cl.train.callbacks import PeriodicEval
 from scale_cl.train.checkpointing import CheckpointingTrainer, complete_checkpoints
 
 CONFIG_FILE = "cpt_config.json"
+# transformers 5 renamed gradient_checkpointing to activation_checkpointing (the old name warns)
+CHECKPOINTING_ARGUMENT = next(
+    name
+    for name in ("activation_checkpointing", "gradient_checkpointing")
+    if name in TrainingArguments.__dataclass_fields__
+)
 REFERENCE_FILE = "reference_hidden.safetensors"
 
 
@@ -110,6 +116,7 @@ def training_arguments(cfg: CptConfig, method: str, run_dir: Path, steps: int) -
     kwargs: dict[str, Any] = {}
     if t.schedule == "cosine_with_min_lr":
         kwargs["lr_scheduler_kwargs"] = {"min_lr_rate": t.min_lr_ratio}
+    kwargs[CHECKPOINTING_ARGUMENT] = t.gradient_checkpointing
     return TrainingArguments(
         output_dir=str(run_dir),
         learning_rate=t.lr_of(method),
@@ -131,7 +138,6 @@ def training_arguments(cfg: CptConfig, method: str, run_dir: Path, steps: int) -
         dataloader_num_workers=0,
         use_cpu=not cuda,
         bf16=bf16,
-        gradient_checkpointing=t.gradient_checkpointing,
         disable_tqdm=False,
         **kwargs,
     )
