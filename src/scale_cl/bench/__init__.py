@@ -1,0 +1,19 @@
+"""``scale-cl bench``: the cost of every continual-learning method, measured side by side (issue 5).
+
+One run times training (tokens/s, interleaved across methods), peak training memory (a fresh
+process per method), forward FLOPs per token of the model as run, inference (forward and
+``generate()``), and the one-off cost of `scale_cl.upscale`, for random-weight models of real
+shapes; the output is a markdown and a JSON table with ratios against FFT::
+
+    from scale_cl.bench import BenchConfig, run_bench
+    results = run_bench(BenchConfig(shapes=("tiny",)), out=Path("outputs/bench"))
+
+Modules: ``shapes`` (model shapes), ``setup`` (each method's options), ``measure`` (timing, FLOPs),
+``memory`` + ``child`` (fresh-process peaks), ``report`` (ratios, targets, markdown), ``cli``.
+"""
+
+from scale_cl.bench.cli import add_bench_parser, main
+from scale_cl.bench.config import BenchConfig
+from scale_cl.bench.runner import run_bench
+
+__all__ = ["BenchConfig", "add_bench_parser", "main", "run_bench"]

@@ -1,0 +1,185 @@
+"""The measurements themselves: interleaved training and inference timing, FLOP counting, state size.
+
+Timing interleaves the methods (one method after the other, round after round) so that drift of a
+shared, noisy machine hits all of them alike; medians make a single stalled step harmless.
+FLOPs are counted by `torch.utils.flop_counter.FlopCounterMode` on a real pass of the model as
+run: every matmul actually executed (route's doubled collaborative layers and its head, LoRA's
+A/B products; preserve never computes W12), so it is exact op counting rather than a formula.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
+from tqdm.auto import tqdm
+
+aten = torch.ops.aten
+
+
+def _cpu_sdpa(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
+    return sdpa_flop_count(query_shape, key_shape, value_shape)
+
+
+def _cpu_sdpa_backward(grad_out_shape, query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
+    return sdpa_backward_flop_count(grad_out_shape, query_shape, key_shape, value_shape)
+
+
+# torch's counter knows the CUDA attention kernels but not the CPU flash kernel SDPA uses on CPU;
+# its operands have the same layout, so the same formulas apply (dense q k^T and p v products).
+_CPU_SDPA = {
+    aten._scaled_dot_product_flash_attention_for_cpu: _cpu_sdpa,
+    aten._scaled_dot_product_flash_attention_for_cpu_backward: _cpu_sdpa_backward,
+}
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def count_flops(fn: Callable[[], Any]) -> int:
+    """FLOPs (2 per multiply-add) of the matmuls and attention products ``fn`` executes."""
+    with FlopCounterMode(display=False, custom_mapping=_CPU_SDPA) as counter:
+        fn()
+    return int(counter.get_total_flops())
+
+
+def forward_flops_per_token(model: nn.Module, ids: torch.Tensor) -> float:
+    """Forward FLOPs per token of ``model`` on ``ids`` (eval mode, no gradient)."""
+    was_training = model.training
+    model.eval()
+    with torch.no_grad():
+        flops = count_flops(lambda: model(input_ids=ids))
+    model.train(was_training)
+    return flops / ids.numel()
+
+
+def train_flops_per_token(model: nn.Module, ids: torch.Tensor) -> float:
+    """Forward + backward FLOPs per token of one training step on ``ids`` (the optimizer excluded).
+
+    Counts only what autograd runs: frozen products whose input needs no gradient cost nothing
+    backward, which is where the frozen methods save.
+    """
+    model.train()
+    flops = count_flops(lambda: model(input_ids=ids, labels=ids).loss.backward())
+    model.zero_grad(set_to_none=True)
+    return flops / ids.numel()
+
+
+def make_optimizer(model: nn.Module, lr: float) -> torch.optim.Optimizer:
+    """AdamW over the trainable parameters (each once; a tied weight is one parameter)."""
+    params = list({id(p): p for p in model.parameters() if p.requires_grad}.values())
+    return torch.optim.AdamW(params, lr=lr)
+
+
+def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, ids: torch.Tensor) -> None:
+    model(input_ids=ids, labels=ids).loss.backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
+def state_bytes(model: nn.Module) -> int:
+    """Parameters + gradients + AdamW's two moments of the trainable ones: the training state, no activations."""
+    params = list({id(p): p for p in model.parameters()}.values())
+    total = sum(p.numel() * p.element_size() for p in params)
+    return total + 3 * sum(p.numel() * p.element_size() for p in params if p.requires_grad)
+
+
+def interleaved_training(
+    models: dict[str, nn.Module],
+    ids: torch.Tensor,
+    *,
+    lr: float,
+    warmup: int,
+    steps: int,
+    rounds: int,
+    progress: bool = True,
+) -> dict[str, list[float]]:
+    """Seconds per optimizer step, per method: ``warmup`` untimed steps, then ``rounds`` x ``steps`` timed.
+
+    Every round runs ``steps`` consecutive steps of each method in turn.
+    """
+    device = ids.device
+    optimizers = {name: make_optimizer(model, lr) for name, model in models.items()}
+    for model in models.values():
+        model.train()
+    times: dict[str, list[float]] = {name: [] for name in models}
+    total = len(models) * (warmup + rounds * steps)
+    with tqdm(total=total, desc="train steps", disable=not progress, leave=False) as bar:
+        for _ in range(warmup):
+            for name, model in models.items():
+                train_step(model, optimizers[name], ids)
+                bar.update()
+        synchronize(device)
+        for _ in range(rounds):
+            for name, model in models.items():
+                for _ in range(steps):
+                    start = time.perf_counter()
+                    train_step(model, optimizers[name], ids)
+                    synchronize(device)
+                    times[name].append(time.perf_counter() - start)
+                    bar.update()
+    for optimizer in optimizers.values():
+        optimizer.state.clear()
+    return times
+
+
+def _generate(model: nn.Module, prompt: torch.Tensor, new_tokens: int) -> None:
+    # min_new_tokens = max_new_tokens: random weights must not stop early at an EOS token
+    model.generate(
+        input_ids=prompt,
+        attention_mask=torch.ones_like(prompt),
+        max_new_tokens=new_tokens,
+        min_new_tokens=new_tokens,
+        do_sample=False,
+        pad_token_id=0,
+    )
+
+
+def interleaved_inference(
+    models: dict[str, nn.Module],
+    ids: torch.Tensor,
+    prompt: torch.Tensor,
+    *,
+    new_tokens: int,
+    rounds: int,
+    progress: bool = True,
+) -> dict[str, dict[str, list[float]]]:
+    """Seconds per forward pass on ``ids`` and per ``generate()`` of ``new_tokens`` after ``prompt``.
+
+    One untimed round warms up, then ``rounds`` timed rounds, each running every method in turn.
+    ``new_tokens=0`` skips generation.
+    """
+    device = ids.device
+    times: dict[str, dict[str, list[float]]] = {name: {"forward": [], "generate": []} for name in models}
+    for model in models.values():
+        model.eval()
+    bar = tqdm(total=len(models) * (rounds + 1), desc="inference", disable=not progress, leave=False)
+    with torch.no_grad(), bar:
+        for round_ in range(rounds + 1):
+            for name, model in models.items():
+                start = time.perf_counter()
+                model(input_ids=ids)
+                synchronize(device)
+                middle = time.perf_counter()
+                if new_tokens:
+                    _generate(model, prompt, new_tokens)
+                    synchronize(device)
+                end = time.perf_counter()
+                if round_:
+                    times[name]["forward"].append(middle - start)
+                    if new_tokens:
+                        times[name]["generate"].append(end - middle)
+                bar.update()
+    return times
+
+
+def median(values: Iterable[float]) -> float | None:
+    values = list(values)
+    return statistics.median(values) if values else None

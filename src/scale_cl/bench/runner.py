@@ -1,0 +1,141 @@
+"""`run_bench`: every measurement for every shape, in one process run (plus one child per memory figure)."""
+
+from __future__ import annotations
+
+import gc
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+from scale_cl.bench.config import BenchConfig
+from scale_cl.bench.measure import (
+    forward_flops_per_token,
+    interleaved_inference,
+    interleaved_training,
+    median,
+    state_bytes,
+    train_flops_per_token,
+)
+from scale_cl.bench.memory import MIB, run_child
+from scale_cl.bench.report import add_ratios, evaluate_targets, machine_info, write_results
+from scale_cl.bench.setup import build_method, describe, method_options, scale_configs
+from scale_cl.bench.shapes import SHAPES, Shape, build_base, parameter_count
+from scale_cl.methods import trainable_parameter_count
+
+
+def _log(message: str) -> None:
+    tqdm.write(f"[bench] {message}")
+
+
+def _shape_entry(shape: Shape, cfg: BenchConfig) -> dict[str, Any]:
+    scale = scale_configs(shape, cfg)
+    return {
+        "description": shape.description,
+        "base_params": parameter_count(shape),
+        "layers": shape.layers,
+        "hidden_up": shape.hidden_up,
+        "ffn_up": shape.ffn_up,
+        "preserve_layers": {method: sc.preserve_layers for method, sc in scale.items()},
+        "upscale_only": cfg.is_upscale_only(shape.name),
+        "methods": {},
+        "notes": [],
+    }
+
+
+def _measure_methods(shape: Shape, cfg: BenchConfig, entry: dict[str, Any]) -> None:
+    """Build every method's model from one random base, then count FLOPs, time training and inference."""
+    device, dtype = cfg.torch_device, cfg.torch_dtype
+    options = method_options(shape, cfg)
+    vocab = shape.make_config().vocab_size
+    generator = torch.Generator().manual_seed(cfg.seed)
+    ids = torch.randint(0, vocab, (cfg.batch, cfg.seq), generator=generator).to(device)
+    prompt = torch.randint(0, vocab, (cfg.gen_batch, cfg.gen_prompt), generator=generator).to(device)
+    base = build_base(shape, cfg.seed)
+    models: dict[str, torch.nn.Module] = {}
+    for method in tqdm(cfg.methods, desc=f"build {shape.name}", disable=not cfg.progress, leave=False):
+        model = build_method(base, method, options[method], device, dtype)
+        models[method] = model
+        entry["methods"][method] = {
+            "setting": describe(method, model, options[method], cfg),
+            "trainable_params": trainable_parameter_count(model),
+            "total_params": sum(p.numel() for p in {id(p): p for p in model.parameters()}.values()),
+            "state_mib": state_bytes(model) / MIB,
+        }
+    del base
+
+    if not cfg.skip_flops:
+        for method, model in tqdm(models.items(), desc="count FLOPs", disable=not cfg.progress, leave=False):
+            record = entry["methods"][method]
+            record["fwd_flops_per_token"] = forward_flops_per_token(model, ids[:1])
+            record["train_flops_per_token"] = train_flops_per_token(model, ids[:1])
+
+    if not cfg.skip_training:
+        _log(f"{shape.name}: training, {len(models)} methods interleaved")
+        times = interleaved_training(
+            models, ids, lr=cfg.lr, warmup=cfg.warmup, steps=cfg.steps, rounds=cfg.rounds, progress=cfg.progress
+        )
+        for method, seconds in times.items():
+            step = median(seconds)
+            entry["methods"][method].update(
+                step_s=step, step_s_all=seconds, train_tokens_per_s=cfg.batch * cfg.seq / step
+            )
+        gc.collect()
+
+    if not cfg.skip_inference:
+        _log(f"{shape.name}: inference")
+        times = interleaved_inference(
+            models, ids, prompt, new_tokens=cfg.gen_tokens, rounds=cfg.infer_rounds, progress=cfg.progress
+        )
+        for method, t in times.items():
+            record = entry["methods"][method]
+            forward, generate = median(t["forward"]), median(t["generate"])
+            record["forward_tokens_per_s"] = cfg.batch * cfg.seq / forward if forward else None
+            record["generate_tokens_per_s"] = cfg.gen_batch * cfg.gen_tokens / generate if generate else None
+    del models
+    gc.collect()
+
+    if not cfg.skip_memory:
+        for method in tqdm(cfg.methods, desc="peak memory (a process each)", disable=not cfg.progress, leave=False):
+            result = run_child({"task": "train_memory", "config": cfg.to_dict(), "shape": shape.name, "method": method})
+            record = entry["methods"][method]
+            if "error" in result:
+                record["memory_error"] = result["error"]
+                _log(f"{shape.name} {method}: memory measurement failed: {result['error']}")
+                continue
+            record["peak_train_mib"] = result["peak_train_mib"]
+            record["resident_before_training_mib"] = result["resident_before_training_mib"]
+            if result["peak_includes_build"]:
+                entry["notes"].append(f"{method}: the peak could not be reset after the build and includes it")
+
+
+def run_bench(cfg: BenchConfig, out: Path | None = None, command: str = "scale-cl bench") -> dict[str, Any]:
+    """Measure every shape of ``cfg``; write ``results.json`` / ``results.md`` into ``out`` after each shape.
+
+    Returns the results dictionary (the JSON's content).
+    """
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    meta = machine_info(cfg.torch_device, cfg.torch_dtype)
+    meta["command"] = command
+    results: dict[str, Any] = {"meta": meta, "config": cfg.to_dict(), "shapes": {}}
+    for name in cfg.shapes:
+        shape = SHAPES[name]
+        entry = _shape_entry(shape, cfg)
+        results["shapes"][name] = entry
+        if entry["upscale_only"]:
+            entry["notes"].append(
+                f"Only upscale's cost is measured for this shape on {cfg.torch_device.type} (training, memory, "
+                "FLOPs and inference skipped: too slow here; --upscale-only with no shapes measures everything)."
+            )
+        else:
+            _measure_methods(shape, cfg, entry)
+        if not cfg.skip_upscale:
+            _log(f"{name}: upscale cost (fresh process)")
+            entry["upscale"] = run_child({"task": "upscale", "config": cfg.to_dict(), "shape": name})
+        add_ratios(entry["methods"])
+        entry["targets"] = evaluate_targets(entry)
+        if out is not None:
+            write_results(results, out)
+    return results

@@ -1,0 +1,189 @@
+"""`scale-cl bench`: a smoke run on the tiny shape (structure, never timings) and the FLOP counter's counts."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from scale_cl import ScaleConfig, upscale
+from scale_cl.bench import BenchConfig, add_bench_parser, main
+from scale_cl.bench.measure import forward_flops_per_token, train_flops_per_token
+from scale_cl.bench.report import RATIO_METRICS, evaluate_targets
+from scale_cl.layers import ScaleLinear
+from scale_cl.methods import METHOD_NAMES
+
+SMOKE = ["--shapes", "tiny", "--batch", "2", "--seq", "16", "--warmup", "1", "--rounds", "1", "--threads", "1"]
+SMOKE += ["--infer-rounds", "1", "--gen-prompt", "4", "--gen-tokens", "2", "--no-progress"]
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory):
+    """One run of every method on the tiny shape (memory children skipped here; see the next fixture)."""
+    out = tmp_path_factory.mktemp("bench")
+    assert main([*SMOKE, "--skip-memory", "--out", str(out)]) == 0
+    return json.loads((out / "results.json").read_text()), (out / "results.md").read_text()
+
+
+def test_smoke_records_machine_torch_date_and_command(smoke):
+    results, markdown = smoke
+    meta = results["meta"]
+    assert meta["torch"] == torch.__version__
+    assert meta["cpu_cores"] >= 1 and meta["device"] == "cpu" and meta["dtype"] == "float32"
+    assert meta["date"][:4].isdigit() and meta["date"] in markdown
+    assert meta["command"].startswith("scale-cl bench --shapes tiny")
+    assert f"torch {torch.__version__}" in markdown and meta["command"] in markdown
+    assert results["config"]["methods"] == list(METHOD_NAMES)
+
+
+def test_smoke_has_every_method_with_ratios_against_fft(smoke):
+    results, _ = smoke
+    entry = results["shapes"]["tiny"]
+    assert list(entry["methods"]) == list(METHOD_NAMES)
+    fft = entry["methods"]["fft"]
+    for method, record in entry["methods"].items():
+        for metric in RATIO_METRICS:
+            if metric == "peak_train_mib":  # skipped in this run
+                assert record.get(metric) is None and record["vs_fft"][metric] is None
+                continue
+            assert record[metric] > 0, (method, metric)
+            assert math.isclose(record["vs_fft"][metric], record[metric] / fft[metric]), (method, metric)
+        assert len(record["step_s_all"]) == 1
+        assert record["setting"]
+    assert all(v == 1.0 for k, v in fft["vs_fft"].items() if v is not None)
+    # the matched baselines say what they are matched to
+    assert "matched to scale_route" in entry["methods"]["lora"]["setting"]
+    assert entry["preserve_layers"] == {"preserve": 1, "adapt": 1, "route": 3}
+
+
+def test_smoke_markdown_tables_and_upscale(smoke):
+    results, markdown = smoke
+    upscale_cost = results["shapes"]["tiny"]["upscale"]
+    assert upscale_cost["wall_s"] > 0 and upscale_cost["upscaled_model_mib"] > upscale_cost["base_model_mib"]
+    assert upscale_cost["peak_mib"] > 0
+    assert "| method | setting | trainable params | fwd MFLOP/token |" in markdown
+    assert "| method | forward tokens/s | generate() tokens/s |" in markdown
+    assert "| wall s | peak MiB |" in markdown
+    for method in METHOD_NAMES:
+        assert sum(line.startswith(f"| {method} |") for line in markdown.splitlines()) == 2, method
+    assert "| fft | every parameter trains | 1,055,488 (1.00x) |" in markdown
+    targets = results["shapes"]["tiny"]["targets"]
+    names = [t["target"] for t in targets]
+    assert "scale_route step time / scale_adapt" in names and "upscale wall time (s)" in names
+    assert all(isinstance(t["met"], bool) for t in targets)
+
+
+def test_smoke_peak_memory_in_fresh_processes(tmp_path):
+    out = tmp_path / "mem"
+    args = [*SMOKE, "--methods", "fft", "scale_preserve", "--skip-inference", "--skip-flops", "--skip-upscale"]
+    assert main([*args, "--out", str(out)]) == 0
+    methods = json.loads((out / "results.json").read_text())["shapes"]["tiny"]["methods"]
+    for record in methods.values():
+        assert "memory_error" not in record
+        # the model stays resident while training, so the training peak is at least its size
+        assert record["peak_train_mib"] >= record["resident_before_training_mib"] > 0
+    assert methods["scale_preserve"]["vs_fft"]["peak_train_mib"] > 0
+
+
+def test_parser_registers_bench_with_help_for_every_option():
+    parser = argparse.ArgumentParser(prog="scale-cl")
+    commands = parser.add_subparsers(dest="command", required=True)
+    bench = add_bench_parser(commands)
+    for action in bench._actions:
+        assert action.help, action.dest
+    args = parser.parse_args(["bench", "--shapes", "smollm2", "--upscale-only", "--methods", "fft", "lora"])
+    assert args.func is not None and args.shapes == ["smollm2"] and args.upscale_only == []
+
+
+def test_config_refuses_bad_settings():
+    with pytest.raises(ValueError, match="unknown shapes"):
+        BenchConfig(shapes=("gpt-5",))
+    with pytest.raises(ValueError, match="unknown methods"):
+        BenchConfig(methods=("fft", "dora"))
+    with pytest.raises(ValueError, match="batch"):
+        BenchConfig(batch=0)
+    assert BenchConfig(device="cpu").is_upscale_only("llama-1b")
+    assert not BenchConfig(device="cpu", upscale_only=()).is_upscale_only("llama-1b")
+
+
+def test_targets_are_met_or_missed_from_the_measured_ratios():
+    methods = {
+        "fft": {"step_s": 10.0, "peak_train_mib": 1000.0, "fwd_flops_per_token": 100.0, "generate_tokens_per_s": 10.0},
+        "lora": {"step_s": 9.0, "peak_train_mib": 500.0},
+        "scale_adapt": {"step_s": 7.0, "peak_train_mib": 600.0, "fwd_flops_per_token": 125.0},
+        "scale_route": {"step_s": 10.0, "peak_train_mib": 550.0, "fwd_flops_per_token": 150.0},
+        "scale_preserve": {"step_s": 8.5, "generate_tokens_per_s": 7.0, "fwd_flops_per_token": 125.0},
+    }
+    methods["scale_adapt"]["generate_tokens_per_s"] = 6.0
+    targets = {t["target"]: t for t in evaluate_targets({"methods": methods})}
+    assert targets["scale_adapt step time / fft"]["met"] and targets["scale_adapt step time / fft"]["value"] == 0.7
+    assert not targets["scale_preserve step time / fft"]["met"]
+    route = targets["scale_route step time / scale_adapt"]
+    assert route["value"] == pytest.approx(10 / 7) and not route["met"]
+    flop = targets["|route/adapt step-time ratio / forward FLOP ratio - 1|"]
+    assert flop["value"] == pytest.approx(abs((10 / 7) / 1.2 - 1)) and not flop["met"]
+    assert not targets["scale_adapt peak training memory / lora"]["met"]  # 1.2 > 1.15
+    assert targets["scale_route peak training memory / lora"]["met"]  # 1.1
+    assert "scale_preserve peak training memory / lora" not in targets  # no measurement, no verdict
+    gen = "generate tokens/s / (fft tokens/s x FLOP ratio fft/"
+    assert targets[f"scale_preserve {gen}scale_preserve)"]["value"] == pytest.approx(0.7 / 0.8)  # met
+    assert not targets[f"scale_adapt {gen}scale_adapt)"]["met"]  # 0.6 / 0.8 = 0.75
+
+
+# -- the FLOP counter -----------------------------------------------------------------------------------
+
+T = 12
+
+
+def _llama() -> LlamaForCausalLM:
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=96,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=64,
+    )
+    return LlamaForCausalLM(config)
+
+
+def _ids() -> torch.Tensor:
+    return torch.randint(0, 96, (1, T), generator=torch.Generator().manual_seed(0))
+
+
+def test_flops_count_every_linear_and_the_cpu_attention():
+    model = _llama()
+    linears = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+    attention = model.config.num_hidden_layers * 4 * 4 * T * 16  # q k^T and p v: 2 T d FLOPs each, per head
+    assert forward_flops_per_token(model, _ids()) == 2 * linears + attention
+
+
+def _upscaled(method: str, preserve_layers: int) -> LlamaForCausalLM:
+    return upscale(_llama(), ScaleConfig(hidden_up=32, ffn_up=32, method=method, preserve_layers=preserve_layers))
+
+
+def test_preserve_never_computes_w12():
+    adapt = _upscaled("adapt", preserve_layers=0)  # every layer collaborative
+    preserve = _upscaled("preserve", preserve_layers=0)
+    w12 = sum(m.w12.numel() for m in adapt.modules() if isinstance(m, ScaleLinear))
+    assert w12 > 0
+    difference = forward_flops_per_token(adapt, _ids()) - forward_flops_per_token(preserve, _ids())
+    assert difference == 2 * w12
+
+
+def test_route_counts_more_flops_than_adapt():
+    adapt, route = _upscaled("adapt", preserve_layers=2), _upscaled("route", preserve_layers=2)
+    adapt_flops, route_flops = forward_flops_per_token(adapt, _ids()), forward_flops_per_token(route, _ids())
+    assert route_flops > adapt_flops
+    # route runs the top layer for both paths and the original head twice: at least that much more
+    head = route.get_output_embeddings().weight.numel()
+    assert route_flops - adapt_flops >= 2 * head
+    # and training skips the frozen products' backward only where the input is constant
+    assert train_flops_per_token(route, _ids()) > train_flops_per_token(adapt, _ids())

@@ -1,0 +1,53 @@
+"""What users of fast training expect to work: bf16 autocast keeps the original stream bitwise, torch.compile."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from conftest import ARCHS, hidden_up_for, make_model, token_batch
+from scale_cl import ScaleConfig, upscale
+
+
+def _original_part(base_hidden: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+    """The original features of an upscaled hidden state (the adapt half of route's stacked batch)."""
+    if hidden.shape[0] == 2 * base_hidden.shape[0]:
+        hidden = hidden[base_hidden.shape[0] :]
+    return hidden[..., : base_hidden.shape[-1]]
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHS))
+@pytest.mark.parametrize("method", ["preserve", "adapt", "route"])
+@pytest.mark.parametrize("mode", ["autocast", "bf16 weights"])
+def test_bf16_keeps_the_original_stream_bitwise(arch, method, mode):
+    base = make_model(arch)
+    cfg = ScaleConfig(
+        hidden_up=hidden_up_for(base), ffn_up=16, method=method, preserve_layers=1, w21_init="random", w22_init="random"
+    )
+    model = upscale(copy.deepcopy(base), cfg)
+    if mode == "bf16 weights":
+        base, model = base.to(torch.bfloat16), model.to(torch.bfloat16)
+    ids, mask = token_batch()
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=mode == "autocast"):
+        expected = base(ids, attention_mask=mask, output_hidden_states=True)
+        got = model(ids, attention_mask=mask, output_hidden_states=True)
+    assert expected.logits.dtype == torch.bfloat16 or mode == "autocast"
+    for layer, (a, b) in enumerate(zip(expected.hidden_states, got.hidden_states, strict=True)):
+        assert torch.equal(a, _original_part(a, b)), f"hidden state {layer} differs from the base model's"
+    assert torch.equal(expected.logits, got.logits)
+
+
+@pytest.mark.parametrize("method", ["preserve", "adapt", "route"])
+def test_torch_compile_matches_eager(method):
+    base = make_model("llama-gqa2-tied")
+    cfg = ScaleConfig(hidden_up=hidden_up_for(base), ffn_up=16, method=method, preserve_layers=1, w21_init="random")
+    model = upscale(base, cfg)
+    with torch.no_grad():
+        model.get_output_embeddings().weight_up.normal_(std=0.1)  # new paths matter in the logits
+    ids, mask = token_batch()
+    with torch.no_grad():
+        eager = model(ids, attention_mask=mask).logits
+        compiled = torch.compile(model)(ids, attention_mask=mask).logits
+    torch.testing.assert_close(compiled, eager, rtol=1e-4, atol=1e-5)
