@@ -145,6 +145,10 @@ def build_parser() -> argparse.ArgumentParser:
     from scale_cl.eval.harness import add_eval_parser
 
     add_eval_parser(commands)
+
+    from scale_cl.bench import add_bench_parser
+
+    add_bench_parser(commands)
     return parser
 
 

@@ -20,7 +20,7 @@ class BenchConfig:
     methods: tuple[str, ...] = METHOD_NAMES
     batch: int = 4
     seq: int = 256
-    warmup: int = 1  # untimed optimizer steps per method before timing
+    warmup: int = 2  # untimed optimizer steps per method before timing (the first ones touch fresh memory)
     steps: int = 1  # timed optimizer steps per method per round
     rounds: int = 5  # rounds; each steps every method in turn
     lr: float = 1e-4

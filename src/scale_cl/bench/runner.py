@@ -18,7 +18,7 @@ from scale_cl.bench.measure import (
     state_bytes,
     train_flops_per_token,
 )
-from scale_cl.bench.memory import MIB, run_child
+from scale_cl.bench.memory import MIB, release_memory, run_child
 from scale_cl.bench.report import add_ratios, evaluate_targets, machine_info, write_results
 from scale_cl.bench.setup import build_method, describe, method_options, scale_configs
 from scale_cl.bench.shapes import SHAPES, Shape, build_base, parameter_count
@@ -94,7 +94,7 @@ def _measure_methods(shape: Shape, cfg: BenchConfig, entry: dict[str, Any]) -> N
             record["forward_tokens_per_s"] = cfg.batch * cfg.seq / forward if forward else None
             record["generate_tokens_per_s"] = cfg.gen_batch * cfg.gen_tokens / generate if generate else None
     del models
-    gc.collect()
+    release_memory()  # the memory children and the next shape get the memory back
 
     if not cfg.skip_memory:
         for method in tqdm(cfg.methods, desc="peak memory (a process each)", disable=not cfg.progress, leave=False):
