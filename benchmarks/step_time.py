@@ -18,22 +18,13 @@ import statistics
 import time
 
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaForCausalLM
 
 from scale_cl import ScaleConfig, prepare
+from scale_cl.bench.shapes import SHAPES
 from scale_cl.layers import ScaleHead, ScaleLinear, SplitNorm
 
-SMOLLM2 = LlamaConfig(
-    vocab_size=49152,
-    hidden_size=576,
-    intermediate_size=1536,
-    num_hidden_layers=30,
-    num_attention_heads=9,
-    num_key_value_heads=3,
-    head_dim=64,
-    tie_word_embeddings=True,
-    max_position_embeddings=2048,
-)
+SMOLLM2 = SHAPES["smollm2"].make_config()  # SmolLM2-135M's shape, random weights
 UP = {"hidden_up": 192, "ffn_up": 192, "w21_init": "svd", "w22_init": "zero"}
 # name -> (prepare method, options); the targets of issue 5 name these settings.
 METHODS = {

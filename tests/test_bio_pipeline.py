@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 import scale_cl.bio.pipeline as pipeline
-from scale_cl.bio.config import ALL_METHODS, BioConfig, apply_overrides, preset
+from scale_cl.bio.config import ALL_METHODS, BioConfig, preset
 from scale_cl.cli import build_parser, main
+from scale_cl.cli_options import apply_overrides
 
 
 def micro(**overrides) -> BioConfig:

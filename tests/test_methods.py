@@ -543,18 +543,10 @@ def test_matching_on_llama_3_2_1b_shapes_gives_the_papers_16_to_20_layers(method
 
     Counting needs shapes only, so the 1B model lives on the meta device (no memory, no weights).
     """
-    config = LlamaConfig(
-        vocab_size=128256,
-        hidden_size=2048,
-        intermediate_size=8192,
-        num_hidden_layers=16,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-        head_dim=64,
-        tie_word_embeddings=True,
-    )
+    from scale_cl.bench.shapes import SHAPES
+
     with torch.device("meta"):
-        base = LlamaForCausalLM(config)
+        base = LlamaForCausalLM(SHAPES["llama-1b"].make_config())
     target = scale_trainable_count(base, ScaleConfig(hidden_up=256, ffn_up=1024, method=method, preserve_layers=3))
     assert match_llama_pro_blocks(base, target) == 4
     rank = match_lora_rank(base, target)

@@ -29,16 +29,11 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _bio(args: argparse.Namespace) -> int:
-    from scale_cl.bio.config import apply_overrides, preset
+    from scale_cl.bio.config import preset
     from scale_cl.bio.pipeline import run_bio
-    from scale_cl.cli_options import nested_overrides, read_yaml
+    from scale_cl.cli_options import resolve_settings
 
-    options = nested_overrides(args, skip=("command", "func", "config", "out"))
-    name = options.get("preset") or (read_yaml(args.config).get("preset") if args.config else None) or "small"
-    cfg = preset(name)
-    if args.config:
-        cfg = apply_overrides(cfg, read_yaml(args.config))
-    cfg = apply_overrides(cfg, options)
+    cfg = resolve_settings(args, preset, "small")
     out = Path(args.out or f"outputs/bio-{cfg.preset}")
     results = run_bio(cfg, out)
     print((out / "results.md").read_text())
@@ -47,24 +42,18 @@ def _bio(args: argparse.Namespace) -> int:
 
 
 def _cpt(args: argparse.Namespace) -> int:
-    from scale_cl.bio.config import apply_overrides
-    from scale_cl.cli_options import nested_overrides, read_yaml
+    from scale_cl.cli_options import resolve_settings
     from scale_cl.cpt.config import preset
     from scale_cl.cpt.pipeline import run_cpt
     from scale_cl.train.checkpointing import NonFiniteLossError
 
-    options = nested_overrides(args, skip=("command", "func", "config", "out"))
-    name = options.get("preset") or (read_yaml(args.config).get("preset") if args.config else None) or "smollm2"
     try:
-        cfg = preset(name)
-        if args.config:
-            cfg = apply_overrides(cfg, read_yaml(args.config))
-        cfg = apply_overrides(cfg, options)
+        cfg = resolve_settings(args, preset, "smollm2")
         out = Path(args.out or f"outputs/cpt-{cfg.preset}")
         results = run_cpt(cfg, out)
     except (ValueError, FileNotFoundError, NonFiniteLossError) as err:
         print(f"scale-cl cpt: error: {err}", file=sys.stderr)
-        return 2 if not isinstance(err, NonFiniteLossError) else 1
+        return 1 if isinstance(err, NonFiniteLossError) else 2
     from scale_cl.cpt.pipeline import process_state
 
     if process_state().is_main_process:

@@ -7,7 +7,8 @@ command line override only what they name, in that order.
 from __future__ import annotations
 
 import argparse
-from dataclasses import fields, is_dataclass
+from collections.abc import Callable
+from dataclasses import fields, is_dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -72,3 +73,28 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ValueError(f"{path} must hold a mapping of settings, got {type(data).__name__}")
     return data
+
+
+def apply_overrides(config: Any, overrides: dict[str, Any], where: str = "") -> Any:
+    """A copy of the dataclass ``config`` with nested ``overrides`` applied; unknown keys are errors."""
+    known = {f.name: f for f in fields(config)}
+    changes = {}
+    for key, value in overrides.items():
+        if key not in known:
+            raise ValueError(f"unknown setting '{where}{key}'; known here: {', '.join(sorted(known))}")
+        current = getattr(config, key)
+        if is_dataclass(current):
+            if not isinstance(value, dict):
+                raise ValueError(f"setting {where}{key} is a section; give it a mapping, got {value!r}")
+            changes[key] = apply_overrides(current, value, f"{where}{key}.")
+        else:
+            changes[key] = value
+    return replace(config, **changes)
+
+
+def resolve_settings(args: argparse.Namespace, preset: Callable[[str], Any], default_preset: str) -> Any:
+    """An experiment's settings: the preset, then the YAML file (``--config``), then the command-line options."""
+    options = nested_overrides(args, skip=("command", "func", "config", "out"))
+    from_yaml = read_yaml(args.config) if args.config else {}
+    config = preset(options.get("preset") or from_yaml.get("preset") or default_preset)
+    return apply_overrides(apply_overrides(config, from_yaml), options)

@@ -60,10 +60,10 @@ class ScaleLinear(nn.Module):
         x, x_up = hidden.split((self.in_features, self.in_up), dim=-1)
         if self.constant_input:
             x = x.detach()
-        if self.bias is not None:
+        if self.bias is not None and x.dtype != torch.float32:
             # A strided slice with a bias takes matmul-then-add instead of the fused addmm the base
-            # model's contiguous input takes: in bf16 that rounds differently (one ulp), so the
-            # original stream would no longer be bitwise the base model's.
+            # model's contiguous input takes: in bf16/fp16 that rounds differently (one ulp), so the
+            # original stream would no longer be bitwise the base model's. (fp32 rounds the same.)
             x = x.contiguous()
         out = F.linear(x, self.weight, self.bias)
         if self.w12_scope == W12_ALL:

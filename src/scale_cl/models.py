@@ -80,12 +80,6 @@ def load_base(ref: BaseModelRef, dtype: torch.dtype = torch.float32) -> tuple[Pr
     return model, tokenizer
 
 
-def _base_model_of(model: nn.Module) -> nn.Module:
-    """The transformers model under a PEFT wrapper (or the model itself)."""
-    get_base = getattr(model, "get_base_model", None)
-    return get_base() if callable(get_base) else model
-
-
 def save_trained(
     model: nn.Module, tokenizer: PreTrainedTokenizerBase | None, method: str, ref: BaseModelRef, directory: Path
 ) -> Path:

@@ -6,12 +6,12 @@ its ``metadata["help"]`` is the option's help text.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from scale_cl.data import ATTRIBUTES
 from scale_cl.methods import METHOD_NAMES as ALL_METHODS
-from scale_cl.methods.settings import MethodRates, MethodSettings
+from scale_cl.methods.settings import MethodRates, MethodSettings, check_methods
 from scale_cl.train.trainer import StageConfig
 
 PRESETS = ("micro", "small", "paper")
@@ -67,9 +67,7 @@ class BioConfig:
     def __post_init__(self) -> None:
         if self.preset not in PRESETS:
             raise ValueError(f"unknown preset {self.preset!r}; valid presets: {', '.join(PRESETS)}")
-        unknown = [m for m in self.methods if m not in ALL_METHODS]
-        if unknown or not self.methods:
-            raise ValueError(f"unknown methods {unknown}; valid methods: {', '.join(ALL_METHODS)}")
+        check_methods(self.methods)
         if not self.seeds:
             raise ValueError("seeds must name at least one seed")
 
@@ -138,20 +136,3 @@ def preset(name: str) -> BioConfig:
             ),
         )
     raise ValueError(f"unknown preset {name!r}; valid presets: {', '.join(PRESETS)}")
-
-
-def apply_overrides(config: Any, overrides: dict[str, Any], where: str = "") -> Any:
-    """A copy of the dataclass ``config`` with nested ``overrides`` applied; unknown keys are errors."""
-    known = {f.name: f for f in fields(config)}
-    changes = {}
-    for key, value in overrides.items():
-        if key not in known:
-            raise ValueError(f"unknown setting '{where}{key}'; known here: {', '.join(sorted(known))}")
-        current = getattr(config, key)
-        if is_dataclass(current):
-            if not isinstance(value, dict):
-                raise ValueError(f"setting {where}{key} is a section; give it a mapping, got {value!r}")
-            changes[key] = apply_overrides(current, value, f"{where}{key}.")
-        else:
-            changes[key] = value
-    return replace(config, **changes)

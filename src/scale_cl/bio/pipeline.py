@@ -39,6 +39,7 @@ from scale_cl.data import (
     train_bpe_tokenizer,
 )
 from scale_cl.eval.first_token import QAExample, first_token_accuracy
+from scale_cl.run_folder import claim_output_folder, write_json
 from scale_cl.train.callbacks import PeriodicEval
 from scale_cl.train.trainer import run_stage
 
@@ -49,12 +50,6 @@ VERSION = 1  # bump when a stage's computation changes, so old caches are not re
 def _key(*parts: Any) -> str:
     text = json.dumps([VERSION, *parts], sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:12]
-
-
-def _write_json(path: Path, data: Any) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=2))
-    os.replace(tmp, path)
 
 
 def _text_settings(cfg: BioConfig) -> dict[str, Any]:
@@ -214,36 +209,8 @@ def run_method(cfg: BioConfig, data: BioData, task0_dir: Path, method: str, seed
         "seconds": time.perf_counter() - start,
         "curve": tracker.records,
     }
-    _write_json(result_path, result)
+    write_json(result_path, result)
     return result
-
-
-def check_output_folder(cfg: BioConfig, out: Path) -> None:
-    """Refuse an output folder that holds results of another configuration (methods may differ)."""
-    path = out / CONFIG_FILE
-    mine = {k: v for k, v in cfg.to_dict().items() if k != "methods"}
-    if path.is_file():
-        theirs = {k: v for k, v in json.loads(path.read_text()).items() if k != "methods"}
-        if theirs != mine:
-            diffs = sorted(_diff(theirs, mine))
-            raise ValueError(
-                f"{out} holds results of another configuration (differs in: {', '.join(diffs[:8])}); "
-                "choose another --out or delete that folder"
-            )
-    else:
-        out.mkdir(parents=True, exist_ok=True)
-        _write_json(path, cfg.to_dict())
-
-
-def _diff(a: dict, b: dict, prefix: str = "") -> list[str]:
-    keys = set(a) | set(b)
-    found = []
-    for key in keys:
-        if isinstance(a.get(key), dict) and isinstance(b.get(key), dict):
-            found += _diff(a[key], b[key], f"{prefix}{key}.")
-        elif a.get(key) != b.get(key):
-            found.append(f"{prefix}{key}")
-    return found
 
 
 def validate(cfg: BioConfig) -> None:
@@ -265,7 +232,7 @@ def run_bio(cfg: BioConfig, out: Path) -> dict[str, Any]:
 
     out = Path(out)
     validate(cfg)
-    check_output_folder(cfg, out)
+    claim_output_folder(out, CONFIG_FILE, cfg.to_dict())
     data = build_data(cfg, out)
     for seed in cfg.seeds:
         if all((out / f"seed-{seed}" / f"{method}.json").is_file() for method in cfg.methods):

@@ -11,7 +11,7 @@ from typing import Any
 
 from scale_cl.data.corpus import CorpusConfig
 from scale_cl.methods import METHOD_NAMES
-from scale_cl.methods.settings import MethodRates, MethodSettings
+from scale_cl.methods.settings import MethodRates, MethodSettings, check_methods
 from scale_cl.models import SMOLLM2
 from scale_cl.train.trainer import StageConfig
 
@@ -81,9 +81,7 @@ class CptConfig:
     def __post_init__(self) -> None:
         if self.preset not in PRESETS:
             raise ValueError(f"unknown preset {self.preset!r}; valid presets: {', '.join(PRESETS)}")
-        unknown = [m for m in self.methods if m not in METHOD_NAMES]
-        if unknown or not self.methods:
-            raise ValueError(f"unknown methods {unknown}; valid methods: {', '.join(METHOD_NAMES)}")
+        check_methods(self.methods)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -39,6 +39,7 @@ from scale_cl.cpt.report import RESULT_FILE
 from scale_cl.data.corpus import Corpus, build_corpus, check_corpus
 from scale_cl.eval.perplexity import final_hidden_original, mean_cosine_similarity, perplexity
 from scale_cl.models import BaseModelRef, load_base, save_trained
+from scale_cl.run_folder import claim_output_folder, write_json
 from scale_cl.train.callbacks import PeriodicEval
 from scale_cl.train.checkpointing import CheckpointingTrainer, complete_checkpoints
 
@@ -60,29 +61,6 @@ def process_state() -> PartialState:
     as 1 until the first ``TrainingArguments`` re-initialised the state.
     """
     return PartialState(cpu=not torch.cuda.is_available())
-
-
-def _write_json(path: Path, data: Any) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2))
-    os.replace(tmp, path)
-
-
-def check_output_folder(cfg: CptConfig, out: Path) -> None:
-    """Refuse an output folder that holds another run (the method list may differ); else record the config."""
-    path = out / CONFIG_FILE
-    mine = {k: v for k, v in cfg.to_dict().items() if k != "methods"}
-    if path.is_file():
-        theirs = {k: v for k, v in json.loads(path.read_text()).items() if k != "methods"}
-        if theirs != mine:
-            diffs = sorted(k for k in set(theirs) | set(mine) if theirs.get(k) != mine.get(k))
-            raise ValueError(
-                f"{out} holds a run with other settings (differs in: {', '.join(diffs)}); choose another --out, "
-                "or delete that folder to start over"
-            )
-    elif process_state().is_main_process:
-        out.mkdir(parents=True, exist_ok=True)
-        _write_json(path, cfg.to_dict())
 
 
 def validate(cfg: CptConfig, base_config: Any) -> None:
@@ -247,7 +225,7 @@ def run_method(
     if state.is_main_process:
         save_trained(trainer.model, tokenizer, method, ref, method_dir / "model")
         summary["curve"] = tracker.records
-        _write_json(result_path, summary)
+        write_json(result_path, summary)
         shutil.rmtree(run_dir, ignore_errors=True)  # resuming is no longer needed; the model is saved
     state.wait_for_everyone()
     del trainer, model, base
@@ -282,7 +260,7 @@ def run_cpt(cfg: CptConfig, out: Path) -> dict[str, Any]:
     validate(cfg, base_config)
     base, tokenizer = load_base(ref)
     corpus = load_run_corpus(cfg, tokenizer)
-    check_output_folder(cfg, out)
+    claim_output_folder(out, CONFIG_FILE, cfg.to_dict(), write=process_state().is_main_process)
     reference = reference_hidden(cfg, base, corpus, out)
     del base
     for method in cfg.methods:

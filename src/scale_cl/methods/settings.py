@@ -14,6 +14,15 @@ from scale_cl.config import ScaleConfig
 MATCH = "match"
 
 
+def check_methods(methods: list[str]) -> None:
+    """Raise a ValueError unless ``methods`` is a non-empty list of known method names."""
+    from scale_cl.methods import METHOD_NAMES
+
+    unknown = [m for m in methods if m not in METHOD_NAMES]
+    if unknown or not methods:
+        raise ValueError(f"unknown methods {unknown}; valid methods: {', '.join(METHOD_NAMES)}")
+
+
 @dataclass
 class MethodSettings:
     """How each continual-learning method is set up (its options of `scale_cl.prepare`)."""

@@ -1,0 +1,45 @@
+"""An experiment's output folder: atomic JSON writes, and one folder per configuration."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+
+def write_json(path: Path, data: Any) -> None:
+    """Write ``data`` as JSON under a temporary name, then rename: readers never see half a file."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=2))
+    os.replace(tmp, path)
+
+
+def _diff(a: dict, b: dict, prefix: str = "") -> list[str]:
+    found = []
+    for key in set(a) | set(b):
+        if isinstance(a.get(key), dict) and isinstance(b.get(key), dict):
+            found += _diff(a[key], b[key], f"{prefix}{key}.")
+        elif a.get(key) != b.get(key):
+            found.append(f"{prefix}{key}")
+    return found
+
+
+def claim_output_folder(out: Path, config_file: str, settings: dict[str, Any], write: bool = True) -> None:
+    """Refuse ``out`` when it holds results of other ``settings`` (the method list may differ); else record them.
+
+    ``write=False`` only checks (a process other than the main one under ``torchrun``).
+    """
+    path = out / config_file
+    mine = {k: v for k, v in settings.items() if k != "methods"}
+    if path.is_file():
+        theirs = {k: v for k, v in json.loads(path.read_text()).items() if k != "methods"}
+        if theirs != mine:
+            diffs = sorted(_diff(theirs, mine))
+            raise ValueError(
+                f"{out} holds results of another configuration (differs in: {', '.join(diffs[:8])}); "
+                "choose another --out or delete that folder"
+            )
+    elif write:
+        out.mkdir(parents=True, exist_ok=True)
+        write_json(path, settings)
