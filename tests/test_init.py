@@ -28,6 +28,32 @@ def test_svd_w21_rows_are_top_singular_directions_scaled():
     torch.testing.assert_close(w22, expected22, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("shape", [(300, 120), (120, 300)])  # W^T W and W W^T
+def test_gram_path_matches_the_full_svd_on_many_directions(shape):
+    w = _decaying(*shape)
+    k = 60  # far above the randomised path's share: the Gram eigendecomposition
+    s_gram, vh_gram = top_singular(w, k)
+    _, s, vh = torch.linalg.svd(w.double(), full_matrices=False)
+    # float32 Gram: s_i is exact to ~eps * s_1^2 / s_i, so the strong directions are as exact as the SVD's
+    # and the weak ones (s_i down to 1e-5 s_1 here) are only right to ~sqrt(eps) * s_1 in absolute terms.
+    strong = s[:k] > 0.1 * s[0]
+    torch.testing.assert_close(s_gram.double()[strong], s[:k][strong], rtol=1e-5, atol=0)
+    torch.testing.assert_close(s_gram.double(), s[:k], rtol=0, atol=1e-3 * s[0].item())
+    assert (vh_gram.double()[strong] * vh[:k][strong]).sum(-1).abs().min() > 0.9999
+    # W21's rows s_i v_i, up to sign.
+    rows, expected = s_gram[:, None].double() * vh_gram.double(), s[:k, None] * vh[:k]
+    signs = torch.sign((rows * expected).sum(-1, keepdim=True))
+    torch.testing.assert_close(rows * signs, expected, rtol=0, atol=1e-3 * s[0].item())
+
+
+def test_gram_path_keeps_rank_deficient_rows_small():
+    g = torch.Generator().manual_seed(1)
+    w = torch.randn(16, 3, generator=g) @ torch.randn(3, 40, generator=g)  # rank 3, wide
+    w21, _ = expansion_blocks(w, out_up=12, in_up=4, w21_init="svd", w22_init="zero")
+    assert w21[:3].norm(dim=-1).min() > 1.0
+    assert w21[3:].abs().max() < 1e-3 * w21[0].norm()
+
+
 def test_svd_rows_beyond_the_rank_are_zero():
     w = _decaying(4, 8)  # at most 4 directions
     w21, w22 = expansion_blocks(w, out_up=7, in_up=7, w21_init="svd", w22_init="svd")

@@ -12,8 +12,13 @@ weight ``W = U S V^T`` (singular values descending):
   top singular values as ``W``, in the standard basis.
 
 `random` is He/Kaiming uniform with the block's own fan-in (``torch.nn.Linear``'s default), and
-`zero` is zeros. The SVD is randomised (``torch.svd_lowrank``) when few directions are needed
-from a large matrix, which is much cheaper than a full SVD; all randomness comes from the global
+`zero` is zeros. No full SVD is computed: when few directions are needed from a large matrix the
+SVD is randomised (``torch.svd_lowrank``); otherwise the singular pairs come from the symmetric
+eigendecomposition of the smaller Gram matrix (``W^T W`` or ``W W^T``), which takes about a third
+of a full SVD's time on CPU (Llama-3.2-1B's 8192 x 2048 FFN weights: 0.6 s instead of 2.2 s
+each). In float32 the Gram matrix squares the condition number, so a singular value ``s_i`` is
+exact to about ``eps * s_1^2 / s_i``: the strong directions, which carry the initialisation, are
+as exact as the SVD's, the weakest ones only approximate. All randomness comes from the global
 RNG, which `upscale` seeds inside ``torch.random.fork_rng``.
 """
 
@@ -42,8 +47,21 @@ def top_singular(weight: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tens
     if k + _LOWRANK_OVERSAMPLE <= _LOWRANK_SHARE * min(w.shape):
         _, s, v = torch.svd_lowrank(w, q=k + _LOWRANK_OVERSAMPLE, niter=_LOWRANK_ITERS)
         return s[:k], v[:, :k].T
-    _, s, vh = torch.linalg.svd(w, full_matrices=False)
-    return s[:k], vh[:k]
+    return _top_singular_by_gram(w, k)
+
+
+def _top_singular_by_gram(w: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-k singular pairs from ``eigh`` of the smaller Gram matrix (eigenvalues ascending -> flipped)."""
+    out, inp = w.shape
+    if inp <= out:  # W^T W = V S^2 V^T
+        eigenvalues, vectors = torch.linalg.eigh(w.T @ w)
+        s = eigenvalues.flip(0)[:k].clamp_min(0).sqrt()
+        return s, vectors.flip(1)[:, :k].T.contiguous()
+    # W W^T = U S^2 U^T, and the rows of U_k^T W are s_i v_i^T: read them off W itself.
+    eigenvalues, vectors = torch.linalg.eigh(w @ w.T)
+    s = eigenvalues.flip(0)[:k].clamp_min(0).sqrt()
+    scaled_rows = vectors.flip(1)[:, :k].T @ w
+    return s, scaled_rows / s.clamp_min(torch.finfo(w.dtype).tiny)[:, None]
 
 
 def _kaiming(rows: int, cols: int, device: torch.device) -> torch.Tensor:
