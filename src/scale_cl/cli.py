@@ -138,6 +138,10 @@ def build_parser() -> argparse.ArgumentParser:
     from scale_cl.bench import add_bench_parser
 
     add_bench_parser(commands)
+
+    from scale_cl.sweep.cli import add_sweep_parser
+
+    add_sweep_parser(commands)
     return parser
 
 

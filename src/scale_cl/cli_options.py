@@ -7,7 +7,7 @@ command line override only what they name, in that order.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import fields, is_dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -53,10 +53,13 @@ def add_dataclass_options(
 
 def nested_overrides(args: argparse.Namespace, skip: tuple[str, ...] = ()) -> dict[str, Any]:
     """``{"a.b": 1}``-style parsed options as ``{"a": {"b": 1}}``."""
+    return nest((k, v) for k, v in vars(args).items() if k not in skip and not k.startswith("_"))
+
+
+def nest(dotted_values: Iterable[tuple[str, Any]]) -> dict[str, Any]:
+    """``[("a.b", 1)]`` as ``{"a": {"b": 1}}``."""
     nested: dict[str, Any] = {}
-    for dotted, value in vars(args).items():
-        if dotted in skip or dotted.startswith("_"):
-            continue
+    for dotted, value in dotted_values:
         *sections, leaf = dotted.split(".")
         node = nested
         for section in sections:
@@ -92,9 +95,14 @@ def apply_overrides(config: Any, overrides: dict[str, Any], where: str = "") -> 
     return replace(config, **changes)
 
 
-def resolve_settings(args: argparse.Namespace, preset: Callable[[str], Any], default_preset: str) -> Any:
-    """An experiment's settings: the preset, then the YAML file (``--config``), then the command-line options."""
-    options = nested_overrides(args, skip=("command", "func", "config", "out"))
+def resolve_settings(
+    args: argparse.Namespace, preset: Callable[[str], Any], default_preset: str, skip: tuple[str, ...] = ()
+) -> Any:
+    """An experiment's settings: the preset, then the YAML file (``--config``), then the command-line options.
+
+    ``skip``: options of the command that are not experiment settings.
+    """
+    options = nested_overrides(args, skip=("command", "func", "config", "out", *skip))
     from_yaml = read_yaml(args.config) if args.config else {}
     config = preset(options.get("preset") or from_yaml.get("preset") or default_preset)
     return apply_overrides(apply_overrides(config, from_yaml), options)

@@ -182,8 +182,19 @@ def stage_models(cfg: BioConfig, data: BioData, seed: int, out: Path) -> tuple[P
     return dir1, dir2
 
 
-def run_method(cfg: BioConfig, data: BioData, task0_dir: Path, method: str, seed: int, out: Path) -> dict:
-    """Stage 3 for one method: returns (and caches) its curve, parameter count and wall time."""
+def run_method(
+    cfg: BioConfig,
+    data: BioData,
+    task0_dir: Path,
+    method: str,
+    seed: int,
+    out: Path,
+    initial: dict[str, Any] | None = None,
+) -> dict:
+    """Stage 3 for one method: returns (and caches) its curve, parameter count and wall time.
+
+    ``initial``: the Task-0 model's `evaluate_tasks`, used as the step-0 record (a sweep measures it once).
+    """
     from scale_cl.methods import prepare, trainable_parameter_count
 
     result_path = out / f"seed-{seed}" / f"{method}.json"
@@ -197,7 +208,7 @@ def run_method(cfg: BioConfig, data: BioData, task0_dir: Path, method: str, seed
     log = result_path.with_suffix(".jsonl")
     log.unlink(missing_ok=True)
     print(f"[bio] stage 3 (seed {seed}): {method}, lr {lr:g}, {trainable_parameter_count(model):,} trainable")
-    tracker = PeriodicEval(lambda m: evaluate_tasks(m, data), every=cfg.task1.eval_every, path=log)
+    tracker = PeriodicEval(lambda m: evaluate_tasks(m, data), every=cfg.task1.eval_every, path=log, initial=initial)
     start = time.perf_counter()
     collator = PadCollator(data.tokenizer.pad_token_id)
     run_stage(model, data.task1_train, collator, stage, out / "trainer", seed, [tracker])
@@ -245,4 +256,4 @@ def run_bio(cfg: BioConfig, out: Path) -> dict[str, Any]:
     return results
 
 
-__all__ = ["BioData", "build_data", "run_bio"]
+__all__ = ["BioData", "build_data", "evaluate_tasks", "run_bio", "run_method", "stage_models"]

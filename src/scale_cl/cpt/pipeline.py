@@ -86,10 +86,16 @@ def total_steps(cfg: CptConfig, corpus: Corpus) -> int:
     return math.ceil(cfg.train.epochs * len(corpus.train) / cfg.train.batch_size)
 
 
+def use_bf16(cfg: CptConfig) -> bool:
+    """Whether training (and evaluation) runs in bf16: asked for, or ``auto`` on a GPU that has it."""
+    precision, cuda = cfg.train.precision, torch.cuda.is_available()
+    return precision == "bf16" or (precision == "auto" and cuda and torch.cuda.is_bf16_supported())
+
+
 def training_arguments(cfg: CptConfig, method: str, run_dir: Path, steps: int) -> TrainingArguments:
     t = cfg.train
     cuda = torch.cuda.is_available()
-    bf16 = t.precision == "bf16" or (t.precision == "auto" and cuda and torch.cuda.is_bf16_supported())
+    bf16 = use_bf16(cfg)
     world = process_state().num_processes
     kwargs: dict[str, Any] = {}
     if t.schedule == "cosine_with_min_lr":
@@ -176,8 +182,15 @@ def run_method(
     reference: torch.Tensor,
     method: str,
     out: Path,
+    initial: dict[str, Any] | None = None,
+    save_model: bool = True,
 ) -> dict[str, Any]:
-    """Train one method (resuming from its last checkpoint), save its model and summary; returns the summary."""
+    """Train one method (resuming from its last checkpoint), save its model and summary; returns the summary.
+
+    ``initial``: the base model's `evaluate_method` record, used as step 0 (a sweep measures it once;
+    SCALE-Route's routing share is then not measured at step 0). ``save_model=False`` keeps only the
+    metrics (a sweep's many runs would otherwise each store a model).
+    """
     from scale_cl.methods import prepare, trainable_parameter_count
 
     method_dir = out / method
@@ -199,6 +212,7 @@ def run_method(
         path=method_dir / "metrics.jsonl",
         tokens_per_step=tokens_per_step,
         tensorboard_dir=method_dir / "tensorboard",
+        initial=None if initial is None else {**initial, "trainable": trainable_parameter_count(model)},
     )
     run_info = {"method": method, "lr": lr, "base": asdict(ref), "steps": steps, "seed": cfg.seed}
     trainer = CheckpointingTrainer(
@@ -223,7 +237,8 @@ def run_method(
     seconds = time.perf_counter() - start
     summary = {"method": method, "lr": lr, "trainable": trainable, "steps": steps, "seconds": seconds}
     if state.is_main_process:
-        save_trained(trainer.model, tokenizer, method, ref, method_dir / "model")
+        if save_model:
+            save_trained(trainer.model, tokenizer, method, ref, method_dir / "model")
         summary["curve"] = tracker.records
         write_json(result_path, summary)
         shutil.rmtree(run_dir, ignore_errors=True)  # resuming is no longer needed; the model is saved
@@ -243,21 +258,26 @@ def load_run_corpus(cfg: CptConfig, tokenizer: PreTrainedTokenizerBase) -> Corpu
     return corpus
 
 
+def base_model_config(cfg: CptConfig) -> Any:
+    """The base model's configuration (cheap: no weights), or a FileNotFoundError that names the model."""
+    check_corpus(cfg.data)  # cheap input checks first: no model is loaded for a typo in a path
+    ref = BaseModelRef.parse(cfg.model)
+    kwargs = {"gguf_file": ref.gguf_file} if ref.gguf_file else {}
+    try:
+        return AutoConfig.from_pretrained(ref.name_or_path, **kwargs)
+    except OSError as err:
+        raise FileNotFoundError(
+            f"cannot load the configuration of model {cfg.model!r}: {str(err).splitlines()[0]}"
+        ) from err
+
+
 def run_cpt(cfg: CptConfig, out: Path) -> dict[str, Any]:
     """Run (or resume) every method of ``cfg`` into ``out``; returns the collected results."""
     from scale_cl.cpt.report import collect, write_report
 
     out = Path(out)
-    check_corpus(cfg.data)  # cheap input checks first: no model is loaded for a typo in a path
+    validate(cfg, base_model_config(cfg))
     ref = BaseModelRef.parse(cfg.model)
-    kwargs = {"gguf_file": ref.gguf_file} if ref.gguf_file else {}
-    try:
-        base_config = AutoConfig.from_pretrained(ref.name_or_path, **kwargs)
-    except OSError as err:
-        raise FileNotFoundError(
-            f"cannot load the configuration of model {cfg.model!r}: {str(err).splitlines()[0]}"
-        ) from err
-    validate(cfg, base_config)
     base, tokenizer = load_base(ref)
     corpus = load_run_corpus(cfg, tokenizer)
     claim_output_folder(out, CONFIG_FILE, cfg.to_dict(), write=process_state().is_main_process)

@@ -32,6 +32,10 @@ class MethodSettings:
     preserve_layers: int = field(
         default=-1, metadata={"help": "SCALE: L_fp (W12 frozen below it); -1 = all but the last layer"}
     )
+    collab_modules: str = field(
+        default="attn+ffn",
+        metadata={"help": "SCALE-Adapt/Route: where W12 trains in collaborative layers: attn, ffn or attn+ffn"},
+    )
     route_tau: float = field(default=0.5, metadata={"help": "SCALE-Route: cosine threshold of Eq. 5"})
     w21_init: str = field(default="svd", metadata={"help": "SCALE: W21 initialiser (zero, random, svd)"})
     w22_init: str = field(default="zero", metadata={"help": "SCALE: W22 initialiser (zero, random, svd)"})
@@ -58,6 +62,7 @@ class MethodSettings:
                 f"options.preserve_layers={self.preserve_layers} and options.freeze_layers={self.freeze_layers} "
                 f"must be below the model's {layers} layers"
             )
+        self.scale_config(layers)  # collab_modules, inits and route_tau are checked by ScaleConfig
         for name in ("lora_rank", "llama_pro_blocks"):
             value = getattr(self, name)
             if value != MATCH and not (str(value).isdigit() and int(value) > 0):
@@ -70,6 +75,7 @@ class MethodSettings:
             ffn_up=self.ffn_up,
             method=method,
             preserve_layers=preserve,
+            collab_modules=tuple(self.collab_modules.split("+")),
             route_tau=self.route_tau,
             w21_init=self.w21_init,
             w22_init=self.w22_init,

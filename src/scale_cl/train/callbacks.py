@@ -33,6 +33,10 @@ class PeriodicEval(TrainerCallback):
 
     Resuming: records after the step a run resumes from are dropped from the JSONL file (they
     were made after the checkpoint and are made again). Only the main process evaluates.
+
+    ``initial`` is used as the step-0 record instead of evaluating: every method starts from the
+    base model's function (Theorem 3.1, LoRA's B = 0, LLaMA Pro's zero blocks), so a sweep measures
+    step 0 once and hands it to every run.
     """
 
     def __init__(
@@ -42,12 +46,14 @@ class PeriodicEval(TrainerCallback):
         path: Path | None = None,
         tokens_per_step: int | None = None,
         tensorboard_dir: Path | None = None,
+        initial: dict[str, Any] | None = None,
     ) -> None:
         if every <= 0:
             raise ValueError(f"evaluation interval must be positive, got {every}")
         self.evaluate, self.every, self.path = evaluate, every, path
         self.tokens_per_step = tokens_per_step
         self.tensorboard_dir = tensorboard_dir
+        self.initial = initial
         self.records: list[dict] = []
         self._writer: Any = None
         self._train_seconds, self._steps, self._mark = 0.0, 0, 0.0
@@ -65,7 +71,7 @@ class PeriodicEval(TrainerCallback):
         record: dict[str, Any] = {"step": step}
         if self.tokens_per_step and self._steps:
             record["train_tokens_per_s"] = self._steps * self.tokens_per_step / self._train_seconds
-        record.update(self.evaluate(model))
+        record.update(self.initial if step == 0 and self.initial is not None else self.evaluate(model))
         self.records.append(record)
         if self.path is not None:
             with open(self.path, "a") as handle:

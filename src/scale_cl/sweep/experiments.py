@@ -1,0 +1,174 @@
+"""The two experiments a sweep runs, behind one small interface: set up once, run one point, read its metrics.
+
+Everything that does not depend on a point's learning rate or ablation setting is done once in
+`prepare`: bio's data, tokenizer and stage-1/2 models (cached under ``<out>/cache``), cpt's
+corpus, base model reference hidden states; and the step-0 evaluation, which is the base model's
+for every method (each starts from the base model's function) and is handed to every run.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from scale_cl.sweep.landscape import Metric
+
+CONFIG_FILE = "sweep_config.json"
+BASE_FILE = "base_metrics.json"
+
+
+@dataclass(frozen=True)
+class PanelSpec:
+    """One forgetting view of the landscape: its key in a point's metrics, its title and its metric."""
+
+    key: str
+    title: str
+    metric: Metric
+
+
+def with_rate(cfg: Any, section: str, method: str, lr: float) -> Any:
+    """``cfg`` with ``method``'s learning rate in ``cfg.<section>`` set to ``lr``."""
+    return replace(cfg, **{section: replace(getattr(cfg, section), **{f"{method}_lr": lr})})
+
+
+class BioExperiment:
+    """The biography benchmark: learning = Task-1 accuracy; forgetting = Task-0 accuracy at the end and its minimum."""
+
+    name = "bio"
+    rates_section = "task1"
+    learning = Metric("Task-1 accuracy", higher_is_better=True)
+    panels = (
+        PanelSpec("task0_end", "Task 0 at the end", Metric("Task-0 accuracy (end)", higher_is_better=True)),
+        PanelSpec("task0_min", "Task 0, minimum along the run", Metric("Task-0 accuracy (min)", higher_is_better=True)),
+    )
+
+    def __init__(self, cfg: Any) -> None:
+        self.cfg = cfg
+        self._data: Any = None
+        self._task0_dirs: dict[int, Path] = {}
+        self._initial: dict[int, dict[str, Any]] = {}
+
+    def validate(self, cfg: Any) -> None:
+        from scale_cl.bio.pipeline import validate
+
+        validate(cfg)
+
+    def prepare(self, out: Path) -> dict[str, float]:
+        """Data and stage-1/2 models (cached), and the Task-0 model's accuracies; returns the base metrics."""
+        from transformers import GPTNeoXForCausalLM
+
+        from scale_cl.bio.pipeline import build_data, evaluate_tasks, stage_models
+
+        self._data = build_data(self.cfg, out)
+        base = out / BASE_FILE
+        stored = json.loads(base.read_text()) if base.is_file() else {}
+        for seed in self.cfg.seeds:
+            _, self._task0_dirs[seed] = stage_models(self.cfg, self._data, seed, out)
+            if str(seed) not in stored:
+                print(f"[sweep] step 0 (seed {seed}): evaluating the Task-0 model once for every run")
+                model = GPTNeoXForCausalLM.from_pretrained(self._task0_dirs[seed])
+                stored[str(seed)] = evaluate_tasks(model, self._data)
+            self._initial[seed] = stored[str(seed)]
+        from scale_cl.run_folder import write_json
+
+        write_json(base, stored)
+        return self._summary([[{"step": 0, **stored[str(s)]}] for s in self.cfg.seeds])
+
+    @staticmethod
+    def _summary(curves: list[list[dict]]) -> dict[str, float]:
+        """Learning and forgetting metrics of one point: means over the seeds' curves."""
+        return {
+            "learning": statistics.fmean(c[-1]["task1"]["overall"] for c in curves),
+            "task0_end": statistics.fmean(c[-1]["task0"]["overall"] for c in curves),
+            "task0_min": statistics.fmean(min(r["task0"]["overall"] for r in c) for c in curves),
+        }
+
+    def run(self, cfg: Any, method: str, point_dir: Path) -> dict[str, float]:
+        from scale_cl.bio.pipeline import run_method
+
+        curves = [
+            run_method(cfg, self._data, self._task0_dirs[seed], method, seed, point_dir, self._initial[seed])["curve"]
+            for seed in cfg.seeds
+        ]
+        return self._summary(curves)
+
+
+class CptExperiment:
+    """Continual pre-training: learning = new-domain perplexity; forgetting = perplexity of each old-domain set."""
+
+    name = "cpt"
+    rates_section = "train"
+    learning = Metric("new-domain perplexity", higher_is_better=False, log_scale=True)
+
+    def __init__(self, cfg: Any, save_models: bool = False) -> None:
+        self.cfg = cfg
+        self.save_models = save_models
+        self.panels = tuple(
+            PanelSpec(f"old/{name}", f"old domain: {name}", Metric(f"{name} perplexity", False, log_scale=True))
+            for name in self._old_names(cfg)
+        )
+        self._base_config: Any = None
+        self._state: dict[str, Any] = {}
+
+    @staticmethod
+    def _old_names(cfg: Any) -> list[str]:
+        from scale_cl.data.corpus import eval_sets
+
+        return list(eval_sets(cfg.data.old_eval))
+
+    def validate(self, cfg: Any) -> None:
+        from scale_cl.cpt.pipeline import base_model_config, validate
+
+        if self._base_config is None:
+            self._base_config = base_model_config(cfg)
+        validate(cfg, self._base_config)
+        if cfg.data.heldout_fraction <= 0 or not cfg.data.old_eval:
+            raise ValueError(
+                "a cpt sweep needs both a learning and a forgetting measurement: set data.heldout_fraction > 0 "
+                "and data.old_eval NAME=SOURCE"
+            )
+
+    def prepare(self, out: Path) -> dict[str, float]:
+        """Corpus, reference hidden states and the base model's evaluation (once); returns the base metrics."""
+        from scale_cl.cpt.pipeline import (
+            evaluate_method,
+            load_run_corpus,
+            process_state,
+            reference_hidden,
+            use_bf16,
+        )
+        from scale_cl.models import BaseModelRef, load_base
+        from scale_cl.run_folder import write_json
+
+        ref = BaseModelRef.parse(self.cfg.model)
+        base, tokenizer = load_base(ref)
+        corpus = load_run_corpus(self.cfg, tokenizer)
+        reference = reference_hidden(self.cfg, base, corpus, out)
+        path = out / BASE_FILE
+        if path.is_file():
+            initial = json.loads(path.read_text())
+        else:
+            print("[sweep] step 0: evaluating the base model once for every run")
+            evaluate = evaluate_method(self.cfg, corpus, reference, base.config.hidden_size, use_bf16(self.cfg))
+            initial = evaluate(base)
+            if process_state().is_main_process:
+                write_json(path, initial)
+        del base
+        self._state = {"ref": ref, "corpus": corpus, "reference": reference, "initial": initial}
+        return self._summary(initial)
+
+    @staticmethod
+    def _summary(record: dict[str, Any]) -> dict[str, float]:
+        return {"learning": record["learning_ppl"], **{f"old/{k}": v for k, v in record["forgetting_ppl"].items()}}
+
+    def run(self, cfg: Any, method: str, point_dir: Path) -> dict[str, float]:
+        from scale_cl.cpt.pipeline import run_method
+
+        s = self._state
+        result = run_method(
+            cfg, s["ref"], s["corpus"], s["reference"], method, point_dir, s["initial"], save_model=self.save_models
+        )
+        return self._summary(result["curve"][-1])

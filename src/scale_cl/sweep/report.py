@@ -1,0 +1,184 @@
+"""A sweep's outputs: the landscape figure, the matched-learning and single-rate tables, the ablation figures."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+from scale_cl.sweep.landscape import (
+    Panel,
+    Point,
+    default_target,
+    format_value,
+    matched_forgetting,
+    matched_markdown,
+    matched_table,
+    plot_ablation,
+    plot_landscape,
+    single_rate_markdown,
+)
+from scale_cl.sweep.runner import SweepResult, SweepSettings, current_value, typed_value
+
+
+def _points(records: list[dict], key: str) -> list[Point]:
+    return [Point(r["method"], r["lr"], r["metrics"]["learning"], r["metrics"][key], r["label"]) for r in records]
+
+
+def _plain(records: list[dict]) -> list[dict]:
+    return [r for r in records if not r["overrides"]]
+
+
+def target_level(experiment: Any, settings: SweepSettings, result: SweepResult) -> tuple[float, str]:
+    """``settings.target``, or the learning the reference method reaches at its preset rate; and where it came from."""
+    if settings.target is not None:
+        return settings.target, f"given (--target {settings.target:g})"
+    plain = _points(_plain(result.points), experiment.panels[0].key)
+    by_method = {m: [p for p in plain if p.method == m] for m in {p.method for p in plain}}
+    lr = getattr(experiment.cfg, experiment.rates_section).lr_of(settings.reference)
+    target = default_target(by_method, settings.reference, lr, experiment.learning)
+    used = next(p.lr for p in by_method[settings.reference] if p.learning == target)
+    if math.isclose(used, lr, rel_tol=1e-9):
+        return target, f"{settings.reference} at its preset rate {lr:g}"
+    return target, f"{settings.reference} at lr {used:g}, the swept rate nearest its preset {lr:g}"
+
+
+def panels(experiment: Any, result: SweepResult, target: float) -> list[Panel]:
+    """One landscape panel per forgetting view, from the plain sweep's runs (ablation runs have their own figures)."""
+    plain = _plain(result.points)
+    return [
+        Panel(
+            spec.title,
+            experiment.learning,
+            spec.metric,
+            tuple(_points(plain, spec.key)),
+            (result.base["learning"], result.base[spec.key]),
+            target,
+        )
+        for spec in experiment.panels
+    ]
+
+
+def ablation(experiment: Any, settings: SweepSettings, result: SweepResult, target: float) -> list[dict[str, Any]]:
+    """Per axis, per forgetting view and method: learning and forgetting at the preset rate and at matched learning."""
+    tables = []
+    for axis in settings.axes:
+        base_value = current_value(experiment.cfg, axis.setting)
+        values = [typed_value(experiment.cfg, axis.setting, text) for text in axis.values]
+        for spec in experiment.panels:
+            cells: dict[str, dict[str, tuple[float, float, float | None]]] = {}
+            for method in axis.methods(experiment.cfg.methods):
+                for value in values:
+                    wanted = {} if value == base_value else {axis.setting: value}
+                    records = [r for r in result.points if r["method"] == method and r["overrides"] == wanted]
+                    if not records:
+                        continue
+                    points = _points(records, spec.key)
+                    preset = min(records, key=lambda r: abs(math.log(r["scale"])))
+                    matched = matched_forgetting(points, target, experiment.learning, spec.metric)
+                    cells.setdefault(method, {})[str(value)] = (
+                        preset["metrics"]["learning"],
+                        preset["metrics"][spec.key],
+                        matched.forgetting,
+                    )
+            tables.append(
+                {
+                    "axis": axis.setting,
+                    "panel": spec.key,
+                    "values": [str(v) for v in values],
+                    "scale": min(settings.lr_scales, key=lambda x: abs(math.log(x))),
+                    "cells": cells,
+                }
+            )
+    return tables
+
+
+def _slug(text: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_" else "-" for c in text).strip("-")
+
+
+def _ablation_markdown(table: dict[str, Any], experiment: Any, spec: Any) -> str:
+    learning, forgetting = experiment.learning.name, spec.metric.name
+    lines = [
+        f"### Ablation: {table['axis']} ({spec.title})",
+        "",
+        f"Each cell: {learning} / {forgetting} at the swept rate nearest the method's preset "
+        f"(x{table['scale']:g}); {forgetting} at matched learning.",
+        "",
+        "| method | " + " | ".join(table["values"]) + " |",
+        "|---|" + "---|" * len(table["values"]),
+    ]
+    for method, cells in table["cells"].items():
+        row = []
+        for value in table["values"]:
+            if value not in cells:
+                row.append("—")
+                continue
+            learn, forget, matched = cells[value]
+            at_target = "not reached" if matched is None else format_value(forgetting, matched)
+            row.append(f"{format_value(learning, learn)} / {format_value(forgetting, forget)}; {at_target}")
+        lines.append(f"| {method} | " + " | ".join(row) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def write_report(experiment: Any, settings: SweepSettings, result: SweepResult, out: Path) -> dict[str, Any]:
+    """results.md, results.json, landscape.png and one ablation figure per axis and forgetting view."""
+    from scale_cl.bio.report import machine
+
+    target, reference = target_level(experiment, settings, result)
+    views = panels(experiment, result, target)
+    methods = list(experiment.cfg.methods)
+    rows = matched_table(views, methods)
+    section = getattr(experiment.cfg, experiment.rates_section)
+    presets = {m: section.lr_of(m) for m in methods}
+    ablations = ablation(experiment, settings, result, target)
+    plot_landscape(views, out / "landscape.png", f"{experiment.name}: stability-plasticity landscape")
+    specs = {spec.key: spec for spec in experiment.panels}
+    figures = ["landscape.png"]
+    for table in ablations:
+        name = f"ablation-{_slug(table['axis'].rsplit('.', 1)[-1])}-{_slug(table['panel'])}.png"
+        spec = specs[table["panel"]]
+        plot_ablation(table["axis"], table["values"], table["cells"], experiment.learning, spec.metric, out / name)
+        figures.append(name)
+    info = machine()
+    text = [
+        f"# Sweep: {experiment.name} ({experiment.cfg.preset} preset)",
+        "",
+        f"Command: `scale-cl {' '.join(sys.argv[1:])}`" if sys.argv[1:] else "",
+        f"Machine: {info['device']}, torch {info['torch']}, {info['date']}. "
+        f"Learning-rate scales: {', '.join(f'x{s:g}' for s in settings.lr_scales)} of each method's preset rate.",
+        "",
+        f"## Matched learning: {experiment.learning.name} = {format_value(experiment.learning.name, target)}",
+        "",
+        f"Target: {reference}. Base model: {experiment.learning.name} "
+        f"{format_value(experiment.learning.name, result.base['learning'])}.",
+        "",
+        matched_markdown(rows),
+        "## At each method's preset rate (paper-style)",
+        "",
+        single_rate_markdown(views, presets),
+        *(_ablation_markdown(t, experiment, specs[t["panel"]]) for t in ablations),
+        "Figures: " + ", ".join(figures),
+        "",
+    ]
+    report = {
+        "experiment": experiment.name,
+        "config": experiment.cfg.to_dict(),
+        "sweep": {
+            "lr_scales": list(settings.lr_scales),
+            "axes": [{"setting": a.setting, "values": list(a.values)} for a in settings.axes],
+            "reference": settings.reference,
+            "target": settings.target,
+        },
+        "machine": info,
+        "target": target,
+        "base": result.base,
+        "matched": rows,
+        "ablations": ablations,
+        "points": result.points,
+    }
+    (out / "results.md").write_text("\n".join(text))
+    (out / "results.json").write_text(json.dumps(report, indent=2))
+    return report

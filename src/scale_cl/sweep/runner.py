@@ -1,0 +1,186 @@
+"""Plan and run a sweep: every method over a grid of learning rates, and the ablation axes beside it.
+
+Output folder::
+
+    sweep_config.json        the experiment's settings (a later run into this folder must use the same
+                             ones; the methods, grid and axes may change: points are keyed by their settings)
+    base_metrics.json        the step-0 evaluation, shared by every run
+    cache/                   bio: tokenizer and stage-1/2 models; cpt: nothing
+    points/<key>/            one run each (the experiment's own files) and point.json, its metrics;
+                             point.json's presence means "done", so a re-run recomputes nothing
+    results.md, results.json, landscape.png, ablation-<axis>.png
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field, fields, is_dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from scale_cl.cli_options import apply_overrides, nest
+from scale_cl.run_folder import claim_output_folder, write_json
+from scale_cl.sweep.experiments import CONFIG_FILE
+
+POINT_FILE = "point.json"
+DEFAULT_LR_SCALES = (0.25, 0.5, 1.0, 2.0, 4.0)
+SCALE_METHODS = ("scale_preserve", "scale_adapt", "scale_route")
+# Ablation settings that only mean something to some methods (anything else applies to every method).
+AXIS_METHODS = {
+    "options.hidden_up": SCALE_METHODS,
+    "options.ffn_up": SCALE_METHODS,
+    "options.w21_init": SCALE_METHODS,
+    "options.w22_init": SCALE_METHODS,
+    "options.preserve_layers": ("scale_adapt", "scale_route"),
+    "options.collab_modules": ("scale_adapt", "scale_route"),
+    "options.route_tau": ("scale_route",),
+}
+
+
+@dataclass(frozen=True)
+class Axis:
+    """An ablation: one setting (dotted, e.g. ``options.preserve_layers``) and the values it takes."""
+
+    setting: str
+    values: tuple[str, ...]
+
+    def methods(self, methods: list[str]) -> list[str]:
+        allowed = AXIS_METHODS.get(self.setting)
+        return [m for m in methods if allowed is None or m in allowed]
+
+
+@dataclass
+class SweepSettings:
+    """What a sweep varies: learning-rate multipliers of each method's preset rate, and ablation axes."""
+
+    lr_scales: tuple[float, ...] = DEFAULT_LR_SCALES
+    axes: tuple[Axis, ...] = ()
+    reference: str = "fft"  # the method whose learning at its preset rate is the default target
+    target: float | None = None  # the learning level methods are compared at (default: the reference's)
+
+    def validate(self, methods: list[str]) -> None:
+        if not self.lr_scales or any(not (s > 0 and math.isfinite(s)) for s in self.lr_scales):
+            raise ValueError(f"learning-rate scales must be positive numbers, got {list(self.lr_scales)}")
+        if len(set(self.lr_scales)) != len(self.lr_scales):
+            raise ValueError(f"learning-rate scales repeat: {list(self.lr_scales)}")
+        if self.target is None and self.reference not in methods:
+            raise ValueError(
+                f"the reference method {self.reference!r} is not swept: add it to --methods, name another "
+                "--reference, or give the learning level with --target"
+            )
+        for axis in self.axes:
+            if not axis.values:
+                raise ValueError(f"axis {axis.setting} has no values")
+            if not axis.methods(methods):
+                raise ValueError(
+                    f"axis {axis.setting} applies to {', '.join(AXIS_METHODS[axis.setting])}; none is swept"
+                )
+
+
+@dataclass(frozen=True)
+class SweepPoint:
+    """One run: a method at a learning rate, with its ablation setting (only what differs from the experiment)."""
+
+    method: str
+    lr: float
+    overrides: tuple[tuple[str, Any], ...] = ()
+    label: str = ""  # "preserve_layers=4"; "" for the plain sweep
+    scale: float = 1.0  # the multiple of the method's preset rate
+
+    @property
+    def key(self) -> str:
+        parts = [self.method, *(f"{s.rsplit('.', 1)[-1]}={v}" for s, v in self.overrides), f"lr={self.lr:.4g}"]
+        return "__".join(parts)
+
+
+def current_value(cfg: Any, dotted: str) -> Any:
+    node = cfg
+    for name in dotted.split("."):
+        if not is_dataclass(node) or name not in {f.name for f in fields(node)}:
+            raise ValueError(f"unknown setting {dotted!r} for an ablation axis")
+        node = getattr(node, name)
+    return node
+
+
+def typed_value(cfg: Any, dotted: str, text: str) -> Any:
+    """``text`` converted to the type of the setting's current value."""
+    current = current_value(cfg, dotted)
+    try:
+        if isinstance(current, bool):
+            return {"true": True, "false": False}[text.lower()]
+        return type(current)(text)
+    except (KeyError, ValueError) as err:
+        raise ValueError(f"axis {dotted}: {text!r} is not a valid {type(current).__name__}") from err
+
+
+def plan(experiment: Any, settings: SweepSettings) -> list[SweepPoint]:
+    """Every point of the sweep, without duplicates (an axis value equal to the experiment's is the plain point)."""
+    cfg = experiment.cfg
+    section = getattr(cfg, experiment.rates_section)
+    points: dict[str, SweepPoint] = {}
+
+    def add(method: str, overrides: tuple[tuple[str, Any], ...], label: str) -> None:
+        for scale in settings.lr_scales:
+            point = SweepPoint(method, section.lr_of(method) * scale, overrides, label, scale)
+            points.setdefault(point.key, point)
+
+    for method in cfg.methods:
+        add(method, (), "")
+    for axis in settings.axes:
+        for text in axis.values:
+            value = typed_value(cfg, axis.setting, text)
+            differs = value != current_value(cfg, axis.setting)
+            overrides = ((axis.setting, value),) if differs else ()
+            for method in axis.methods(cfg.methods):
+                add(method, overrides, f"{axis.setting.rsplit('.', 1)[-1]}={value}")
+    return list(points.values())
+
+
+def point_config(experiment: Any, point: SweepPoint) -> Any:
+    """The experiment's settings for one point: its method alone, its rate, its ablation setting."""
+    from scale_cl.sweep.experiments import with_rate
+
+    cfg = apply_overrides(experiment.cfg, nest(point.overrides))
+    return replace(with_rate(cfg, experiment.rates_section, point.method, point.lr), methods=[point.method])
+
+
+@dataclass
+class SweepResult:
+    base: dict[str, float]
+    points: list[dict[str, Any]] = field(default_factory=list)  # {"point": ..., "metrics": {...}}
+
+
+def run_sweep(experiment: Any, settings: SweepSettings, out: Path) -> SweepResult:
+    """Run (or resume) every point of the sweep into ``out``; finished points are read, never recomputed."""
+    out = Path(out)
+    settings.validate(experiment.cfg.methods)
+    points = plan(experiment, settings)
+    configs = {p.key: point_config(experiment, p) for p in points}
+    for cfg in configs.values():  # every point's settings are checked before anything is written
+        experiment.validate(cfg)
+    settings_dict = experiment.cfg.to_dict()
+    claim_output_folder(out, CONFIG_FILE, settings_dict)
+    done = {p.key for p in points if (out / "points" / p.key / POINT_FILE).is_file()}
+    print(f"[sweep] {experiment.name}: {len(points)} runs, {len(done)} already done")
+    base = experiment.prepare(out)
+    result = SweepResult(base)
+    for index, point in enumerate(points, 1):
+        path = out / "points" / point.key / POINT_FILE
+        if path.is_file():
+            result.points.append(json.loads(path.read_text()))
+            continue
+        label = f" ({point.label})" if point.label else ""
+        print(f"[sweep] run {index}/{len(points)}: {point.method}{label}, lr {point.lr:.3g} (x{point.scale:g})")
+        metrics = experiment.run(configs[point.key], point.method, path.parent)
+        record = {
+            "method": point.method,
+            "lr": point.lr,
+            "scale": point.scale,
+            "label": point.label,
+            "overrides": dict(point.overrides),
+            "metrics": metrics,
+        }
+        write_json(path, record)
+        result.points.append(record)
+    return result

@@ -1,0 +1,203 @@
+"""`scale-cl sweep`: planning, a micro bio sweep and a tiny cpt sweep end to end, resuming, bad input."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from scale_cl.bio.config import preset
+from scale_cl.cli import main
+from scale_cl.sweep.experiments import BASE_FILE, BioExperiment, CptExperiment
+from scale_cl.sweep.report import write_report
+from scale_cl.sweep.runner import POINT_FILE, Axis, SweepSettings, plan, run_sweep
+from test_cpt import tiny_config, workspace  # noqa: F401  (the tiny Llama and corpora fixture)
+
+METHODS = ["fft", "scale_adapt"]
+
+
+def micro(methods: list[str] = METHODS):
+    cfg = preset("micro")
+    cfg.methods = list(methods)
+    return cfg
+
+
+# --- planning ---------------------------------------------------------------------------------
+
+
+def test_plan_crosses_methods_rates_and_axes_without_duplicates():
+    cfg = micro(["fft", "scale_preserve", "scale_adapt", "scale_route"])
+    settings = SweepSettings(
+        lr_scales=(0.5, 1.0),
+        axes=(Axis("options.collab_modules", ("attn", "attn+ffn")), Axis("options.route_tau", ("0.2",))),
+    )
+    points = plan(BioExperiment(cfg), settings)
+    plain = [p for p in points if not p.overrides]
+    assert len(plain) == 4 * 2
+    # collab_modules concerns adapt and route only; "attn+ffn" is the preset's value: the plain runs serve it.
+    collab = [p for p in points if p.overrides == (("options.collab_modules", "attn"),)]
+    assert sorted(p.method for p in collab) == ["scale_adapt", "scale_adapt", "scale_route", "scale_route"]
+    tau = [p for p in points if p.overrides == (("options.route_tau", 0.2),)]
+    assert [p.method for p in tau] == ["scale_route", "scale_route"]
+    assert len(points) == 8 + 4 + 2 and len({p.key for p in points}) == len(points)
+    fft = sorted(p.lr for p in plain if p.method == "fft")
+    assert fft == pytest.approx([0.5 * cfg.task1.lr_of("fft"), cfg.task1.lr_of("fft")])
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        (SweepSettings(lr_scales=(1.0,), reference="lora"), "reference method 'lora' is not swept"),
+        (SweepSettings(lr_scales=(0.0, 1.0)), "must be positive"),
+        (SweepSettings(lr_scales=(1.0, 1.0)), "repeat"),
+        (SweepSettings(axes=(Axis("options.route_tau", ("0.3",)),)), "none is swept"),
+        (SweepSettings(axes=(Axis("options.no_such_thing", ("1",)),)), "unknown setting"),
+        (SweepSettings(axes=(Axis("options.preserve_layers", ("two",)),)), "not a valid int"),
+        (SweepSettings(axes=(Axis("options.preserve_layers", ("5",)),)), "must be below the model's 2 layers"),
+    ],
+)
+def test_bad_sweeps_fail_before_anything_is_written(tmp_path, settings, message):
+    out = tmp_path / "sweep"
+    with pytest.raises(ValueError, match=message):
+        run_sweep(BioExperiment(micro()), settings, out)
+    assert not out.exists()
+
+
+def test_cli_reports_bad_input_with_exit_code_2(tmp_path, capsys):
+    out = tmp_path / "sweep"
+    code = main(["sweep", "bio", "--methods", "scale_adapt", "--lr-scales", "1", "--out", str(out)])
+    assert code == 2 and "reference method 'fft' is not swept" in capsys.readouterr().err
+    assert not out.exists()
+
+
+# --- a micro bio sweep end to end ----------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def bio_sweep(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bio-sweep")
+    experiment = BioExperiment(micro())
+    settings = SweepSettings(lr_scales=(1.0, 4.0), axes=(Axis("options.collab_modules", ("attn", "attn+ffn")),))
+    result = run_sweep(experiment, settings, out)
+    report = write_report(experiment, settings, result, out)
+    return experiment, settings, out, report
+
+
+def test_bio_sweep_writes_the_landscape_tables_and_ablation_figures(bio_sweep):
+    _, _, out, report = bio_sweep
+    for name in ("results.md", "results.json", "landscape.png", "ablation-collab_modules-task0_end.png"):
+        assert (out / name).stat().st_size > 0, name
+    assert len(report["points"]) == 2 * 2 + 2  # fft, adapt x 2 rates + adapt with attn only x 2 rates
+    text = (out / "results.md").read_text()
+    assert "## Matched learning" in text and "## At each method's preset rate" in text
+    assert "### Ablation: options.collab_modules" in text
+    assert json.loads((out / "results.json").read_text())["target"] == report["target"]
+
+
+def test_bio_matched_table_reads_the_reference_at_its_own_point(bio_sweep):
+    experiment, _, _, report = bio_sweep
+    fft = [r for r in report["points"] if r["method"] == "fft"]
+    preset_run = next(r for r in fft if r["scale"] == 1.0)
+    assert report["target"] == preset_run["metrics"]["learning"]  # default target: FFT at its preset rate
+    # Accuracies are discrete: where the other rate learns exactly as much, the better forgetting of the two is read.
+    at_target = [r for r in fft if r["metrics"]["learning"] == report["target"]]
+    rows = {(r["panel"], r["method"]): r for r in report["matched"]}
+    for spec in experiment.panels:
+        best = max(at_target, key=lambda r: (r["metrics"][spec.key], -r["lr"]))
+        row = rows[(spec.title, "fft")]
+        assert row["status"] == "ok"
+        assert row["matched_forgetting"] == pytest.approx(best["metrics"][spec.key])
+        assert row["matched_lr"] == pytest.approx(best["lr"])
+        assert rows[(spec.title, "scale_adapt")]["status"] in ("ok", "not reached", "below range")
+
+
+def test_bio_sweep_measures_step_0_and_stages_once(bio_sweep):
+    _, _, out, report = bio_sweep
+    base = json.loads((out / BASE_FILE).read_text())["0"]
+    for log in (out / "points").glob("*/seed-0/*.jsonl"):
+        first = json.loads(log.read_text().splitlines()[0])
+        assert first == {"step": 0, **base}
+    assert len(list((out / "cache").glob("stage1-*"))) == 1
+    assert len(list((out / "cache").glob("stage2-*"))) == 1
+    assert report["base"]["learning"] == base["task1"]["overall"]
+
+
+def test_resuming_recomputes_nothing_and_finishes_only_what_is_missing(bio_sweep, tmp_path):
+    experiment, settings, out, _ = bio_sweep
+    copy = tmp_path / "copy"
+    shutil.copytree(out, copy)
+    calls: list[str] = []
+    fresh = BioExperiment(experiment.cfg)
+    original = fresh.run
+
+    def counting(cfg, method, point_dir):
+        calls.append(point_dir.name)
+        return original(cfg, method, point_dir)
+
+    fresh.run = counting
+    run_sweep(fresh, settings, copy)
+    assert calls == []
+    redo = next((copy / "points").iterdir())
+    (redo / POINT_FILE).unlink()
+    shutil.rmtree(redo / "seed-0")
+    result = run_sweep(fresh, settings, copy)
+    assert calls == [redo.name]
+    assert len(result.points) == 6
+
+
+def test_a_folder_of_other_settings_is_refused(bio_sweep):
+    _, settings, out, _ = bio_sweep
+    other = micro()
+    other.task1.max_steps = 99
+    before = {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file()}
+    with pytest.raises(ValueError, match="another configuration"):
+        run_sweep(BioExperiment(other), settings, out)
+    assert {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file()} == before
+
+
+# --- a tiny cpt sweep ----------------------------------------------------------------------------
+
+
+def test_cpt_sweep_end_to_end(workspace, tmp_path):  # noqa: F811
+    cfg = tiny_config(workspace, ["fft", "scale_preserve"], steps=3, save_every=0)
+    experiment = CptExperiment(cfg)
+    settings = SweepSettings(lr_scales=(0.5, 2.0))
+    out = tmp_path / "sweep"
+    result = run_sweep(experiment, settings, out)
+    report = write_report(experiment, settings, result, out)
+    assert (out / "landscape.png").stat().st_size > 0
+    assert [p.key for p in experiment.panels] == ["old/toy"]
+    assert len(report["points"]) == 4 and {r["panel"] for r in report["matched"]} == {"old domain: toy"}
+    base = json.loads((out / BASE_FILE).read_text())
+    for metrics in (out / "points").glob("*/*/metrics.jsonl"):
+        first = json.loads(metrics.read_text().splitlines()[0])
+        assert first["learning_ppl"] == base["learning_ppl"] and first["forgetting_ppl"] == base["forgetting_ppl"]
+    assert not list((out / "points").glob("*/*/model")), "a sweep keeps only metrics unless --save-models"
+    assert report["base"] == {"learning": base["learning_ppl"], "old/toy": base["forgetting_ppl"]["toy"]}
+
+
+def test_cpt_sweep_needs_old_domain_sets(workspace, tmp_path):  # noqa: F811
+    cfg = tiny_config(workspace, ["fft"])
+    cfg.data.old_eval = []
+    with pytest.raises(ValueError, match=r"data\.old_eval"):
+        run_sweep(CptExperiment(cfg), SweepSettings(lr_scales=(1.0,)), tmp_path / "sweep")
+    assert not (tmp_path / "sweep").exists()
+
+
+def test_sweep_help_names_every_sweep_option(capsys):
+    with pytest.raises(SystemExit):
+        main(["sweep", "cpt", "--help"])
+    text = capsys.readouterr().out
+    for option in ("--lr-scales", "--axis", "--reference", "--target", "--save-models", "--train.fft_lr"):
+        assert option in text
+
+
+def test_step_0_records_come_from_initial(tmp_path):
+    from scale_cl.train.callbacks import PeriodicEval
+
+    calls = []
+    tracker = PeriodicEval(lambda m: calls.append(m) or {"x": 1.0}, every=1, initial={"x": 2.0})
+    tracker._record(0, "model")
+    tracker._record(1, "model")
+    assert [r["x"] for r in tracker.records] == [2.0, 1.0] and calls == ["model"]
