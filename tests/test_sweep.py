@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -43,6 +44,23 @@ def test_plan_crosses_methods_rates_and_axes_without_duplicates():
     assert len(points) == 8 + 4 + 2 and len({p.key for p in points}) == len(points)
     fft = sorted(p.lr for p in plain if p.method == "fft")
     assert fft == pytest.approx([0.5 * cfg.task1.lr_of("fft"), cfg.task1.lr_of("fft")])
+
+
+def test_settings_that_vary_together_form_one_axis():
+    cfg = micro(["fft", "scale_preserve"])
+    pair = Axis("options.w21_init,options.w22_init", ("svd,zero", "random,random", "zero,svd"))
+    points = plan(BioExperiment(cfg), SweepSettings(lr_scales=(1.0,), axes=(pair,)))
+    changed = [p.overrides for p in points if p.overrides]
+    # "svd,zero" is the preset's pair: the plain run serves it; fft has no W21/W22.
+    assert changed == [
+        (("options.w21_init", "random"), ("options.w22_init", "random")),
+        (("options.w21_init", "zero"), ("options.w22_init", "svd")),
+    ]
+    assert {p.method for p in points if p.overrides} == {"scale_preserve"}
+    with pytest.raises(ValueError, match="2 comma-separated parts"):
+        plan(BioExperiment(cfg), SweepSettings(axes=(Axis(pair.setting, ("svd",)),)))
+    with pytest.raises(ValueError, match="must be one of"):
+        run_sweep(BioExperiment(cfg), SweepSettings(axes=(Axis(pair.setting, ("svd,bogus",)),)), Path("/nonexistent"))
 
 
 @pytest.mark.parametrize(

@@ -77,7 +77,9 @@ def _add_sweep_options(parser: argparse.ArgumentParser, cpt: bool) -> None:
         action="append",
         metavar=("SETTING", "VALUE"),
         help="an ablation beside the learning rate: a setting and its values, e.g. --axis options.preserve_layers "
-        "2 4 6; repeatable. Each value is swept over the same rates, for the methods the setting concerns ("
+        "2 4 6; repeatable; settings that vary together are joined by commas, and so are their values "
+        "(--axis options.w21_init,options.w22_init svd,zero random,random). Each value is swept over the same "
+        "rates, for the methods the setting concerns ("
         + "; ".join(f"{k.split('.')[-1]}: {', '.join(v)}" for k, v in AXIS_METHODS.items())
         + "; any other setting: every method)",
     )

@@ -20,7 +20,7 @@ from scale_cl.sweep.landscape import (
     plot_landscape,
     single_rate_markdown,
 )
-from scale_cl.sweep.runner import SweepResult, SweepSettings, current_value, typed_value
+from scale_cl.sweep.runner import SweepResult, SweepSettings
 
 
 def _points(records: list[dict], key: str) -> list[Point]:
@@ -65,13 +65,11 @@ def ablation(experiment: Any, settings: SweepSettings, result: SweepResult, targ
     """Per axis, per forgetting view and method: learning and forgetting at the preset rate and at matched learning."""
     tables = []
     for axis in settings.axes:
-        base_value = current_value(experiment.cfg, axis.setting)
-        values = [typed_value(experiment.cfg, axis.setting, text) for text in axis.values]
         for spec in experiment.panels:
             cells: dict[str, dict[str, tuple[float, float, float | None]]] = {}
             for method in axis.methods(experiment.cfg.methods):
-                for value in values:
-                    wanted = {} if value == base_value else {axis.setting: value}
+                for value in axis.values:
+                    wanted = dict(axis.overrides(experiment.cfg, value))
                     records = [r for r in result.points if r["method"] == method and r["overrides"] == wanted]
                     if not records:
                         continue
@@ -86,8 +84,9 @@ def ablation(experiment: Any, settings: SweepSettings, result: SweepResult, targ
             tables.append(
                 {
                     "axis": axis.setting,
+                    "name": axis.name,
                     "panel": spec.key,
-                    "values": [str(v) for v in values],
+                    "values": list(axis.values),
                     "scale": min(settings.lr_scales, key=lambda x: abs(math.log(x))),
                     "cells": cells,
                 }
@@ -138,7 +137,7 @@ def write_report(experiment: Any, settings: SweepSettings, result: SweepResult, 
     specs = {spec.key: spec for spec in experiment.panels}
     figures = ["landscape.png"]
     for table in ablations:
-        name = f"ablation-{_slug(table['axis'].rsplit('.', 1)[-1])}-{_slug(table['panel'])}.png"
+        name = f"ablation-{_slug(table['name'])}-{_slug(table['panel'])}.png"
         spec = specs[table["panel"]]
         plot_ablation(table["axis"], table["values"], table["cells"], experiment.learning, spec.metric, out / name)
         figures.append(name)

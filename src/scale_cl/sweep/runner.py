@@ -40,14 +40,40 @@ AXIS_METHODS = {
 
 @dataclass(frozen=True)
 class Axis:
-    """An ablation: one setting (dotted, e.g. ``options.preserve_layers``) and the values it takes."""
+    """An ablation: a setting (dotted, e.g. ``options.preserve_layers``) and the values it takes.
+
+    Settings that vary together (paper Fig. 5's W21/W22 initialiser pairs) are joined by commas, and
+    so are each value's parts: ``Axis("options.w21_init,options.w22_init", ("svd,zero", "random,random"))``.
+    """
 
     setting: str
     values: tuple[str, ...]
 
+    @property
+    def settings(self) -> tuple[str, ...]:
+        return tuple(self.setting.split(","))
+
+    @property
+    def name(self) -> str:
+        return ",".join(s.rsplit(".", 1)[-1] for s in self.settings)
+
     def methods(self, methods: list[str]) -> list[str]:
-        allowed = AXIS_METHODS.get(self.setting)
-        return [m for m in methods if allowed is None or m in allowed]
+        """The swept methods every one of the axis's settings concerns."""
+        return [m for m in methods if all(m in AXIS_METHODS.get(s, (m,)) for s in self.settings)]
+
+    def overrides(self, cfg: Any, text: str) -> tuple[tuple[str, Any], ...]:
+        """The settings ``text`` changes in ``cfg`` (those equal to ``cfg``'s own are left out)."""
+        parts = text.split(",") if len(self.settings) > 1 else [text]
+        if len(parts) != len(self.settings):
+            raise ValueError(
+                f"axis {self.setting}: value {text!r} must give {len(self.settings)} comma-separated parts"
+            )
+        changes = []
+        for setting, part in zip(self.settings, parts, strict=True):
+            value = typed_value(cfg, setting, part)
+            if value != current_value(cfg, setting):
+                changes.append((setting, value))
+        return tuple(changes)
 
 
 @dataclass
@@ -73,9 +99,8 @@ class SweepSettings:
             if not axis.values:
                 raise ValueError(f"axis {axis.setting} has no values")
             if not axis.methods(methods):
-                raise ValueError(
-                    f"axis {axis.setting} applies to {', '.join(AXIS_METHODS[axis.setting])}; none is swept"
-                )
+                concerned = sorted({m for s in axis.settings for m in AXIS_METHODS.get(s, ())})
+                raise ValueError(f"axis {axis.setting} applies to {', '.join(concerned)}; none is swept")
 
 
 @dataclass(frozen=True)
@@ -129,11 +154,9 @@ def plan(experiment: Any, settings: SweepSettings) -> list[SweepPoint]:
         add(method, (), "")
     for axis in settings.axes:
         for text in axis.values:
-            value = typed_value(cfg, axis.setting, text)
-            differs = value != current_value(cfg, axis.setting)
-            overrides = ((axis.setting, value),) if differs else ()
+            overrides = axis.overrides(cfg, text)
             for method in axis.methods(cfg.methods):
-                add(method, overrides, f"{axis.setting.rsplit('.', 1)[-1]}={value}")
+                add(method, overrides, f"{axis.name}={text}")
     return list(points.values())
 
 
