@@ -144,3 +144,23 @@ def test_killed_two_process_run_resumes_to_the_same_weights(runs, workspace, tmp
     _run(command)
     _assert_close(_weights(out, "scale_adapt"), _weights(one, "scale_adapt"), "resumed scale_adapt")
     assert [r["step"] for r in _metrics(out, "scale_adapt")] == [0, 3, 6]
+
+
+def test_a_two_process_sweep_writes_once_and_matches_the_single_process_run(runs, workspace, tmp_path):  # noqa: F811
+    """`scale-cl sweep cpt` under torchrun: every process trains, the main one alone evaluates and writes."""
+    one, _, _ = runs
+    cfg = tiny_config(workspace, ["scale_adapt"], steps=6, save_every=3)
+    out = tmp_path / "sweep"
+    cli = _cli(cfg, out)
+    at = cli.index("cpt")
+    stdout = _run(
+        _torchrun([*cli[:at], "sweep", "cpt", "--lr-scales", "1", "2", "--reference", "scale_adapt", *cli[at + 1 :]])
+    )
+    points = sorted((out / "points").glob("*/point.json"))
+    assert len(points) == 2 and stdout.count("[sweep] run 1/2") == 1
+    results = json.loads((out / "results.json").read_text())
+    at_preset = next(p for p in results["points"] if p["scale"] == 1.0)
+    # The x1 run is the plain `cpt` run of the same settings (single process): the same learning.
+    assert at_preset["metrics"]["learning"] == pytest.approx(_metrics(one, "scale_adapt")[-1]["learning_ppl"], rel=1e-5)
+    for metrics in (out / "points").glob("*/scale_adapt/metrics.jsonl"):
+        assert [json.loads(line)["step"] for line in metrics.read_text().splitlines()] == [0, 3, 6]

@@ -50,6 +50,8 @@ def _run(args: argparse.Namespace) -> int:
         settings = _sweep_settings(args)
         out = Path(args.out or f"outputs/sweep-{name}-{cfg.preset}")
         result = run_sweep(experiment, settings, out)
+        if not experiment.is_main_process:
+            return 0
         write_report(experiment, settings, result, out)
     except (ValueError, FileNotFoundError, NonFiniteLossError) as err:
         print(f"scale-cl sweep {name}: error: {err}", file=sys.stderr)

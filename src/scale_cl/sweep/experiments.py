@@ -39,6 +39,7 @@ class BioExperiment:
 
     name = "bio"
     rates_section = "task1"
+    is_main_process = True  # bio runs in one process
     learning = Metric("Task-1 accuracy", higher_is_better=True)
     panels = (
         PanelSpec("task0_end", "Task 0 at the end", Metric("Task-0 accuracy (end)", higher_is_better=True)),
@@ -119,6 +120,13 @@ class CptExperiment:
 
         return list(eval_sets(cfg.data.old_eval))
 
+    @property
+    def is_main_process(self) -> bool:
+        """Under torchrun / accelerate launch every process runs the sweep; only the main one writes."""
+        from scale_cl.cpt.pipeline import process_state
+
+        return process_state().is_main_process
+
     def validate(self, cfg: Any) -> None:
         from scale_cl.cpt.pipeline import base_model_config, validate
 
@@ -171,4 +179,4 @@ class CptExperiment:
         result = run_method(
             cfg, s["ref"], s["corpus"], s["reference"], method, point_dir, s["initial"], save_model=self.save_models
         )
-        return self._summary(result["curve"][-1])
+        return self._summary(result["curve"][-1]) if "curve" in result else {}  # only the main process evaluates

@@ -183,9 +183,11 @@ def run_sweep(experiment: Any, settings: SweepSettings, out: Path) -> SweepResul
     for cfg in configs.values():  # every point's settings are checked before anything is written
         experiment.validate(cfg)
     settings_dict = experiment.cfg.to_dict()
-    claim_output_folder(out, CONFIG_FILE, settings_dict)
+    main = experiment.is_main_process
+    claim_output_folder(out, CONFIG_FILE, settings_dict, write=main)
     done = {p.key for p in points if (out / "points" / p.key / POINT_FILE).is_file()}
-    print(f"[sweep] {experiment.name}: {len(points)} runs, {len(done)} already done")
+    if main:
+        print(f"[sweep] {experiment.name}: {len(points)} runs, {len(done)} already done")
     base = experiment.prepare(out)
     result = SweepResult(base)
     for index, point in enumerate(points, 1):
@@ -194,7 +196,8 @@ def run_sweep(experiment: Any, settings: SweepSettings, out: Path) -> SweepResul
             result.points.append(json.loads(path.read_text()))
             continue
         label = f" ({point.label})" if point.label else ""
-        print(f"[sweep] run {index}/{len(points)}: {point.method}{label}, lr {point.lr:.3g} (x{point.scale:g})")
+        if main:
+            print(f"[sweep] run {index}/{len(points)}: {point.method}{label}, lr {point.lr:.3g} (x{point.scale:g})")
         metrics = experiment.run(configs[point.key], point.method, path.parent)
         record = {
             "method": point.method,
@@ -204,6 +207,7 @@ def run_sweep(experiment: Any, settings: SweepSettings, out: Path) -> SweepResul
             "overrides": dict(point.overrides),
             "metrics": metrics,
         }
-        write_json(path, record)
-        result.points.append(record)
+        if main:
+            write_json(path, record)
+            result.points.append(record)
     return result
