@@ -201,3 +201,18 @@ def test_plot_ablation_writes_png_with_a_not_reached_method(tmp_path):
     }
     path = plot_ablation("preserve_layers", ["2", "4", "8"], by_method, PPL, OLD_PPL, tmp_path / "ablation.png")
     assert is_png(path)
+
+
+def test_matched_flags_a_crossing_when_the_lowest_rate_already_reaches_the_target():
+    # Learns fully at its lowest rate and collapses at the highest: the only crossing swept is on the high side;
+    # a rate below the grid may reach the target with less forgetting, so the value is only a bound.
+    pts = sweep("lora", [1e-3, 2e-3, 4e-3], [1.0, 0.99, 0.45], [0.14, 0.06, 0.04])
+    m = matched_forgetting(pts, 0.9, ACC, OLD_ACC)
+    assert m.status == "ok" and m.open_below
+    assert m.forgetting == pytest.approx(0.06 + (0.09 / 0.54) * (0.04 - 0.06))
+    covered = sweep("fft", [1e-5, 1e-4, 1e-3], [0.5, 1.0, 1.0], [0.3, 0.2, 0.1])
+    assert not matched_forgetting(covered, 0.9, ACC, OLD_ACC).open_below
+    panel = Panel("bio", ACC, OLD_ACC, tuple(pts + covered), target=0.9)
+    text = matched_markdown(matched_table([panel], ["lora", "fft"]))
+    lora = next(line for line in text.splitlines() if line.startswith("| lora"))
+    assert "% †" in lora and "†" not in next(line for line in text.splitlines() if line.startswith("| fft"))

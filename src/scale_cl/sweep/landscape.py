@@ -108,6 +108,9 @@ class Matched:
     lr: float | None  # the (interpolated, geometric) learning rate where the target is met
     reached: bool
     below_range: bool = False
+    # Reached, but the lowest swept rate already reaches the target: a lower rate (outside the grid) may reach it
+    # too and forget less, so the value is an upper bound on how well the method can do (widen the grid downwards).
+    open_below: bool = False
 
     @property
     def status(self) -> str:
@@ -168,7 +171,9 @@ def matched_forgetting(points: Sequence[Point], target: float, learning: Metric,
     for lr, value in candidates[1:]:
         if forgetting.better(value, best):
             best_lr, best = lr, value
-    return Matched(method, target, best, best_lr, reached=True)
+    lowest = next((p for p in ordered if _finite(p)), None)
+    open_below = lowest is not None and learning.at_least(lowest.learning, target)
+    return Matched(method, target, best, best_lr, reached=True, open_below=open_below)
 
 
 def default_target(
@@ -345,7 +350,7 @@ def matched_table(panels: Sequence[Panel], methods: Sequence[str]) -> list[dict]
             }
             if points:
                 m = matched_forgetting(points, panel.target, panel.learning, panel.forgetting)
-                row.update(matched_forgetting=m.forgetting, matched_lr=m.lr, status=m.status)
+                row.update(matched_forgetting=m.forgetting, matched_lr=m.lr, status=m.status, open_below=m.open_below)
             rows.append(row)
     return rows
 
@@ -377,7 +382,8 @@ def matched_markdown(rows: Sequence[dict], fmt: Callable[[str, float], str] = fo
             if r is None or r["status"] == STATUS_MISSING:
                 line += ["—", "—"]
             elif r["status"] == STATUS_OK:
-                line += [fmt(r["forgetting"], r["matched_forgetting"]), f"{r['matched_lr']:.3g}"]
+                mark = " †" if r.get("open_below") else ""
+                line += [fmt(r["forgetting"], r["matched_forgetting"]) + mark, f"{r['matched_lr']:.3g}"]
             else:
                 line += [r["status"], "—"]
         lines.append("| " + " | ".join(line) + " |")
@@ -386,7 +392,8 @@ def matched_markdown(rows: Sequence[dict], fmt: Callable[[str, float], str] = fo
         "Forgetting read off each method's sweep where it reaches the target learning level (linear in log "
         "learning rate between swept rates; the best crossing where the curve crosses more than once). "
         "'not reached': no swept rate learns that much; 'below range': the lowest swept rate already learns more "
-        "(widen the grid downwards); '—': no runs.",
+        "(widen the grid downwards); '†': the lowest swept rate already reaches the target, so a lower rate may "
+        "reach it too and forget less (the value is a bound; widen the grid downwards); '—': no runs.",
     ]
     return "\n".join(lines) + "\n"
 
