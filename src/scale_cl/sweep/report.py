@@ -67,6 +67,7 @@ def ablation(experiment: Any, settings: SweepSettings, result: SweepResult, targ
     for axis in settings.axes:
         for spec in experiment.panels:
             cells: dict[str, dict[str, tuple[float, float, float | None]]] = {}
+            status: dict[str, dict[str, str]] = {}
             for method in axis.methods(experiment.cfg.methods):
                 for value in axis.values:
                     wanted = dict(axis.overrides(experiment.cfg, value))
@@ -81,6 +82,7 @@ def ablation(experiment: Any, settings: SweepSettings, result: SweepResult, targ
                         preset["metrics"][spec.key],
                         matched.forgetting,
                     )
+                    status.setdefault(method, {})[value] = matched.status + (" †" if matched.open_below else "")
             tables.append(
                 {
                     "axis": axis.setting,
@@ -89,6 +91,7 @@ def ablation(experiment: Any, settings: SweepSettings, result: SweepResult, targ
                     "values": list(axis.values),
                     "scale": min(settings.lr_scales, key=lambda x: abs(math.log(x))),
                     "cells": cells,
+                    "status": status,
                 }
             )
     return tables
@@ -116,7 +119,8 @@ def _ablation_markdown(table: dict[str, Any], experiment: Any, spec: Any) -> str
                 row.append("—")
                 continue
             learn, forget, matched = cells[value]
-            at_target = "not reached" if matched is None else format_value(forgetting, matched)
+            state = table["status"][method][value]
+            at_target = state if matched is None else format_value(forgetting, matched) + state.removeprefix("ok")
             row.append(f"{format_value(learning, learn)} / {format_value(forgetting, forget)}; {at_target}")
         lines.append(f"| {method} | " + " | ".join(row) + " |")
     return "\n".join(lines) + "\n"
