@@ -17,10 +17,11 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from conftest import VOCAB, hidden_up_for, make_model, randomize_new_weights
 from scale_cl import ROUTE_SHARE_KEY, ScaleConfig, set_method, upscale
-from scale_cl.layers import ScaleLinear
+from scale_cl.layers import ScaleHead, ScaleLinear
 
 ATOL = 1e-5
 NUM_LAYERS = 3  # every tiny model in conftest has 3 decoder layers
@@ -244,33 +245,70 @@ def test_route_loss_is_cross_entropy_of_reference_logits(arch):
     assert abs(loss_masked.item() - loss.item()) > 1e-4
 
 
+def w12_zeroed(model):
+    """The preserve path exactly as Eq. 5 defines it: the same network, every W12 set to zero (run as adapt)."""
+    ref = set_method(copy.deepcopy(model), "adapt")
+    with torch.no_grad():
+        for module in ref.modules():
+            if isinstance(module, ScaleLinear):
+                module.w12.zero_()
+    return ref
+
+
+def plain_eq5(ref_p, ref_a, d: int, ids, tau: float, attention_mask=None):
+    """Eq. 5 combined per token from two separate runs, in plain tensor operations: (logits, routed mask)."""
+    parts = []
+    for ref in (ref_p, ref_a):
+        hidden = ref.base_model(ids, attention_mask=attention_mask).last_hidden_state
+        head = ref.get_output_embeddings()
+        parts.append((F.linear(hidden[..., :d], head.weight, head.bias), F.linear(hidden[..., d:], head.weight_up)))
+    (z_p, z_p_up), (z_a, z_a_up) = parts
+    to_preserve = F.cosine_similarity(z_p.detach(), z_a.detach(), dim=-1) > tau
+    return torch.where(to_preserve[..., None], (z_p + z_a) / 2 + z_p_up, z_a + z_a_up), to_preserve
+
+
 @pytest.mark.parametrize("arch", ["llama-gqa2-tied", "neox-parallel-rot0.25"])
-def test_route_gradients_match_reference(arch):
-    """Backward through route equals backward through the two separate paths with the same routing."""
+@pytest.mark.parametrize("case", ["mixed", "all_preserve", "all_adapt", "all_layers_collaborative", "padded"])
+def test_route_logits_and_gradients_match_plain_eq5(arch, case):
+    """One route pass gives the logits, routing and every parameter's gradient of Eq. 5 built by hand.
+
+    Reference: the preserve path is a deep copy with every W12 zeroed, the adapt path a deep copy
+    run normally; the per-token combination is a plain ``torch.where``. A parameter shared by both
+    paths gets the sum of both copies' gradients, except W12: on the preserve path it is the
+    constant zero, not a parameter.
+    """
     d = base_hidden_size(arch)
-    ids = input_batch()
-    probe = scale_model(arch)
-    _, _, cos = reference_route(probe, d, ids, tau=0.0)
-    tau = median_tau(cos)
-    model = scale_model(arch, tau=tau)
+    preserve_layers = 0 if case == "all_layers_collaborative" else 1
+    ids, mask = input_batch(), None
+    if case == "padded":
+        ids, mask = left_padded(input_batch(batch=3, length=10), pads=[0, 4, 7])
+    real = torch.ones_like(ids, dtype=torch.bool) if mask is None else mask.bool()
+    probe = scale_model(arch, preserve_layers)
+    _, _, cos = reference_route(probe, d, ids, tau=0.0, attention_mask=mask)
+    tau = {"all_preserve": -1.0, "all_adapt": 1.0}.get(case)
+    tau = median_tau(cos[real]) if tau is None else tau
+    model = scale_model(arch, preserve_layers, tau=tau)
+    # A generic loss: a random weight per logit (padding excluded), so every logit's gradient matters.
+    weights = torch.randn(*ids.shape, VOCAB, generator=torch.Generator().manual_seed(5)) * real[..., None]
 
-    loss = model(ids, labels=ids).loss
-    loss.backward()
+    logits = model(ids, attention_mask=mask).logits
+    (logits * weights).sum().backward()
+    routed = model.get_output_embeddings().last_route_mask
 
-    # Reference: two deep copies, one per path; a shared parameter's gradient is the sum of both.
-    ref_p = set_method(copy.deepcopy(model), "preserve")
-    ref_a = set_method(copy.deepcopy(model), "adapt")
+    ref_p, ref_a = w12_zeroed(model), set_method(copy.deepcopy(model), "adapt")
     for ref in (ref_p, ref_a):
         ref.zero_grad(set_to_none=True)
-    h_p = ref_p.base_model(ids).last_hidden_state
-    h_a = ref_a.base_model(ids).last_hidden_state
-    head_p, head_a = ref_p.get_output_embeddings(), ref_a.get_output_embeddings()
-    z_p, z_p_up = F.linear(h_p[..., :d], head_p.weight), F.linear(h_p[..., d:], head_p.weight_up)
-    z_a, z_a_up = F.linear(h_a[..., :d], head_a.weight), F.linear(h_a[..., d:], head_a.weight_up)
-    to_preserve = F.cosine_similarity(z_p.detach(), z_a.detach(), dim=-1) > tau
-    assert to_preserve.any() and not to_preserve.all()
-    logits = torch.where(to_preserve[..., None], (z_p + z_a) / 2 + z_p_up, z_a + z_a_up)
-    F.cross_entropy(logits[:, :-1].reshape(-1, VOCAB), ids[:, 1:].reshape(-1)).backward()
+    expected, to_preserve = plain_eq5(ref_p, ref_a, d, ids, tau, attention_mask=mask)
+    (expected * weights).sum().backward()
+
+    torch.testing.assert_close(logits[real], expected[real], atol=ATOL, rtol=0)
+    assert torch.equal(routed[real], to_preserve[real])
+    if case == "all_preserve":
+        assert to_preserve.all()
+    elif case == "all_adapt":
+        assert not to_preserve.any()
+    else:
+        assert to_preserve[real].any() and not to_preserve[real].all()
 
     params_p, params_a = dict(ref_p.named_parameters()), dict(ref_a.named_parameters())
     checked_w12 = 0
@@ -278,15 +316,16 @@ def test_route_gradients_match_reference(arch):
         if not param.requires_grad:
             assert param.grad is None, name
             continue
-        parts = [p.grad for p in (params_p[name], params_a[name]) if p.grad is not None]
-        expected = sum(parts) if parts else torch.zeros_like(param)
+        refs = (params_a[name],) if name.endswith("w12") else (params_p[name], params_a[name])
+        parts = [p.grad for p in refs if p.grad is not None]
+        want = sum(parts) if parts else torch.zeros_like(param)
         assert param.grad is not None, name
-        torch.testing.assert_close(param.grad, expected, atol=1e-5, rtol=1e-4, msg=name)
+        torch.testing.assert_close(param.grad, want, atol=1e-5, rtol=1e-4, msg=name)
         if name.endswith("w12"):
             checked_w12 += 1
             assert param.grad.abs().sum() > 0, f"{name}: a collaborative W12 gets no gradient"
 
-    # W12 trains exactly in the collaborative layers (>= preserve_layers = 1), and nowhere else.
+    # W12 trains exactly in the collaborative layers (>= preserve_layers), and nowhere else.
     for name, module in model.named_modules():
         if isinstance(module, ScaleLinear):
             assert module.w12.requires_grad == module.collaborative, name
@@ -296,6 +335,57 @@ def test_route_gradients_match_reference(arch):
     for name, param in model.named_parameters():
         if name.rsplit(".", 1)[-1] in ("weight", "bias"):
             assert param.grad is None, name
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("tau", [-1.0, 0.8, 1.0])
+def test_route_head_equals_plain_eq5(dtype, bias, tau):
+    """The head's in-place combination (one W_up product on the chosen x_up) is Eq. 5 in plain operations.
+
+    Same inputs for both, so the routed mask, the logits and the head input's gradient agree bitwise
+    (halving is exact, and every product has the same operands); W_up's gradient to rounding.
+    """
+    gen = torch.Generator().manual_seed(0)
+    batch, length, d, u, vocab = 3, 7, 24, 8, 50
+    head = ScaleHead(nn.Linear(d, vocab, bias=bias).to(dtype), u)
+    with torch.no_grad():
+        head.weight.copy_(torch.randn(vocab, d, generator=gen) / d**0.5)
+        head.weight_up.copy_(torch.randn(vocab, u, generator=gen))
+        if bias:
+            head.bias.copy_(torch.randn(vocab, generator=gen))
+    head.route, head.stacked, head.route_tau = True, True, tau
+    hidden = torch.randn(2 * batch, length, d + u, generator=gen)
+    # The adapt half's original part: near the preserve half's for some tokens, unrelated for others.
+    noise = torch.linspace(0.05, 3.0, length)[None, :, None]
+    hidden[batch:, :, :d] = hidden[:batch, :, :d] + noise * torch.randn(batch, length, d, generator=gen)
+    hidden = hidden.to(dtype)
+    weights = torch.randn(batch, length, vocab, generator=gen).to(dtype)
+
+    got_hidden = hidden.clone().requires_grad_(True)
+    logits = head(got_hidden)
+    (logits * weights).sum().backward()
+    got_grads = got_hidden.grad, head.weight_up.grad
+    head.weight_up.grad = None
+
+    ref_hidden = hidden.clone().requires_grad_(True)
+    x, x_up = ref_hidden[..., :d], ref_hidden[..., d:]
+    z_p = F.linear(x[:batch].detach(), head.weight, head.bias)  # the preserve path's original part is constant
+    z_a = F.linear(x[batch:], head.weight, head.bias)
+    z_p_up, z_a_up = F.linear(x_up[:batch], head.weight_up), F.linear(x_up[batch:], head.weight_up)
+    p, a = z_p.detach().float(), z_a.detach().float()
+    to_preserve = (p * a).sum(-1) / (p.norm(dim=-1) * a.norm(dim=-1)).clamp_min(1e-8) > tau
+    expected = torch.where(to_preserve[..., None], (z_p + z_a) / 2 + z_p_up, z_a + z_a_up)
+    (expected * weights).sum().backward()
+
+    assert torch.equal(head.last_route_mask, to_preserve)
+    if tau == 0.8:
+        assert to_preserve.any() and not to_preserve.all()
+    assert torch.equal(logits, expected)
+    assert torch.equal(got_grads[0], ref_hidden.grad)
+    # W_up's gradient is one product over the chosen rows here, a sum of two in the reference: rounding.
+    tol = {"atol": 1e-5, "rtol": 1e-5} if dtype == torch.float32 else {"atol": 5e-2, "rtol": 2e-2}
+    torch.testing.assert_close(got_grads[1], head.weight_up.grad, **tol)
 
 
 @pytest.mark.parametrize("arch", ["llama-mqa", "neox-sequential-rot1.0"])

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from scale_cl.route import route_logits
+from scale_cl.route import route_logits, route_mask
 
 # How a ScaleLinear applies its W12 block on a forward pass (set by `set_method`):
 W12_OFF = "off"  # the network with W12 = 0 (preserve, and every non-collaborative linear)
@@ -180,17 +180,12 @@ class ScaleHead(nn.Module):
         if not self.route:
             z, z_up = self.parts(hidden)
             return z + z_up
-        if not self.stacked:  # no collaborative layer: both paths are the same network
+        if not self.stacked:  # no collaborative layer: both paths are one network, and both branches Z + Z_up
             z, z_up = self.parts(hidden)
-            logits, self.last_route_mask = route_logits(z, z, z_up, z_up, self.route_tau)
-            return logits
+            self.last_route_mask = route_mask(z, z, self.route_tau)
+            return z + z_up
         x, x_up = hidden.split((self.hidden_size, self.hidden_up), dim=-1)
-        half = x.shape[0] // 2
-        # The preserve path's original logits depend on no trainable parameter: no gradient for them.
-        z_p = F.linear(x[:half].detach(), self.weight, self.bias)
-        z_a = F.linear(x[half:], self.weight, self.bias)
-        z_up = F.linear(x_up, self.weight_up)
-        logits, self.last_route_mask = route_logits(z_p, z_a, z_up[:half], z_up[half:], self.route_tau)
+        logits, self.last_route_mask = route_logits(x, x_up, self.weight, self.bias, self.weight_up, self.route_tau)
         return logits
 
     def extra_repr(self) -> str:

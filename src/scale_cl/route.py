@@ -17,30 +17,52 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 # Keyword arguments of a decoder layer that carry a batch dimension and must be stacked too.
 _BATCHED_KWARGS = ("attention_mask", "position_ids", "position_embeddings")
 
 
-def route_logits(
-    z_p: torch.Tensor, z_a: torch.Tensor, z_p_up: torch.Tensor, z_a_up: torch.Tensor, tau: float
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Eq. 5 from the original (``z``) and added (``z_up``) logit parts of the preserve and adapt paths.
-
-    Returns the logits (B, T, V) and the mask of tokens routed to the preserve path. The vocabulary
-    axis is large, so the work is kept to one pass over it per branch: the adapt branch for every
-    token, then the preserve branch for the routed tokens only, written over it.
-    """
+def route_mask(z_p: torch.Tensor, z_a: torch.Tensor, tau: float) -> torch.Tensor:
+    """Tokens routed to the preserve path, ``cos(Z_p, Z_a) > tau`` over the vocabulary (float32, no gradient)."""
     with torch.no_grad():
         p, a = z_p.float(), z_a.float()
         norms = p.norm(dim=-1) * a.norm(dim=-1)
-        to_preserve = (p * a).sum(-1) / norms.clamp_min(1e-8) > tau
-    logits = z_a + z_a_up
-    if to_preserve.any():
-        routed = (z_p[to_preserve] + z_a[to_preserve]) / 2 + z_p_up[to_preserve]
-        logits = logits.index_put((to_preserve,), routed)
-    return logits, to_preserve
+        return (p * a).sum(-1) / norms.clamp_min(1e-8) > tau
+
+
+def route_logits(
+    x: torch.Tensor,
+    x_up: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    weight_up: torch.Tensor,
+    tau: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Eq. 5 from the stacked ``[preserve; adapt]`` head input ``[x; x_up]`` (2B rows): (logits, routed mask).
+
+    Tensors over the vocabulary (B, T, V) dominate the head's time and memory, so they are few and
+    touched only by in-place elementwise passes: no boolean gather / ``index_put`` (slow, and their
+    backward scatters into zero-filled full-size tensors), no fresh full-size temporaries.
+
+    - ``Z_up = W_up x_up`` is linear, so picking ``Z_p_up`` or ``Z_a_up`` per token is picking
+      ``x_up`` per token: W_up runs on B rows instead of 2B.
+    - ``(Z_p + Z_a) / 2`` is ``Z_a / 2 + Z_p / 2`` bitwise (halving is exact), so the original part
+      is ``c * Z_a + (routed ? Z_p / 2 : 0)`` with ``c`` 1/2 or 1 per token, written into Z_a's buffer
+      (``masked_fill`` rather than a multiply by 0, so a non-finite Z_p of an unrouted token stays out).
+    - The preserve path's original logits depend on no trainable parameter: no gradient for them.
+    """
+    half = x.shape[0] // 2
+    with torch.no_grad():
+        z_p = F.linear(x[:half], weight, bias)
+    z_a = F.linear(x[half:], weight, bias)
+    routed = route_mask(z_p, z_a, tau)
+    keep = routed[..., None]
+    x_up = torch.where(keep, x_up[:half], x_up[half:])
+    scale = torch.where(keep, 0.5, 1.0).to(z_a.dtype)
+    logits = z_a.mul_(scale).add_(z_p.masked_fill_(~keep, 0), alpha=0.5)
+    return logits.add_(F.linear(x_up, weight_up)), routed
 
 
 def _stack(value: Any, batch: int) -> Any:
