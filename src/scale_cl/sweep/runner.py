@@ -171,7 +171,7 @@ def point_config(experiment: Any, point: SweepPoint) -> Any:
 @dataclass
 class SweepResult:
     base: dict[str, float]
-    points: list[dict[str, Any]] = field(default_factory=list)  # {"point": ..., "metrics": {...}}
+    points: list[dict[str, Any]] = field(default_factory=list)  # point.json records: method, lr, scale, metrics...
 
 
 def run_sweep(experiment: Any, settings: SweepSettings, out: Path) -> SweepResult:
