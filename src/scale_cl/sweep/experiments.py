@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from scale_cl.run_folder import write_json
 from scale_cl.sweep.landscape import Metric
 
 CONFIG_FILE = "sweep_config.json"
@@ -73,8 +74,6 @@ class BioExperiment:
                 model = GPTNeoXForCausalLM.from_pretrained(self._task0_dirs[seed])
                 stored[str(seed)] = evaluate_tasks(model, self._data)
             self._initial[seed] = stored[str(seed)]
-        from scale_cl.run_folder import write_json
-
         write_json(base, stored)
         return self._summary([[{"step": 0, **stored[str(s)]}] for s in self.cfg.seeds])
 
@@ -149,7 +148,6 @@ class CptExperiment:
             use_bf16,
         )
         from scale_cl.models import BaseModelRef, load_base
-        from scale_cl.run_folder import write_json
 
         ref = BaseModelRef.parse(self.cfg.model)
         base, tokenizer = load_base(ref)

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import math
 import sys
 from pathlib import Path
 from typing import Any
 
+from scale_cl.run_folder import write_json
 from scale_cl.sweep.landscape import (
     Panel,
     Point,
@@ -183,5 +183,5 @@ def write_report(experiment: Any, settings: SweepSettings, result: SweepResult, 
         "points": result.points,
     }
     (out / "results.md").write_text("\n".join(text))
-    (out / "results.json").write_text(json.dumps(report, indent=2))
+    write_json(out / "results.json", report)
     return report
