@@ -87,3 +87,63 @@ def test_constant_input_stops_the_gradient_into_the_original_stream(constant):
     # Plain: W and W21 send gradient back into x. Fast: x is a constant, so nothing is computed for it.
     assert bool(torch.count_nonzero(into_original) == 0) is constant
     assert torch.count_nonzero(hidden.grad[..., linear.in_features :]) > 0
+
+
+def _mlp_the_base_way(mlp, hidden: torch.Tensor) -> torch.Tensor:
+    """The base model's MLP formula applied to the widened linears: activation over the full width."""
+    gate, up, down, act = (getattr(mlp, name) if name else None for name in mlp.names)
+    inner = act(up(hidden)) if gate is None else act(gate(hidden)) * up(hidden)
+    return down(inner)
+
+
+def _saved_shapes(fn, *args) -> tuple[torch.Tensor, list[torch.Size]]:
+    """``fn(*args)`` and the shape of every tensor autograd saves for backward while running it."""
+    shapes: list[torch.Size] = []
+
+    def pack(tensor):
+        shapes.append(tensor.shape)
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        out = fn(*args)
+    return out, shapes
+
+
+@pytest.mark.parametrize("arch", ["llama-biases", "neox-parallel-rot0.25"])
+@pytest.mark.parametrize("constant", [True, False])
+def test_split_mlp_equals_the_base_formula_and_keeps_no_full_width_activation(arch, constant):
+    """`ScaleMLP` applies the activation (and gate) per part: same output and gradients as over the
+    full width; where the original columns are constant it saves nothing of their width for backward."""
+    base = make_model(arch)
+    # ffn_up 24: the full FFN width (72 or 120) then differs from every other width in the MLP.
+    cfg = ScaleConfig(hidden_up=hidden_up_for(base), ffn_up=24, w21_init="random", w22_init="random")
+    model = randomize_new_weights(upscale(base, cfg), seed=1, w12_scale=0.3)
+    mlp = model.get_decoder().layers[0].mlp
+    for module in mlp.modules():
+        if isinstance(module, ScaleLinear):
+            module.constant_input = constant
+    up = getattr(mlp, mlp.names[1])
+    full_width = up.out_features + up.out_up
+    assert up.out_up == cfg.ffn_up
+    hidden = torch.randn(2, 5, up.in_features + up.in_up, generator=torch.Generator().manual_seed(3))
+
+    results = []
+    for forward in (mlp, lambda h: _mlp_the_base_way(mlp, h)):
+        model.zero_grad(set_to_none=True)
+        leaf = hidden.clone().requires_grad_(True)
+        out, shapes = _saved_shapes(forward, leaf)
+        out.backward(torch.ones_like(out))
+        grads = {name: p.grad.clone() for name, p in mlp.named_parameters() if p.grad is not None}
+        results.append((out.detach(), leaf.grad, grads, shapes))
+    (out, into, grads, shapes), (ref_out, ref_into, ref_grads, ref_shapes) = results
+
+    torch.testing.assert_close(out, ref_out, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(into, ref_into, atol=1e-5, rtol=1e-5)
+    assert grads.keys() == ref_grads.keys() and grads
+    for name in grads:
+        torch.testing.assert_close(grads[name], ref_grads[name], atol=1e-5, rtol=1e-5, msg=name)
+    # What the activation and gate keep for backward (the linears save 2-D views, these are 3-D):
+    # the base formula all ffn + ffn_up columns; the split one only the columns that need gradients.
+    kept = sorted({shape[-1] for shape in shapes if len(shape) == 3})
+    assert {shape[-1] for shape in ref_shapes if len(shape) == 3} == {full_width}
+    assert kept == ([cfg.ffn_up] if constant else [cfg.ffn_up, up.out_features])

@@ -320,7 +320,9 @@ def test_route_logits_and_gradients_match_plain_eq5(arch, case):
         parts = [p.grad for p in refs if p.grad is not None]
         want = sum(parts) if parts else torch.zeros_like(param)
         assert param.grad is not None, name
-        torch.testing.assert_close(param.grad, want, atol=1e-5, rtol=1e-4, msg=name)
+        # fp32 rounding of a reordered sum scales with the gradient's size (up to ~1e3 here), not with 1.
+        scale = max(1.0, want.abs().max().item())
+        torch.testing.assert_close(param.grad, want, atol=1e-6 * scale, rtol=1e-4, msg=name)
         if name.endswith("w12"):
             checked_w12 += 1
             assert param.grad.abs().sum() > 0, f"{name}: a collaborative W12 gets no gradient"

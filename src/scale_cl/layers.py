@@ -57,7 +57,10 @@ class ScaleLinear(nn.Module):
         self.bias_up = nn.Parameter(torch.zeros(out_up, **factory)) if base.bias is not None else None
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        x, x_up = hidden.split((self.in_features, self.in_up), dim=-1)
+        return torch.cat(self.project(*hidden.split((self.in_features, self.in_up), dim=-1)), dim=-1)
+
+    def project(self, x: torch.Tensor, x_up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The output's original part and added part, from the input's two parts (`ScaleMLP` keeps them apart)."""
         if self.constant_input:
             x = x.detach()
         if self.bias is not None and x.dtype != torch.float32:
@@ -72,13 +75,45 @@ class ScaleLinear(nn.Module):
             half = out.shape[0] // 2
             out = torch.cat((out[:half], out[half:] + F.linear(x_up[half:], self.w12)))
         out_up = F.linear(x, self.w21, self.bias_up) + F.linear(x_up, self.w22)
-        return torch.cat((out, out_up), dim=-1)
+        return out, out_up
 
     def extra_repr(self) -> str:
         return (
             f"in={self.in_features}+{self.in_up}, out={self.out_features}+{self.out_up}, "
             f"bias={self.bias is not None}, kind={self.kind}, collaborative={self.collaborative}, w12={self.w12_scope}"
         )
+
+
+class ScaleMLP(nn.Module):
+    """The FFN of a widened layer, applying its activation (and gate) to the original and added
+    columns separately.
+
+    The arithmetic is the base MLP's, element for element; keeping the parts apart is what saves
+    memory and time. Where the original columns depend on no trainable parameter (`constant_input`
+    upstream), autograd then stores nothing for their activation and product and runs no backward
+    over them: only the added ``ffn_up`` columns do, instead of all ``ffn + ffn_up``. The children
+    keep the base MLP's names (``gate_proj``/``up_proj``/``down_proj``, ``dense_h_to_4h``/...), so
+    parameter names and checkpoints are unchanged. ``gate`` is None for an ungated MLP (GPT-NeoX).
+    """
+
+    def __init__(self, base: nn.Module, gate: str | None, up: str, down: str, act: str) -> None:
+        super().__init__()
+        self.names = (gate, up, down, act)
+        for name in (gate, up, down, act):
+            if name is not None:
+                self.add_module(name, base.get_submodule(name))
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        gate_name, up_name, down_name, act_name = self.names
+        up, down, act = getattr(self, up_name), getattr(self, down_name), getattr(self, act_name)
+        parts = hidden.split((up.in_features, up.in_up), dim=-1)
+        inner, inner_up = up.project(*parts)
+        if gate_name is None:
+            inner, inner_up = act(inner), act(inner_up)
+        else:
+            gate, gate_up = getattr(self, gate_name).project(*parts)
+            inner, inner_up = act(gate) * inner, act(gate_up) * inner_up
+        return torch.cat(down.project(inner, inner_up), dim=-1)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

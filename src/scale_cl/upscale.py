@@ -1,7 +1,8 @@
 """Model surgery: widen a transformers causal LM in place (DESIGN.md §1), and switch its method.
 
-`upscale` swaps every attention/FFN linear for a `ScaleLinear`, every norm for a `SplitNorm`,
-the embedding and LM head for their widened versions, rewrites the model's config so it states
+`upscale` swaps every attention/FFN linear for a `ScaleLinear`, every FFN for a `ScaleMLP` (its
+activation applied per part), every norm for a `SplitNorm`, the embedding and LM head for their
+widened versions, rewrites the model's config so it states
 the widened sizes, records what it did under ``config.scale_cl``, and gives the model a class
 that adds `set_method`, `save_pretrained` (only the new weights) and a parameter summary.
 """
@@ -27,6 +28,7 @@ from scale_cl.layers import (
     ScaleEmbedding,
     ScaleHead,
     ScaleLinear,
+    ScaleMLP,
     SplitNorm,
 )
 from scale_cl.route import stack_paths_hook
@@ -159,6 +161,8 @@ def upscale(model: PreTrainedModel, config: ScaleConfig) -> PreTrainedModel:
                 w21, w22 = expansion_blocks(old.weight, out_up, in_up, config.w21_init, config.w22_init)
                 collaborative = index >= config.preserve_layers and lin.module in config.collab_modules
                 _set(layer, lin.path, ScaleLinear(old, in_up, out_up, w21, w22, collaborative, lin.module))
+            mlp = spec.mlp
+            _set(layer, mlp.path, ScaleMLP(layer.get_submodule(mlp.path), mlp.gate, mlp.up, mlp.down, mlp.act))
             layer.register_forward_pre_hook(stack_paths_hook, with_kwargs=True)
 
     _widen_config(model.config, spec, dims, config)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from scale_cl.arch.gpt_neox import GPT_NEOX
 from scale_cl.arch.llama import LLAMA
-from scale_cl.arch.spec import ArchSpec, LinearSpec
+from scale_cl.arch.spec import ArchSpec, LinearSpec, MlpSpec
 
 # transformers class name -> spec
 SPECS: dict[str, ArchSpec] = {
@@ -32,4 +32,4 @@ def spec_for(model: object) -> ArchSpec:
     return SPECS[name]
 
 
-__all__ = ["SPECS", "ArchSpec", "LinearSpec", "spec_for"]
+__all__ = ["SPECS", "ArchSpec", "LinearSpec", "MlpSpec", "spec_for"]

@@ -4,7 +4,7 @@ The fused ``query_key_value`` output is viewed by transformers as ``(..., heads,
 i.e. rows ``[q_h; k_h; v_h]`` per head, so new heads append ``3 * head_size`` rows each ("qkv").
 """
 
-from scale_cl.arch.spec import ArchSpec, LinearSpec
+from scale_cl.arch.spec import ArchSpec, LinearSpec, MlpSpec
 
 GPT_NEOX = ArchSpec(
     family="gpt_neox",
@@ -18,6 +18,7 @@ GPT_NEOX = ArchSpec(
         LinearSpec("mlp.dense_h_to_4h", "ffn", "hidden", "ffn"),
         LinearSpec("mlp.dense_4h_to_h", "ffn", "ffn", "hidden"),
     ),
+    mlp=MlpSpec("mlp", gate=None, up="dense_h_to_4h", down="dense_4h_to_h", act="act"),
     config_kv_heads=None,
     config_norm_eps="layer_norm_eps",
 )

@@ -1,6 +1,6 @@
 """The Llama family as transformers implements it: Llama (SmolLM2, Llama-3.2), Mistral, Qwen2."""
 
-from scale_cl.arch.spec import ArchSpec, LinearSpec
+from scale_cl.arch.spec import ArchSpec, LinearSpec, MlpSpec
 
 LLAMA = ArchSpec(
     family="llama",
@@ -17,4 +17,5 @@ LLAMA = ArchSpec(
         LinearSpec("mlp.up_proj", "ffn", "hidden", "ffn"),
         LinearSpec("mlp.down_proj", "ffn", "ffn", "hidden"),
     ),
+    mlp=MlpSpec("mlp", gate="gate_proj", up="up_proj", down="down_proj", act="act_fn"),
 )

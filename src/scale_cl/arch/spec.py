@@ -20,6 +20,17 @@ class LinearSpec:
 
 
 @dataclass(frozen=True)
+class MlpSpec:
+    """Where a decoder layer keeps its FFN and the names of its parts (`scale_cl.layers.ScaleMLP`)."""
+
+    path: str  # relative to a decoder layer, e.g. "mlp"
+    gate: str | None  # the gate projection of a gated MLP (SwiGLU), None for a plain one
+    up: str
+    down: str
+    act: str  # the activation module's attribute
+
+
+@dataclass(frozen=True)
 class ArchSpec:
     family: str
     backbone: str  # attribute of the causal LM holding the decoder (e.g. "model")
@@ -27,6 +38,7 @@ class ArchSpec:
     layer_norms: tuple[str, ...]  # attributes of a decoder layer
     norm_kind: str  # "rms" or "layer"
     linears: tuple[LinearSpec, ...]
+    mlp: MlpSpec
     # config attributes that `upscale` widens: (hidden, ffn, query heads, kv heads or None)
     config_hidden: str = "hidden_size"
     config_ffn: str = "intermediate_size"
