@@ -20,7 +20,7 @@ from transformers.utils import ModelOutput
 
 from scale_cl.arch import ArchSpec, spec_for
 from scale_cl.config import ScaleConfig, check_method
-from scale_cl.init import expansion_blocks
+from scale_cl.init import expansion_blocks, top_singular_all
 from scale_cl.layers import (
     W12_ALL,
     W12_OFF,
@@ -152,13 +152,19 @@ def upscale(model: PreTrainedModel, config: ScaleConfig) -> PreTrainedModel:
         model.set_output_embeddings(ScaleHead(head, u))
         eps = getattr(model.config, spec.config_norm_eps)
         _set(backbone, spec.final_norm, SplitNorm(backbone.get_submodule(spec.final_norm), spec.norm_kind, u, eps))
+        linears = [(layer, lin) for layer in backbone.layers for lin in spec.linears]
+        singular = iter([None] * len(linears))
+        if "svd" in (config.w21_init, config.w22_init):  # the slow part: all SVDs at once, in parallel on a CPU
+            work = [(layer.get_submodule(lin.path).weight, grow[lin.grow_out]) for layer, lin in linears]
+            singular = iter(top_singular_all(work, config.seed))
         for index, layer in enumerate(backbone.layers):
             for path in spec.layer_norms:
                 _set(layer, path, SplitNorm(layer.get_submodule(path), spec.norm_kind, u, eps))
             for lin in spec.linears:
                 old = layer.get_submodule(lin.path)
                 in_up, out_up = grow[lin.grow_in], grow[lin.grow_out]
-                w21, w22 = expansion_blocks(old.weight, out_up, in_up, config.w21_init, config.w22_init)
+                blocks = (old.weight, out_up, in_up, config.w21_init, config.w22_init, next(singular))
+                w21, w22 = expansion_blocks(*blocks)
                 collaborative = index >= config.preserve_layers and lin.module in config.collab_modules
                 _set(layer, lin.path, ScaleLinear(old, in_up, out_up, w21, w22, collaborative, lin.module))
             mlp = spec.mlp
