@@ -33,6 +33,7 @@ the result does not depend on scheduling.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
@@ -62,17 +63,24 @@ def top_singular(weight: torch.Tensor, k: int, generator: torch.Generator | None
     return _top_singular_by_gram(w, k)
 
 
-def top_singular_all(items: list[tuple[torch.Tensor, int]], seed: int) -> list[SingularPairs]:
-    """`top_singular` of every ``(weight, k)``; matrix ``i`` draws from a generator seeded by ``(seed, i)``."""
+def top_singular_all(items: list[tuple[torch.Tensor, int]], seeds: list[int]) -> Iterator[SingularPairs]:
+    """`top_singular` of every ``(weight, k)``, yielded in order; matrix ``i`` draws from ``seeds[i]``.
+
+    On a CPU the matrices are shared among single-threaded workers (one per torch thread), which
+    run ahead of the consumer; torch's thread count is restored when the iteration ends.
+    """
+    if len(seeds) != len(items):
+        raise ValueError(f"top_singular_all needs one seed per matrix: {len(items)} matrices, {len(seeds)} seeds")
 
     def one(index: int) -> SingularPairs:
         weight, k = items[index]
-        generator = torch.Generator(device=weight.device).manual_seed(seed * 1_000_003 + index)
+        generator = torch.Generator(device=weight.device).manual_seed(seeds[index])
         return top_singular(weight, k, generator)
 
     threads = torch.get_num_threads()
     if threads <= 1 or len(items) <= 1 or any(weight.device.type != "cpu" for weight, _ in items):
-        return [one(index) for index in range(len(items))]
+        yield from map(one, range(len(items)))
+        return
 
     def single_threaded(index: int) -> SingularPairs:
         torch.set_num_threads(1)
@@ -80,7 +88,7 @@ def top_singular_all(items: list[tuple[torch.Tensor, int]], seed: int) -> list[S
 
     try:
         with ThreadPoolExecutor(threads) as pool:
-            return list(pool.map(single_threaded, range(len(items))))
+            yield from pool.map(single_threaded, range(len(items)))
     finally:
         torch.set_num_threads(threads)  # the workers' setting must not stay with the process
 

@@ -10,6 +10,7 @@ that adds `set_method`, `save_pretrained` (only the new weights) and a parameter
 from __future__ import annotations
 
 import hashlib
+import itertools
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -152,11 +153,14 @@ def upscale(model: PreTrainedModel, config: ScaleConfig) -> PreTrainedModel:
         model.set_output_embeddings(ScaleHead(head, u))
         eps = getattr(model.config, spec.config_norm_eps)
         _set(backbone, spec.final_norm, SplitNorm(backbone.get_submodule(spec.final_norm), spec.norm_kind, u, eps))
-        linears = [(layer, lin) for layer in backbone.layers for lin in spec.linears]
-        singular = iter([None] * len(linears))
-        if "svd" in (config.w21_init, config.w22_init):  # the slow part: all SVDs at once, in parallel on a CPU
-            work = [(layer.get_submodule(lin.path).weight, grow[lin.grow_out]) for layer, lin in linears]
-            singular = iter(top_singular_all(work, config.seed))
+        singular = itertools.repeat(None)
+        if "svd" in (config.w21_init, config.w22_init):  # the slow part: computed in parallel on a CPU, in order
+            work = [
+                (layer.get_submodule(lin.path).weight, grow[lin.grow_out])
+                for layer in backbone.layers
+                for lin in spec.linears
+            ]
+            singular = top_singular_all(work, [config.seed * 1_000_003 + position for position in range(len(work))])
         for index, layer in enumerate(backbone.layers):
             for path in spec.layer_norms:
                 _set(layer, path, SplitNorm(layer.get_submodule(path), spec.norm_kind, u, eps))
