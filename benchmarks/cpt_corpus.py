@@ -10,7 +10,7 @@ package versions, files, licences and sizes.
 Writes OUT/korean/{train,heldout}.jsonl, OUT/english/eval.jsonl (one {"text": ...} document a line) and
 OUT/SOURCES.md. Downloads are cached (default OUT/_cache) and skipped when present. Only the standard
 library is used, plus the ``apt-get``/``pip`` clients; ``--measure`` (optional) loads SmolLM2-135M through
-``scale_cl.smollm2`` to add its tokens per byte and perplexity on each corpus to SOURCES.md.
+``scale_cl.models.smollm2`` to add its tokens per byte and perplexity on each corpus to SOURCES.md.
 """
 
 from __future__ import annotations
@@ -400,7 +400,7 @@ def measure(out: Path, names: list[str], sequences: int = 20, length: int = 256)
     """{corpus file: (tokens/byte, perplexity, bits/byte, sequences)} of SmolLM2-135M (needs torch, scale_cl)."""
     import torch
 
-    from scale_cl.smollm2 import load_smollm2
+    from scale_cl.models.smollm2 import load_smollm2
 
     torch.set_num_threads(2)
     model, tokenizer = load_smollm2()

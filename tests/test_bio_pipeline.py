@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-import scale_cl.bio.pipeline as pipeline
-from scale_cl.bio.config import ALL_METHODS, BioConfig, preset
+import scale_cl.experiments.bio.pipeline as pipeline
 from scale_cl.cli import build_parser, main
-from scale_cl.cli_options import apply_overrides
+from scale_cl.cli.options import apply_overrides
+from scale_cl.experiments.bio.config import ALL_METHODS, BioConfig, preset
 
 
 def micro(**overrides) -> BioConfig:

@@ -13,7 +13,7 @@ import pytest
 import torch
 from transformers import default_data_collator
 
-from scale_cl.cli_options import add_dataclass_options, nested_overrides
+from scale_cl.cli.options import add_dataclass_options, nested_overrides
 from scale_cl.data import corpus as corpus_module
 from scale_cl.data.corpus import (
     CorpusConfig,

@@ -17,10 +17,10 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
-from scale_cl.cpt.config import CptConfig, CptTrainConfig, EvalConfig
-from scale_cl.cpt.pipeline import run_cpt
 from scale_cl.data.corpus import CorpusConfig
 from scale_cl.data.tokenizer import train_bpe_tokenizer
+from scale_cl.experiments.cpt.config import CptConfig, CptTrainConfig, EvalConfig
+from scale_cl.experiments.cpt.pipeline import run_cpt
 from scale_cl.methods.settings import MethodSettings
 from scale_cl.models import load_trained
 from scale_cl.train.checkpointing import CHECKPOINT_META, TRAINABLE_WEIGHTS
@@ -197,7 +197,7 @@ def test_resume_after_sigkill_gives_bitwise_the_same_weights(workspace, tmp_path
 
 
 def test_checkpoints_hold_only_trainable_weights(workspace, tmp_path, monkeypatch):
-    import scale_cl.cpt.pipeline as pipeline
+    import scale_cl.experiments.cpt.pipeline as pipeline
 
     cfg = tiny_config(workspace, ["scale_adapt"], steps=4, save_every=2)
     monkeypatch.setattr(pipeline.shutil, "rmtree", lambda *a, **k: None)  # keep the checkpoints to look at

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from scale_cl.sweep.landscape import (
+from scale_cl.experiments.sweep.landscape import (
     Matched,
     Metric,
     Panel,

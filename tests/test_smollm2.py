@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from scale_cl import ScaleConfig, upscale
-from scale_cl.smollm2 import INSTALL_HINT, load_smollm2, smollm2_gguf
+from scale_cl.models.smollm2 import INSTALL_HINT, load_smollm2, smollm2_gguf
 
 pytestmark = [
     pytest.mark.smollm2,

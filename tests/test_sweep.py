@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from scale_cl.bio.config import preset
 from scale_cl.cli import main
-from scale_cl.sweep.experiments import BASE_FILE, BioExperiment, CptExperiment
-from scale_cl.sweep.report import write_report
-from scale_cl.sweep.runner import POINT_FILE, Axis, SweepSettings, plan, run_sweep
+from scale_cl.experiments.bio.config import preset
+from scale_cl.experiments.sweep.experiments import BASE_FILE, BioExperiment, CptExperiment
+from scale_cl.experiments.sweep.report import write_report
+from scale_cl.experiments.sweep.runner import POINT_FILE, Axis, SweepSettings, plan, run_sweep
 from test_cpt import tiny_config, workspace  # noqa: F401  (the tiny Llama and corpora fixture)
 
 METHODS = ["fft", "scale_adapt"]

@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from scale_cl.sweep.runner import AXIS_METHODS, DEFAULT_LR_SCALES, Axis, SweepSettings
+from scale_cl.experiments.sweep.runner import AXIS_METHODS, DEFAULT_LR_SCALES, Axis, SweepSettings
 
 SWEEP_OPTIONS = ("lr_scales", "axis", "reference", "target", "save_models", "experiment")
 
@@ -29,21 +29,21 @@ def _sweep_settings(args: argparse.Namespace) -> SweepSettings:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from scale_cl.cli_options import resolve_settings
-    from scale_cl.sweep.experiments import BioExperiment, CptExperiment
-    from scale_cl.sweep.report import write_report
-    from scale_cl.sweep.runner import run_sweep
+    from scale_cl.cli.options import resolve_settings
+    from scale_cl.experiments.sweep.experiments import BioExperiment, CptExperiment
+    from scale_cl.experiments.sweep.report import write_report
+    from scale_cl.experiments.sweep.runner import run_sweep
     from scale_cl.train.checkpointing import NonFiniteLossError
 
     name = args.experiment
     try:
         if name == "bio":
-            from scale_cl.bio.config import preset
+            from scale_cl.experiments.bio.config import preset
 
             cfg = resolve_settings(args, preset, "micro", skip=SWEEP_OPTIONS)
             experiment = BioExperiment(cfg)
         else:
-            from scale_cl.cpt.config import preset
+            from scale_cl.experiments.cpt.config import preset
 
             cfg = resolve_settings(args, preset, "smollm2", skip=SWEEP_OPTIONS)
             experiment = CptExperiment(cfg, save_models=args.save_models)
@@ -105,9 +105,9 @@ def _add_sweep_options(parser: argparse.ArgumentParser, cpt: bool) -> None:
 
 
 def add_sweep_parser(commands: argparse._SubParsersAction) -> None:
-    from scale_cl.bio.config import preset as bio_preset
-    from scale_cl.cli_options import add_dataclass_options
-    from scale_cl.cpt.config import preset as cpt_preset
+    from scale_cl.cli.options import add_dataclass_options
+    from scale_cl.experiments.bio.config import preset as bio_preset
+    from scale_cl.experiments.cpt.config import preset as cpt_preset
 
     sweep = commands.add_parser(
         "sweep",

@@ -42,7 +42,7 @@ def run_demo(
     max_new_tokens: int = 16,
     methods: tuple[str, ...] = METHODS,
 ) -> list[DemoResult]:
-    from scale_cl.smollm2 import load_smollm2
+    from scale_cl.models.smollm2 import load_smollm2
 
     base, tokenizer = load_smollm2()
     tokenizer.padding_side = "left"

@@ -14,8 +14,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from scale_cl.run_folder import write_json
-from scale_cl.sweep.landscape import Metric
+from scale_cl.experiments.run_folder import write_json
+from scale_cl.experiments.sweep.landscape import Metric
 
 CONFIG_FILE = "sweep_config.json"
 BASE_FILE = "base_metrics.json"
@@ -54,7 +54,7 @@ class BioExperiment:
         self._initial: dict[int, dict[str, Any]] = {}
 
     def validate(self, cfg: Any) -> None:
-        from scale_cl.bio.pipeline import validate
+        from scale_cl.experiments.bio.pipeline import validate
 
         validate(cfg)
 
@@ -62,7 +62,7 @@ class BioExperiment:
         """Data and stage-1/2 models (cached), and the Task-0 model's accuracies; returns the base metrics."""
         from transformers import GPTNeoXForCausalLM
 
-        from scale_cl.bio.pipeline import build_data, evaluate_tasks, stage_models
+        from scale_cl.experiments.bio.pipeline import build_data, evaluate_tasks, stage_models
 
         self._data = build_data(self.cfg, out)
         base = out / BASE_FILE
@@ -87,7 +87,7 @@ class BioExperiment:
         }
 
     def run(self, cfg: Any, method: str, point_dir: Path) -> dict[str, float]:
-        from scale_cl.bio.pipeline import run_method
+        from scale_cl.experiments.bio.pipeline import run_method
 
         curves = [
             run_method(cfg, self._data, self._task0_dirs[seed], method, seed, point_dir, self._initial[seed])["curve"]
@@ -122,12 +122,12 @@ class CptExperiment:
     @property
     def is_main_process(self) -> bool:
         """Under torchrun / accelerate launch every process runs the sweep; only the main one writes."""
-        from scale_cl.cpt.pipeline import process_state
+        from scale_cl.experiments.cpt.pipeline import process_state
 
         return process_state().is_main_process
 
     def validate(self, cfg: Any) -> None:
-        from scale_cl.cpt.pipeline import base_model_config, validate
+        from scale_cl.experiments.cpt.pipeline import base_model_config, validate
 
         if self._base_config is None:
             self._base_config = base_model_config(cfg)
@@ -140,7 +140,7 @@ class CptExperiment:
 
     def prepare(self, out: Path) -> dict[str, float]:
         """Corpus, reference hidden states and the base model's evaluation (once); returns the base metrics."""
-        from scale_cl.cpt.pipeline import (
+        from scale_cl.experiments.cpt.pipeline import (
             evaluate_method,
             load_run_corpus,
             process_state,
@@ -171,7 +171,7 @@ class CptExperiment:
         return {"learning": record["learning_ppl"], **{f"old/{k}": v for k, v in record["forgetting_ppl"].items()}}
 
     def run(self, cfg: Any, method: str, point_dir: Path) -> dict[str, float]:
-        from scale_cl.cpt.pipeline import run_method
+        from scale_cl.experiments.cpt.pipeline import run_method
 
         s = self._state
         result = run_method(

@@ -34,12 +34,12 @@ from accelerate import PartialState
 from safetensors.torch import load_file, save_file
 from transformers import AutoConfig, PreTrainedModel, PreTrainedTokenizerBase, TrainingArguments, default_data_collator
 
-from scale_cl.cpt.config import CptConfig
-from scale_cl.cpt.report import RESULT_FILE
 from scale_cl.data.corpus import Corpus, build_corpus, check_corpus
 from scale_cl.eval.perplexity import final_hidden_original, mean_cosine_similarity, perplexity
+from scale_cl.experiments.cpt.config import CptConfig
+from scale_cl.experiments.cpt.report import RESULT_FILE
+from scale_cl.experiments.run_folder import claim_output_folder, write_json
 from scale_cl.models import BaseModelRef, load_base, save_trained
-from scale_cl.run_folder import claim_output_folder, write_json
 from scale_cl.train.callbacks import PeriodicEval
 from scale_cl.train.checkpointing import CheckpointingTrainer, complete_checkpoints
 
@@ -273,7 +273,7 @@ def base_model_config(cfg: CptConfig) -> Any:
 
 def run_cpt(cfg: CptConfig, out: Path) -> dict[str, Any]:
     """Run (or resume) every method of ``cfg`` into ``out``; returns the collected results."""
-    from scale_cl.cpt.report import collect, write_report
+    from scale_cl.experiments.cpt.report import collect, write_report
 
     out = Path(out)
     validate(cfg, base_model_config(cfg))

@@ -26,8 +26,6 @@ from typing import Any
 import torch
 from transformers import GPTNeoXConfig, GPTNeoXForCausalLM, PreTrainedTokenizerFast
 
-from scale_cl.bio.config import BioConfig
-from scale_cl.bio.datasets import AnswerOnlyQA, PackedText, PadCollator
 from scale_cl.data import (
     ATTRIBUTES,
     answer_first_token,
@@ -39,7 +37,9 @@ from scale_cl.data import (
     train_bpe_tokenizer,
 )
 from scale_cl.eval.first_token import QAExample, first_token_accuracy
-from scale_cl.run_folder import claim_output_folder, write_json
+from scale_cl.experiments.bio.config import BioConfig
+from scale_cl.experiments.bio.datasets import AnswerOnlyQA, PackedText, PadCollator
+from scale_cl.experiments.run_folder import claim_output_folder, write_json
 from scale_cl.train.callbacks import PeriodicEval
 from scale_cl.train.trainer import run_stage
 
@@ -239,7 +239,7 @@ def validate(cfg: BioConfig) -> None:
 
 def run_bio(cfg: BioConfig, out: Path) -> dict[str, Any]:
     """Run (or resume) the whole benchmark into ``out``; returns the collected results."""
-    from scale_cl.bio.report import collect, write_report
+    from scale_cl.experiments.bio.report import collect, write_report
 
     out = Path(out)
     validate(cfg)

@@ -10,7 +10,7 @@ from scale_cl.config import METHODS
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from scale_cl.demo import format_results, run_demo
+    from scale_cl.experiments.demo import format_results, run_demo
 
     results = run_demo(
         hidden_up=args.hidden_up,
@@ -29,9 +29,9 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _bio(args: argparse.Namespace) -> int:
-    from scale_cl.bio.config import preset
-    from scale_cl.bio.pipeline import run_bio
-    from scale_cl.cli_options import resolve_settings
+    from scale_cl.cli.options import resolve_settings
+    from scale_cl.experiments.bio.config import preset
+    from scale_cl.experiments.bio.pipeline import run_bio
 
     cfg = resolve_settings(args, preset, "small")
     out = Path(args.out or f"outputs/bio-{cfg.preset}")
@@ -42,9 +42,9 @@ def _bio(args: argparse.Namespace) -> int:
 
 
 def _cpt(args: argparse.Namespace) -> int:
-    from scale_cl.cli_options import resolve_settings
-    from scale_cl.cpt.config import preset
-    from scale_cl.cpt.pipeline import run_cpt
+    from scale_cl.cli.options import resolve_settings
+    from scale_cl.experiments.cpt.config import preset
+    from scale_cl.experiments.cpt.pipeline import run_cpt
     from scale_cl.train.checkpointing import NonFiniteLossError
 
     try:
@@ -54,7 +54,7 @@ def _cpt(args: argparse.Namespace) -> int:
     except (ValueError, FileNotFoundError, NonFiniteLossError) as err:
         print(f"scale-cl cpt: error: {err}", file=sys.stderr)
         return 1 if isinstance(err, NonFiniteLossError) else 2
-    from scale_cl.cpt.pipeline import process_state
+    from scale_cl.experiments.cpt.pipeline import process_state
 
     if process_state().is_main_process:
         print((out / "results.md").read_text())
@@ -87,8 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS), help="methods to check")
     demo.set_defaults(func=_demo)
 
-    from scale_cl.bio.config import preset
-    from scale_cl.cli_options import add_dataclass_options
+    from scale_cl.cli.options import add_dataclass_options
+    from scale_cl.experiments.bio.config import preset
 
     bio = commands.add_parser(
         "bio",
@@ -107,7 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_dataclass_options(bio, preset("small"), aliases={"seeds": ["--seed"]})
     bio.set_defaults(func=_bio)
 
-    from scale_cl.cpt.config import preset as cpt_preset
+    from scale_cl.experiments.cpt.config import preset as cpt_preset
 
     cpt = commands.add_parser(
         "cpt",
@@ -139,7 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_bench_parser(commands)
 
-    from scale_cl.sweep.cli import add_sweep_parser
+    from scale_cl.experiments.sweep.cli import add_sweep_parser
 
     add_sweep_parser(commands)
     return parser

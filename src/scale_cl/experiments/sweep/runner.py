@@ -19,9 +19,9 @@ from dataclasses import dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from scale_cl.cli_options import apply_overrides, nest
-from scale_cl.run_folder import claim_output_folder, write_json
-from scale_cl.sweep.experiments import CONFIG_FILE
+from scale_cl.cli.options import apply_overrides, nest
+from scale_cl.experiments.run_folder import claim_output_folder, write_json
+from scale_cl.experiments.sweep.experiments import CONFIG_FILE
 
 POINT_FILE = "point.json"
 DEFAULT_LR_SCALES = (0.25, 0.5, 1.0, 2.0, 4.0)
@@ -162,7 +162,7 @@ def plan(experiment: Any, settings: SweepSettings) -> list[SweepPoint]:
 
 def point_config(experiment: Any, point: SweepPoint) -> Any:
     """The experiment's settings for one point: its method alone, its rate, its ablation setting."""
-    from scale_cl.sweep.experiments import with_rate
+    from scale_cl.experiments.sweep.experiments import with_rate
 
     cfg = apply_overrides(experiment.cfg, nest(point.overrides))
     return replace(with_rate(cfg, experiment.rates_section, point.method, point.lr), methods=[point.method])

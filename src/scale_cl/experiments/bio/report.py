@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from scale_cl.bio.config import BioConfig
+from scale_cl.experiments.bio.config import BioConfig
 
 
 def machine() -> dict[str, Any]:

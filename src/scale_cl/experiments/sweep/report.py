@@ -7,8 +7,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from scale_cl.run_folder import write_json
-from scale_cl.sweep.landscape import (
+from scale_cl.experiments.run_folder import write_json
+from scale_cl.experiments.sweep.landscape import (
     Panel,
     Point,
     default_target,
@@ -20,7 +20,7 @@ from scale_cl.sweep.landscape import (
     plot_landscape,
     single_rate_markdown,
 )
-from scale_cl.sweep.runner import SweepResult, SweepSettings
+from scale_cl.experiments.sweep.runner import SweepResult, SweepSettings
 
 
 def _points(records: list[dict], key: str) -> list[Point]:
@@ -128,7 +128,7 @@ def _ablation_markdown(table: dict[str, Any], experiment: Any, spec: Any) -> str
 
 def write_report(experiment: Any, settings: SweepSettings, result: SweepResult, out: Path) -> dict[str, Any]:
     """results.md, results.json, landscape.png and one ablation figure per axis and forgetting view."""
-    from scale_cl.bio.report import machine
+    from scale_cl.experiments.bio.report import machine
 
     target, reference = target_level(experiment, settings, result)
     views = panels(experiment, result, target)

@@ -39,7 +39,7 @@ class BaseModelRef:
     def parse(cls, model: str, gguf_file: str | None = None) -> BaseModelRef:
         """Accept ``path/to/file.gguf`` as well as a folder + ``gguf_file``, and ``smollm2``."""
         if model == SMOLLM2 and gguf_file is None:
-            from scale_cl.smollm2 import INSTALL_HINT, smollm2_gguf
+            from scale_cl.models.smollm2 import INSTALL_HINT, smollm2_gguf
 
             gguf = smollm2_gguf()
             if gguf is None:

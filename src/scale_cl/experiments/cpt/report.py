@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from scale_cl.cpt.config import CptConfig
+from scale_cl.experiments.cpt.config import CptConfig
 
 RESULT_FILE = "result.json"
 

@@ -1,0 +1,1 @@
+"""The biography benchmark (paper Fig. 8): `scale-cl bio`."""

@@ -1,0 +1,1 @@
+"""Continual pre-training with learning and forgetting measured (paper Fig. 4, 9): `scale-cl cpt`."""
