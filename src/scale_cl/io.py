@@ -17,10 +17,8 @@ a directory that looks complete. Nothing is pickled.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +29,7 @@ from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
 
 from scale_cl.config import ScaleConfig
+from scale_cl.files import atomic_write, sha256_of
 from scale_cl.upscale import scale_config_of, set_method, upscale, weight_fingerprint
 
 FORMAT = "scale-cl"
@@ -60,23 +59,22 @@ def _unique_parameters(model: nn.Module) -> dict[str, torch.Tensor]:
     return dict(model.named_parameters())  # named_parameters lists a tied weight once
 
 
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
+def check_tensors(found: dict[str, Any], expected: dict[str, Any], where: str) -> None:
+    """Raise a ValueError naming the missing, unexpected and wrongly shaped tensors of ``found``.
 
-
-def _atomic_write(path: Path, write: Any) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+    Both map tensor names to shapes (any sequence of ints); ``where`` names the file or folder.
+    """
+    found = {n: tuple(s) for n, s in found.items()}
+    expected = {n: tuple(s) for n, s in expected.items()}
+    if found == expected:
+        return
+    missing = sorted(set(expected) - set(found))
+    extra = sorted(set(found) - set(expected))
+    wrong = sorted(n for n in set(expected) & set(found) if expected[n] != found[n])
+    raise ValueError(
+        f"{where} does not fit this model: missing {missing[:5]}, unexpected {extra[:5]}, "
+        f"wrong shape {[(n, found[n], expected[n]) for n in wrong[:5]]}; was it written for another method or model?"
+    )
 
 
 def save(
@@ -108,11 +106,11 @@ def save(
     (directory / CONFIG_NAME).unlink(missing_ok=True)
     files = {WEIGHTS_NAME: new, **({BASE_WEIGHTS_NAME: original} if full else {})}
     for name, tensors in files.items():
-        _atomic_write(directory / name, lambda p, t=tensors: save_file(t, p, metadata={"format": "pt"}))
+        atomic_write(directory / name, lambda p, t=tensors: save_file(t, p, metadata={"format": "pt"}))
         meta["sha256"][name] = sha256_of(directory / name)
     if not full:
         (directory / BASE_WEIGHTS_NAME).unlink(missing_ok=True)
-    _atomic_write(directory / CONFIG_NAME, lambda p: Path(p).write_text(json.dumps(meta, indent=2)))
+    atomic_write(directory / CONFIG_NAME, lambda p: Path(p).write_text(json.dumps(meta, indent=2)))
     return directory
 
 
@@ -233,15 +231,8 @@ def load(
     # The saved values replace the initialisers, so skip the SVD.
     model = upscale(model, ScaleConfig.from_dict({**cfg.to_dict(), "w21_init": "zero", "w22_init": "zero"}))
     params = dict(model.named_parameters())
-    expected = {n: list(p.shape) for n, p in params.items() if is_new_parameter(n)}
-    if expected != shapes:
-        missing = sorted(set(expected) - set(shapes))
-        extra = sorted(set(shapes) - set(expected))
-        wrong = sorted(n for n in set(expected) & set(shapes) if expected[n] != shapes[n])
-        raise ValueError(
-            f"checkpoint tensors do not fit the upscaled model: missing {missing[:5]}, unexpected {extra[:5]}, "
-            f"wrong shape {[(n, shapes[n], expected[n]) for n in wrong[:5]]}"
-        )
+    expected = {n: p.shape for n, p in params.items() if is_new_parameter(n)}
+    check_tensors(shapes, expected, str(directory / WEIGHTS_NAME))
     with torch.no_grad():
         for name, tensor in weights.items():
             params[name].copy_(tensor)

@@ -31,7 +31,7 @@ from torch import nn
 from transformers import Trainer
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
 
-from scale_cl.io import sha256_of
+from scale_cl.files import sha256_of
 
 TRAINABLE_WEIGHTS = "trainable.safetensors"
 CHECKPOINT_META = "checkpoint.json"
