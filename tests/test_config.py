@@ -39,9 +39,19 @@ def test_negative_ffn_up():
         ScaleConfig(hidden_up=32, ffn_up=-1)
 
 
-def test_negative_preserve_layers():
-    with pytest.raises(ValueError, match="preserve_layers must be 0 or more, got -1"):
-        ScaleConfig(hidden_up=32, ffn_up=16, preserve_layers=-1)
+@pytest.mark.parametrize(("given", "concrete"), [(-1, 2), (-3, 0), (0, 0), (3, 3)])
+def test_negative_preserve_layers_count_from_the_top(given, concrete):
+    """-k makes the top k layers collaborative whatever the depth; the model records the concrete L_fp."""
+    model = upscale(
+        make_model("llama-gqa2-tied"), ScaleConfig(hidden_up=32, ffn_up=16, method="adapt", preserve_layers=given)
+    )
+    assert scale_config_of(model).preserve_layers == concrete
+    layers = [
+        i
+        for i, layer in enumerate(model.model.layers)
+        if any(isinstance(m, ScaleLinear) and m.collaborative for m in layer.modules())
+    ]
+    assert layers == list(range(concrete, 3))
 
 
 @pytest.mark.parametrize("field", ["hidden_up", "ffn_up", "preserve_layers", "seed"])
@@ -147,10 +157,13 @@ def test_hidden_up_must_add_whole_heads(arch, unit):
     upscale(base, ScaleConfig(hidden_up=2 * unit, ffn_up=16))
 
 
-def test_preserve_layers_beyond_the_model():
+@pytest.mark.parametrize("preserve_layers", [4, -4])
+def test_preserve_layers_beyond_the_model(preserve_layers):
     base = make_model("llama-gqa2-tied")
-    with pytest.raises(ValueError, match="preserve_layers=4 exceeds the model's 3 decoder layers"):
-        upscale(copy.deepcopy(base), ScaleConfig(hidden_up=32, ffn_up=16, preserve_layers=4))
+    with pytest.raises(
+        ValueError, match=f"preserve_layers={preserve_layers} does not fit the model's 3 decoder layers"
+    ):
+        upscale(copy.deepcopy(base), ScaleConfig(hidden_up=32, ffn_up=16, preserve_layers=preserve_layers))
     model = upscale(base, ScaleConfig(hidden_up=32, ffn_up=16, method="adapt", preserve_layers=3))
     assert not any(m.collaborative for m in model.modules() if isinstance(m, ScaleLinear))
 

@@ -106,7 +106,7 @@ def test_round_trip_in_memory_base(arch, tmp_path):
     assert torch.equal(logits(loaded), expected)
     assert loaded.scale_config.method == "route"
     assert loaded.scale_config == model.scale_config
-    assert loaded.get_output_embeddings().route
+    assert loaded.scale_route.active
     for name, param in model.named_parameters():
         assert torch.equal(dict(loaded.named_parameters())[name], param), name
         assert dict(loaded.named_parameters())[name].requires_grad == param.requires_grad, name
@@ -159,7 +159,7 @@ def test_round_trip_keeps_method_and_trainability(tmp_path):
     model.save_pretrained(tmp_path)
     loaded = scale_cl.load(tmp_path, base_model=make_model("llama-mha-untied", seed=0)).eval()
     assert loaded.scale_config.method == "adapt"
-    assert not loaded.get_output_embeddings().route
+    assert not loaded.scale_route.active
     assert torch.equal(logits(loaded), expected)
     trainable = {n for n, p in loaded.named_parameters() if p.requires_grad}
     assert trainable == {n for n, p in model.named_parameters() if p.requires_grad}

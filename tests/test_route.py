@@ -22,6 +22,7 @@ from torch import nn
 from conftest import VOCAB, hidden_up_for, make_model, randomize_new_weights
 from scale_cl import ROUTE_SHARE_KEY, ScaleConfig, set_method, upscale
 from scale_cl.layers import ScaleHead, ScaleLinear
+from scale_cl.route import RouteState
 
 ATOL = 1e-5
 NUM_LAYERS = 3  # every tiny model in conftest has 3 decoder layers
@@ -293,7 +294,7 @@ def test_route_logits_and_gradients_match_plain_eq5(arch, case):
 
     logits = model(ids, attention_mask=mask).logits
     (logits * weights).sum().backward()
-    routed = model.get_output_embeddings().last_route_mask
+    routed = model.scale_route.last_mask
 
     ref_p, ref_a = w12_zeroed(model), set_method(copy.deepcopy(model), "adapt")
     for ref in (ref_p, ref_a):
@@ -356,7 +357,7 @@ def test_route_head_equals_plain_eq5(dtype, bias, tau):
         head.weight_up.copy_(torch.randn(vocab, u, generator=gen))
         if bias:
             head.bias.copy_(torch.randn(vocab, generator=gen))
-    head.route, head.stacked, head.route_tau = True, True, tau
+    head.route = RouteState(active=True, tau=tau, first_stacked=0)
     hidden = torch.randn(2 * batch, length, d + u, generator=gen)
     # The adapt half's original part: near the preserve half's for some tokens, unrelated for others.
     noise = torch.linspace(0.05, 3.0, length)[None, :, None]
@@ -380,7 +381,7 @@ def test_route_head_equals_plain_eq5(dtype, bias, tau):
     expected = torch.where(to_preserve[..., None], (z_p + z_a) / 2 + z_p_up, z_a + z_a_up)
     (expected * weights).sum().backward()
 
-    assert torch.equal(head.last_route_mask, to_preserve)
+    assert torch.equal(head.route.last_mask, to_preserve)
     if tau == 0.8:
         assert to_preserve.any() and not to_preserve.all()
     assert torch.equal(logits, expected)
@@ -415,3 +416,20 @@ def test_route_runs_lower_layers_once(arch, padded):
             handle.remove()
     assert seen == {0: [batch], 1: [batch], 2: [2 * batch]}
     assert logits.shape[0] == batch
+
+
+def test_one_route_state_per_model_and_copies_get_their_own():
+    """Every module of a model reads the model's one RouteState; a deep copy switches apart from the original."""
+    model = scale_model("llama-gqa2-tied", 1)
+    state = model.scale_route
+    readers = [m for m in model.modules() if isinstance(m, (ScaleLinear, ScaleHead))]
+    assert readers and all(m.route is state for m in readers)
+    twin = set_method(copy.deepcopy(model), "adapt")
+    assert twin.scale_route is not state and not twin.scale_route.active
+    assert all(m.route is twin.scale_route for m in twin.modules() if isinstance(m, (ScaleLinear, ScaleHead)))
+    assert state.active and state.first_stacked == 1  # the original is still in route mode
+    ids = torch.randint(1, VOCAB, (2, 5))
+    model(ids)
+    assert state.last_mask is not None and twin.scale_route.last_mask is None
+    twin(ids)
+    assert twin.scale_route.last_mask is None  # no routing outside route mode

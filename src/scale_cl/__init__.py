@@ -4,15 +4,34 @@ from scale_cl import ScaleConfig, upscale, set_method, load
 model = upscale(hf_model, ScaleConfig(hidden_up=256, ffn_up=1024, method="route", preserve_layers=3))
 set_method(model, "adapt")
 model.save_pretrained("out"); model = load("out")
+
+This package's top level is the tuner (config, shapes, layers, init, arch/, upscale, model, route,
+io, restore, summary); `scale_cl.methods` holds the seven methods of the comparison behind one
+registry; the experiments (`scale_cl.experiments`), their data/training/evaluation helpers and the
+benchmark harness (`scale_cl.bench`) use the tuner and are never imported by it.
 """
 
-from scale_cl.config import METHODS, ScaleConfig
-from scale_cl.io import load, save
-from scale_cl.methods import METHOD_NAMES, prepare, trainable_parameter_count
+from scale_cl.config import METHODS, ScaleConfig, scale_config_of
+from scale_cl.io import save
+from scale_cl.model import set_method
+from scale_cl.restore import load
+from scale_cl.route import ROUTE_SHARE_KEY
 from scale_cl.summary import ParamSummary, parameter_summary
-from scale_cl.upscale import ROUTE_SHARE_KEY, scale_config_of, set_method, upscale
+from scale_cl.upscale import upscale
 
 __version__ = "0.1.0"
+
+# The baselines (PEFT's LoRA, LLaMA Pro, ...) are imported only when asked for.
+_FROM_METHODS = ("METHOD_NAMES", "prepare", "trainable_parameter_count")
+
+
+def __getattr__(name: str):
+    if name in _FROM_METHODS:
+        import scale_cl.methods
+
+        return getattr(scale_cl.methods, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "METHODS",

@@ -1,7 +1,8 @@
 """ScaleConfig: what to add to a model and how the added blocks train (DESIGN.md §1).
 
 Only checks that need no model live here; checks against a model's shapes (head size, GQA
-group, number of layers) are made by `upscale`, which knows the architecture.
+group, number of layers) are made by `scale_cl.shapes.check_fits`, which `upscale` and the
+experiments' settings both call.
 """
 
 from __future__ import annotations
@@ -25,7 +26,9 @@ class ScaleConfig:
         method: ``"preserve"`` (W12 frozen at zero everywhere), ``"adapt"`` (W12 trainable in
             collaborative layers/modules) or ``"route"`` (per-token routing between both, Eq. 5).
         preserve_layers: ``L_fp``; W12 stays frozen at zero in decoder layers ``< L_fp``.
-            Layers ``>= L_fp`` are collaborative (for ``adapt``/``route``).
+            Layers ``>= L_fp`` are collaborative (for ``adapt``/``route``). Negative values count
+            from the top like a Python index: ``-1`` makes only the last layer collaborative,
+            whatever the model's depth; `upscale` records the concrete value.
         collab_modules: where W12 may train inside collaborative layers: ``"attn"``, ``"ffn"``.
         w21_init: initialiser of W21 (new rows reading the original stream).
         w22_init: initialiser of W22 (new rows reading the new stream).
@@ -34,15 +37,22 @@ class ScaleConfig:
         seed: seed of the random and randomised-SVD initialisers (upscaling is deterministic).
     """
 
-    hidden_up: int
-    ffn_up: int
-    method: str = "preserve"
-    preserve_layers: int = 0
-    collab_modules: tuple[str, ...] = field(default=("attn", "ffn"))
-    w21_init: str = "svd"
-    w22_init: str = "zero"
-    route_tau: float = 0.5
-    seed: int = 0
+    hidden_up: int = field(metadata={"help": "width added to the residual stream (a multiple of head_dim x GQA group)"})
+    ffn_up: int = field(metadata={"help": "width added to every FFN's hidden layer (0 or more)"})
+    method: str = field(default="preserve", metadata={"help": f"one of {METHODS}"})
+    preserve_layers: int = field(
+        default=0,
+        metadata={
+            "help": "L_fp: W12 frozen below this decoder layer; negative counts from the top (-1: only the last)"
+        },
+    )
+    collab_modules: tuple[str, ...] = field(
+        default=("attn", "ffn"), metadata={"help": f"where W12 trains in collaborative layers: a subset of {MODULES}"}
+    )
+    w21_init: str = field(default="svd", metadata={"help": f"W21 initialiser, one of {INITS}"})
+    w22_init: str = field(default="zero", metadata={"help": f"W22 initialiser, one of {INITS}"})
+    route_tau: float = field(default=0.5, metadata={"help": "SCALE-Route: cosine threshold of Eq. 5, in [-1, 1]"})
+    seed: int = field(default=0, metadata={"help": "seed of the random and randomised-SVD initialisers"})
 
     def __post_init__(self) -> None:
         self.collab_modules = tuple(self.collab_modules)
@@ -56,8 +66,6 @@ class ScaleConfig:
             )
         if self.ffn_up < 0:
             raise ValueError(f"ScaleConfig.ffn_up must be 0 or more, got {self.ffn_up}")
-        if self.preserve_layers < 0:
-            raise ValueError(f"ScaleConfig.preserve_layers must be 0 or more, got {self.preserve_layers}")
         check_method(self.method)
         for name in ("w21_init", "w22_init"):
             if getattr(self, name) not in INITS:
@@ -92,3 +100,11 @@ def check_method(method: str) -> str:
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
     return method
+
+
+def scale_config_of(model: Any) -> ScaleConfig:
+    """The ScaleConfig an upscaled model was built with (its current method included)."""
+    state = getattr(getattr(model, "config", None), "scale_cl", None)
+    if not state:
+        raise ValueError("this model is not upscaled by scale_cl; call scale_cl.upscale(model, config) first")
+    return ScaleConfig.from_dict(state["config"])

@@ -13,20 +13,29 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from scale_cl.route import route_logits, route_mask
-
-# How a ScaleLinear applies its W12 block on a forward pass (set by `set_method`):
-W12_OFF = "off"  # the network with W12 = 0 (preserve, and every non-collaborative linear)
-W12_ALL = "all"  # adapt
-W12_SECOND_HALF = "second_half"  # route: the batch is [preserve path; adapt path]
-W12_SCOPES = (W12_OFF, W12_ALL, W12_SECOND_HALF)
+from scale_cl.route import RouteState, route_logits, route_mask
 
 
-class ScaleLinear(nn.Module):
+class SplitInput(nn.Module):
+    """A module reading ``[x; x_up]`` whose original part ``x`` may be constant during training.
+
+    ``constant_input`` (set by `set_method`) is true where ``x`` depends on no trainable parameter
+    (below the first layer that uses W12): then `original` detaches it, so no gradient is taken
+    through the frozen products, which is most of full fine-tuning's backward.
+    """
+
+    constant_input: bool = False
+
+    def original(self, x: torch.Tensor) -> torch.Tensor:
+        return x.detach() if self.constant_input else x
+
+
+class ScaleLinear(SplitInput):
     """``[[W, W12], [W21, W22]] @ [x; x_up]`` with ``W`` (and its bias) frozen.
 
     The output is ``[W x + W12 x_up (+ b); W21 x + W22 x_up + bias_up]``. W12 starts at zero and is
-    only computed when ``w12_scope`` says so, so a preserve layer never pays for it.
+    only computed when ``use_w12`` (set by `set_method`) is true, so a preserve layer never pays for
+    it; in route mode (``route.active``) it is added to the adapt half of the stacked batch only.
     """
 
     def __init__(
@@ -44,10 +53,8 @@ class ScaleLinear(nn.Module):
         self.in_features, self.out_features = base.in_features, base.out_features
         self.in_up, self.out_up = in_up, out_up
         self.collaborative = collaborative
-        self.w12_scope = W12_OFF
-        # True where the original input stream depends on no trainable parameter (set by set_method):
-        # then no gradient is taken through the frozen products, which is most of FFT's backward.
-        self.constant_input = False
+        self.use_w12 = False
+        self.route: RouteState | None = None  # the model's route state, handed over by `upscale`
         self.weight = base.weight
         self.bias = base.bias
         factory = {"device": base.weight.device, "dtype": base.weight.dtype}
@@ -61,26 +68,26 @@ class ScaleLinear(nn.Module):
 
     def project(self, x: torch.Tensor, x_up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The output's original part and added part, from the input's two parts (`ScaleMLP` keeps them apart)."""
-        if self.constant_input:
-            x = x.detach()
+        x = self.original(x)
         if self.bias is not None and x.dtype != torch.float32:
             # A strided slice with a bias takes matmul-then-add instead of the fused addmm the base
             # model's contiguous input takes: in bf16/fp16 that rounds differently (one ulp), so the
             # original stream would no longer be bitwise the base model's. (fp32 rounds the same.)
             x = x.contiguous()
         out = F.linear(x, self.weight, self.bias)
-        if self.w12_scope == W12_ALL:
-            out = out + F.linear(x_up, self.w12)
-        elif self.w12_scope == W12_SECOND_HALF:
+        if self.use_w12 and self.route is not None and self.route.active:  # [preserve path; adapt path]
             half = out.shape[0] // 2
             out = torch.cat((out[:half], out[half:] + F.linear(x_up[half:], self.w12)))
+        elif self.use_w12:
+            out = out + F.linear(x_up, self.w12)
         out_up = F.linear(x, self.w21, self.bias_up) + F.linear(x_up, self.w22)
         return out, out_up
 
     def extra_repr(self) -> str:
         return (
             f"in={self.in_features}+{self.in_up}, out={self.out_features}+{self.out_up}, "
-            f"bias={self.bias is not None}, kind={self.kind}, collaborative={self.collaborative}, w12={self.w12_scope}"
+            f"bias={self.bias is not None}, kind={self.kind}, collaborative={self.collaborative}, "
+            f"use_w12={self.use_w12}"
         )
 
 
@@ -124,7 +131,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * x.to(dtype)
 
 
-class SplitNorm(nn.Module):
+class SplitNorm(SplitInput):
     """Normalises ``x`` with the frozen original norm over ``d`` and ``x_up`` with a new one over ``u``.
 
     A norm over the whole ``d + u`` would let ``x_up`` rescale ``x`` and break preservation, so
@@ -138,7 +145,6 @@ class SplitNorm(nn.Module):
             raise ValueError(f"unknown norm kind {kind!r}")
         self.kind, self.eps = kind, eps
         self.hidden_size, self.hidden_up = base.weight.shape[0], hidden_up
-        self.constant_input = False  # as in ScaleLinear
         self.weight = base.weight
         factory = {"device": base.weight.device, "dtype": base.weight.dtype}
         self.weight_up = nn.Parameter(torch.ones(hidden_up, **factory))
@@ -153,8 +159,7 @@ class SplitNorm(nn.Module):
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         x, x_up = hidden.split((self.hidden_size, self.hidden_up), dim=-1)
-        if self.constant_input:
-            x = x.detach()
+        x = self.original(x)
         bias, bias_up = (self.bias, self.bias_up) if self.kind == "layer" else (None, None)
         return torch.cat((self._norm(x, self.weight, bias), self._norm(x_up, self.weight_up, bias_up)), dim=-1)
 
@@ -182,11 +187,11 @@ class ScaleEmbedding(nn.Module):
         return f"{self.num_embeddings}, {self.weight.shape[1]}+{self.weight_up.shape[1]}"
 
 
-class ScaleHead(nn.Module):
+class ScaleHead(SplitInput):
     """LM head ``Z + Z_up = W_out x + W_out_up x_up``; ``W_out`` frozen, ``W_out_up`` zero at start.
 
-    In route mode the head also combines the two paths with Eq. 5 (see `scale_cl.route`):
-    ``stacked`` says whether its input batch is ``[preserve path; adapt path]``.
+    In route mode (``route.active``) the head also combines the two paths with Eq. 5 (see
+    `scale_cl.route`) and records its routing decision in ``route.last_mask``.
     """
 
     def __init__(self, base: nn.Linear, hidden_up: int) -> None:
@@ -198,30 +203,26 @@ class ScaleHead(nn.Module):
         self.bias = base.bias
         factory = {"device": base.weight.device, "dtype": base.weight.dtype}
         self.weight_up = nn.Parameter(torch.zeros(base.out_features, hidden_up, **factory))
-        self.route = False
-        self.stacked = False
-        self.route_tau = 0.5
-        self.constant_input = False  # as in ScaleLinear
-        self.last_route_mask: torch.Tensor | None = None
+        self.route: RouteState | None = None  # the model's route state, handed over by `upscale`
 
     def parts(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The original-part logits ``Z`` and the added part ``Z_up``."""
         x, x_up = hidden.split((self.hidden_size, self.hidden_up), dim=-1)
-        if self.constant_input:
-            x = x.detach()
-        return F.linear(x, self.weight, self.bias), F.linear(x_up, self.weight_up)
+        return F.linear(self.original(x), self.weight, self.bias), F.linear(x_up, self.weight_up)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        if not self.route:
+        route = self.route
+        if route is None or not route.active:
             z, z_up = self.parts(hidden)
             return z + z_up
-        if not self.stacked:  # no collaborative layer: both paths are one network, and both branches Z + Z_up
+        if not route.stacked:  # no collaborative layer: both paths are one network, and both branches Z + Z_up
             z, z_up = self.parts(hidden)
-            self.last_route_mask = route_mask(z, z, self.route_tau)
+            route.last_mask = route_mask(z, z, route.tau)
             return z + z_up
         x, x_up = hidden.split((self.hidden_size, self.hidden_up), dim=-1)
-        logits, self.last_route_mask = route_logits(x, x_up, self.weight, self.bias, self.weight_up, self.route_tau)
+        logits, route.last_mask = route_logits(x, x_up, self.weight, self.bias, self.weight_up, route.tau)
         return logits
 
     def extra_repr(self) -> str:
-        return f"{self.hidden_size}+{self.hidden_up} -> {self.out_features}, route={self.route}"
+        active = self.route is not None and self.route.active
+        return f"{self.hidden_size}+{self.hidden_up} -> {self.out_features}, route={active}"

@@ -2,23 +2,29 @@
 
 The preserve path is the same network with W12 taken as zero, so the layers below
 ``preserve_layers`` are identical on both paths and run once. At the first collaborative layer a
-forward pre-hook (`stack_paths_hook`) stacks the batch as ``[preserve path; adapt path]`` (2B rows); from there on each
-collaborative `ScaleLinear` adds its W12 product to the second half only, and the `ScaleHead`
-splits the halves again and combines them per token:
+forward pre-hook (`stack_paths_hook`) stacks the batch as ``[preserve path; adapt path]`` (2B
+rows); from there on each collaborative `ScaleLinear` adds its W12 product to the second half only,
+and the `ScaleHead` splits the halves again and combines them per token:
 
     cos(Z_p, Z_a) > tau  ->  (Z_p + Z_a) / 2 + Z_p_up      (routed to the preserve path)
     otherwise            ->  Z_a + Z_a_up
 
-The routing decision is a hard, non-differentiable choice per token, as in the paper.
+The routing decision is a hard, non-differentiable choice per token, as in the paper. Everything
+route mode needs to know lives in one `RouteState` per model, which `set_method` switches.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from transformers.utils import ModelOutput
+
+# The key of the routing share in a route model's output (left out of Trainer's evaluation outputs).
+ROUTE_SHARE_KEY = "route_preserve_share"
 
 # Keyword arguments of a decoder layer that carry a batch dimension and must be stacked too.
 _BATCHED_KWARGS = ("attention_mask", "position_ids", "position_embeddings")
@@ -73,26 +79,88 @@ def _stack(value: Any, batch: int) -> Any:
     return value
 
 
-def stack_paths_hook(
-    layer: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
-) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
-    """Forward pre-hook of every decoder layer; acts in route mode from the first collaborative one.
+@dataclass
+class RouteState:
+    r"""SCALE-Route's state on one upscaled model: the one object every part of route mode reads.
 
-    ``layer.scale_stack_paths`` is ``"start"`` at the first collaborative layer (stack the hidden
-    states and the batched keyword arguments), ``"continue"`` above it (the hidden states arrive
-    stacked; the model hands every layer its batched arguments afresh, so stack those again), and
-    unset elsewhere. Tensors whose batch dimension is 1 broadcast and are left alone.
+    `upscale` creates it (``model.scale_route``) and hands it to the modules that act on it: the
+    decoder layers' stacking pre-hooks (`stack_paths_hook`), the collaborative `ScaleLinear`\ s (W12
+    on the adapt half only), the `ScaleHead` (Eq. 5) and the model's output hook
+    (`route_share_hook`). `set_method` switches it on (``"route"``) and off (any other method);
+    while off, every module behaves as if route did not exist.
+
+    Attributes:
+        active: route mode is on.
+        tau: the cosine threshold of Eq. 5.
+        first_stacked: the first collaborative decoder layer, from which the batch runs as
+            ``[preserve path; adapt path]`` (2B rows); None when no layer is collaborative (both paths
+            are one network and nothing is stacked).
+        last_mask: the routing decision of the last forward pass (tokens sent to the preserve path).
     """
-    stage = getattr(layer, "scale_stack_paths", None)
-    if stage is None:
+
+    active: bool = False
+    tau: float = 0.5
+    first_stacked: int | None = None
+    last_mask: torch.Tensor | None = None
+
+    def switch(self, active: bool, tau: float, first_stacked: int | None) -> None:
+        self.active, self.tau = active, tau
+        self.first_stacked = first_stacked if active else None
+        self.last_mask = None
+
+    @property
+    def stacked(self) -> bool:
+        """Whether the head receives the stacked ``[preserve; adapt]`` batch."""
+        return self.active and self.first_stacked is not None
+
+
+def stack_paths_hook(
+    layer: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], *, state: RouteState, index: int
+) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
+    """Forward pre-hook of decoder layer ``index``; acts in route mode from the first collaborative layer on.
+
+    At ``state.first_stacked`` it stacks the hidden states and the batched keyword arguments; above
+    it the hidden states arrive stacked, and the model hands every layer its batched arguments
+    afresh, so those are stacked again. Tensors whose batch dimension is 1 broadcast and are left alone.
+    """
+    if not state.stacked or index < state.first_stacked:
         return None
     if args:
         hidden, args = args[0], args[1:]
     else:
         hidden = kwargs.pop("hidden_states")
-    if stage == "start":
+    if index == state.first_stacked:
         batch, hidden = hidden.shape[0], torch.cat((hidden, hidden))
     else:
         batch = hidden.shape[0] // 2
     kwargs = {k: (_stack(v, batch) if k in _BATCHED_KWARGS else v) for k, v in kwargs.items()}
     return (hidden, *args), kwargs
+
+
+def route_share_hook(
+    model: nn.Module, args: tuple, kwargs: dict, output: Any, *, state: RouteState
+) -> ModelOutput | None:
+    """Forward hook of the model: put the share of (non-padding) tokens routed to the preserve path into its output."""
+    mask = state.last_mask
+    if not state.active or mask is None or not isinstance(output, ModelOutput):
+        return None
+    attention_mask = kwargs.get("attention_mask", args[1] if len(args) > 1 else None)
+    routed = mask.float()
+    if isinstance(attention_mask, torch.Tensor) and attention_mask.shape == mask.shape:
+        weights = attention_mask.to(routed.dtype)
+        share = (routed * weights).sum() / weights.sum().clamp_min(1)
+    else:
+        share = routed.mean()
+    output[ROUTE_SHARE_KEY] = share
+    return output
+
+
+def reorder_cache(state: RouteState, past_key_values: Any, beam_idx: torch.Tensor) -> Any:
+    """Beam search: layers that hold the stacked route paths (2n rows) reorder both halves alike."""
+    if not state.stacked:
+        past_key_values.reorder_cache(beam_idx)
+        return past_key_values
+    both = torch.cat((beam_idx, beam_idx + beam_idx.numel()))
+    for index, layer in enumerate(past_key_values.layers):
+        layer.reorder_cache(both if index >= state.first_stacked else beam_idx)
+    return past_key_values

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from torch import nn
 
+from scale_cl.arch import decoder_layers
 from scale_cl.layers import ScaleEmbedding, ScaleHead, ScaleLinear, SplitNorm
 
 
@@ -42,8 +43,6 @@ def _place(module: nn.Module) -> str:
 
 def parameter_summary(model: nn.Module) -> ParamSummary:
     """Count each parameter once (a tied embedding/head too) and group the trainable ones."""
-    from scale_cl.upscale import decoder_layers
-
     seen: set[int] = set()
     total = trainable = 0
     by_place: Counter[tuple[str, str]] = Counter()

@@ -6,6 +6,10 @@ adding one file with one `ArchSpec` and one entry in `SPECS`.
 
 from __future__ import annotations
 
+from typing import Any
+
+from torch import nn
+
 from scale_cl.arch.gpt_neox import GPT_NEOX
 from scale_cl.arch.llama import LLAMA
 from scale_cl.arch.spec import ArchSpec, LinearSpec, MlpSpec
@@ -17,6 +21,8 @@ SPECS: dict[str, ArchSpec] = {
     "Qwen2ForCausalLM": LLAMA,
     "GPTNeoXForCausalLM": GPT_NEOX,
 }
+# config.model_type -> spec, to check settings against a config before any model is built
+SPECS_BY_MODEL_TYPE: dict[str, ArchSpec] = {"llama": LLAMA, "mistral": LLAMA, "qwen2": LLAMA, "gpt_neox": GPT_NEOX}
 
 
 def spec_for(model: object) -> ArchSpec:
@@ -32,4 +38,29 @@ def spec_for(model: object) -> ArchSpec:
     return SPECS[name]
 
 
-__all__ = ["SPECS", "ArchSpec", "LinearSpec", "MlpSpec", "spec_for"]
+def spec_for_config(config: Any) -> ArchSpec:
+    """The spec of the family a transformers config describes, or a ValueError naming the supported ones."""
+    model_type = getattr(config, "model_type", None)
+    if model_type not in SPECS_BY_MODEL_TYPE:
+        raise ValueError(
+            f"scale_cl cannot upscale a {model_type!r} model: supported model types are "
+            f"{', '.join(sorted(SPECS_BY_MODEL_TYPE))}"
+        )
+    return SPECS_BY_MODEL_TYPE[model_type]
+
+
+def decoder_layers(model: nn.Module) -> nn.ModuleList:
+    """The decoder layers of an upscaled model (its backbone is recorded under ``config.scale_cl``)."""
+    return getattr(model, model.config.scale_cl["arch"]).layers
+
+
+__all__ = [
+    "SPECS",
+    "SPECS_BY_MODEL_TYPE",
+    "ArchSpec",
+    "LinearSpec",
+    "MlpSpec",
+    "decoder_layers",
+    "spec_for",
+    "spec_for_config",
+]

@@ -14,7 +14,7 @@ from transformers.pytorch_utils import Conv1D
 
 from scale_cl.arch import spec_for
 from scale_cl.config import ScaleConfig
-from scale_cl.upscale import base_dims, check_fits, growth
+from scale_cl.shapes import base_dims, growth, resolve
 
 # A matched LoRA rank must train within this share of the SCALE count.
 MATCH_TOLERANCE = 0.10
@@ -36,7 +36,7 @@ def scale_trainable_count(model: nn.Module, cfg: ScaleConfig) -> int:
     """
     spec = spec_for(model)
     dims = base_dims(model.config, spec)
-    check_fits(cfg, dims)
+    cfg = resolve(cfg, dims)
     u = cfg.hidden_up
     grow = growth(cfg, dims)
     norm_params = u if spec.norm_kind == "rms" else 2 * u

@@ -115,7 +115,7 @@ def load_trained(
     method, ref = run["method"], BaseModelRef(**run["base"])
     tokenizer = AutoTokenizer.from_pretrained(directory)
     if method.startswith(SCALE_METHOD_PREFIX):
-        from scale_cl.io import load
+        from scale_cl.restore import load
 
         kwargs: dict[str, Any] = {"gguf_file": ref.gguf_file} if ref.gguf_file else {}
         model = load(directory, base_model=ref.name_or_path, **kwargs)

@@ -1,0 +1,113 @@
+"""An upscaled model's class and its method switch: what `upscale` adds to a transformers causal LM.
+
+`set_method` is the one place that decides, for the current method, which W12 blocks are used,
+which parameters train, where the original stream is constant, and whether route mode is on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import torch
+from torch import nn
+
+from scale_cl.arch import decoder_layers
+from scale_cl.config import ScaleConfig, check_method, scale_config_of
+from scale_cl.io import save
+from scale_cl.layers import ScaleEmbedding, ScaleLinear, SplitInput
+from scale_cl.route import RouteState, reorder_cache
+from scale_cl.summary import ParamSummary, parameter_summary
+
+
+def route_state(model: nn.Module) -> RouteState:
+    """The model's `RouteState` (created by `upscale`)."""
+    return model.scale_route
+
+
+def set_method(model: nn.Module, method: str) -> nn.Module:
+    """Switch a live upscaled model to ``"preserve"``, ``"adapt"`` or ``"route"``; no reload.
+
+    Sets how every W12 block is applied and resets trainability: every original parameter frozen,
+    every new parameter trainable except W12, which trains only for adapt/route and only in
+    collaborative linears (layer >= preserve_layers, module in collab_modules).
+    """
+    cfg = replace(scale_config_of(model), method=check_method(method))
+    layers = decoder_layers(model)
+    # The original stream is constant (depends on no trainable parameter) below the first layer
+    # whose W12 is used; there, the modules skip the gradient through the frozen products.
+    first_w12 = len(layers) if method == "preserve" else cfg.preserve_layers
+    for module in model.modules():
+        if isinstance(module, SplitInput):
+            module.constant_input = first_w12 >= len(layers)
+    for index, layer in enumerate(layers):
+        for module in layer.modules():
+            if isinstance(module, SplitInput):
+                module.constant_input = index < first_w12
+            if isinstance(module, ScaleLinear):
+                module.use_w12 = module.collaborative and method != "preserve"
+    stacked_from = cfg.preserve_layers if cfg.preserve_layers < len(layers) else None
+    route_state(model).switch(method == "route", cfg.route_tau, stacked_from)
+
+    for param in model.parameters():
+        param.requires_grad_(False)
+    for module in model.modules():
+        if isinstance(module, (SplitInput, ScaleEmbedding)):
+            for name, param in module.named_parameters(recurse=False):
+                if name == "w12":
+                    param.requires_grad_(module.use_w12)
+                elif name not in ("weight", "bias"):
+                    param.requires_grad_(True)
+    model.config.scale_cl["config"] = cfg.to_dict()
+    return model
+
+
+class ScaleModelMixin:
+    """Added to an upscaled model's class: the SCALE methods next to the usual HF ones."""
+
+    is_scale_upscaled = True
+
+    @property
+    def scale_config(self) -> ScaleConfig:
+        return scale_config_of(self)
+
+    def set_method(self, method: str) -> nn.Module:
+        return set_method(self, method)
+
+    def save_pretrained(self, save_directory: str, full: bool = False, **kwargs: Any) -> None:
+        """Save the new parameters (safetensors) and a JSON config naming the base model.
+
+        ``full=True`` also stores the frozen base weights, so loading needs nothing else. Reload
+        with `scale_cl.load`. Of transformers' own keyword arguments, ``is_main_process`` and
+        ``state_dict`` are honoured and the others are ignored.
+        """
+        if kwargs.get("is_main_process", True):
+            save(self, save_directory, full=full, state_dict=kwargs.get("state_dict"))
+
+    def _reorder_cache(self, past_key_values: Any, beam_idx: torch.Tensor) -> Any:
+        return reorder_cache(route_state(self), past_key_values, beam_idx)
+
+    def scale_summary(self) -> ParamSummary:
+        return parameter_summary(self)
+
+    def print_trainable_parameters(self) -> None:
+        print(self.scale_summary())
+
+
+_CLASSES: dict[type, type] = {}
+
+
+def scale_class(cls: type) -> type:
+    """``Scale<Base>``: a subclass of the model's own class (isinstance checks keep working)."""
+    if cls not in _CLASSES:
+        name = f"Scale{cls.__name__}"
+        _CLASSES[cls] = type(name, (ScaleModelMixin, cls), {"__module__": __name__, "__qualname__": name})
+    return _CLASSES[cls]
+
+
+def __getattr__(name: str) -> type:
+    """``scale_cl.model.Scale<Base>`` resolves to the class made for ``<Base>`` (so pickle finds it)."""
+    for made in _CLASSES.values():
+        if made.__name__ == name:
+            return made
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

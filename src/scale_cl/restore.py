@@ -1,0 +1,135 @@
+"""Rebuild an upscaled model from a checkpoint written by `scale_cl.io.save` (``model.save_pretrained``).
+
+The base model is loaded (or taken as given), checked against what the checkpoint recorded
+(class, shape fields, weight fingerprint), upscaled with the saved config and given the saved
+new weights, so its logits are bitwise the saved model's.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
+
+from scale_cl.config import ScaleConfig
+from scale_cl.io import (
+    BASE_WEIGHTS_NAME,
+    CONFIG_NAME,
+    WEIGHTS_NAME,
+    check_tensors,
+    is_new_parameter,
+    read_meta,
+    read_tensors,
+)
+from scale_cl.model import set_method
+from scale_cl.provenance import weight_fingerprint
+from scale_cl.upscale import upscale
+
+# Base config fields whose mismatch makes a checkpoint unusable.
+_SHAPE_FIELDS = (
+    "model_type",
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+)
+
+
+def _config_differences(recorded: dict[str, Any], config: Any) -> list[str]:
+    now = config.to_dict()
+    diffs = []
+    for key in _SHAPE_FIELDS:
+        if (key in recorded or key in now) and recorded.get(key) != now.get(key):
+            diffs.append(f"{key}: checkpoint {recorded.get(key)!r}, base model {now.get(key)!r}")
+    return diffs
+
+
+def _load_base(meta: dict[str, Any], directory: Path, base_model: Any, kwargs: dict[str, Any]) -> PreTrainedModel:
+    base = meta["base_model"]
+    if meta["full"]:
+        fields = {k: v for k, v in base["config"].items() if k != "quantization_config"}
+        config = AutoConfig.for_model(**fields)
+        dtype = getattr(torch, base["dtype"])
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+        weights = read_tensors(directory / BASE_WEIGHTS_NAME, meta)
+        missing, unexpected = model.load_state_dict(weights, strict=False)
+        tied = {n for n in missing if n not in dict(model.named_parameters())}
+        if unexpected or set(missing) - tied:
+            raise ValueError(
+                f"{directory / BASE_WEIGHTS_NAME} does not match its base config: "
+                f"missing {sorted(set(missing) - tied)[:5]}, unexpected {sorted(unexpected)[:5]}"
+            )
+        return model
+    if isinstance(base_model, PreTrainedModel):
+        return base_model
+    name = base_model or base["name_or_path"]
+    if not name:
+        raise ValueError(
+            "this checkpoint does not name its base model (it was upscaled from a model built in memory): "
+            "pass base_model=<model or path>, or save with full=True"
+        )
+    if base.get("gguf_file") and not base_model:
+        kwargs.setdefault("gguf_file", base["gguf_file"])
+    kwargs.setdefault("dtype", getattr(torch, base["dtype"]))
+    return AutoModelForCausalLM.from_pretrained(name, **kwargs)
+
+
+def load(
+    directory: str | os.PathLike,
+    base_model: PreTrainedModel | str | None = None,
+    check_base_weights: bool = True,
+    **from_pretrained_kwargs: Any,
+) -> PreTrainedModel:
+    """Rebuild an upscaled model saved with ``save_pretrained``; its logits are bitwise the saved ones.
+
+    Args:
+        directory: the checkpoint directory.
+        base_model: the base model (a model, upscaled in place, or a hub id / local path); by default
+            the one the checkpoint names. Not needed for a ``full=True`` checkpoint.
+        check_base_weights: refuse a base model whose weights differ from the one the checkpoint
+            was trained on (compared by a fingerprint of its weights).
+        from_pretrained_kwargs: passed to ``AutoModelForCausalLM.from_pretrained`` for the base.
+    """
+    directory = Path(directory)
+    meta = read_meta(directory)
+    cfg = ScaleConfig.from_dict(meta["scale_config"])
+    weights = read_tensors(directory / WEIGHTS_NAME, meta)
+    shapes = {n: list(t.shape) for n, t in weights.items()}
+    if shapes != meta["tensors"]:
+        raise ValueError(f"{directory / WEIGHTS_NAME} does not hold the tensors {CONFIG_NAME} lists")
+
+    model = _load_base(meta, directory, base_model, dict(from_pretrained_kwargs))
+    recorded = meta["base_model"]
+    if type(model).__name__ != recorded["class"]:
+        raise ValueError(
+            f"the checkpoint was trained on a {recorded['class']}, the base model is a {type(model).__name__}"
+        )
+    diffs = _config_differences(recorded["config"], model.config)
+    if diffs:
+        raise ValueError("the base model does not match the checkpoint's: " + "; ".join(diffs))
+    if check_base_weights and not meta["full"] and weight_fingerprint(model) != recorded["fingerprint"]:
+        dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+        raise ValueError(
+            "the base model's weights differ from those this checkpoint was trained on "
+            f"(fingerprint {weight_fingerprint(model)} != {recorded['fingerprint']}; dtype now {dtype}, "
+            f"then {recorded['dtype']}). Load the same base checkpoint and dtype, or pass "
+            "check_base_weights=False to accept the difference."
+        )
+
+    # The saved values replace the initialisers, so skip the SVD.
+    model = upscale(model, ScaleConfig.from_dict({**cfg.to_dict(), "w21_init": "zero", "w22_init": "zero"}))
+    params = dict(model.named_parameters())
+    expected = {n: p.shape for n, p in params.items() if is_new_parameter(n)}
+    check_tensors(shapes, expected, str(directory / WEIGHTS_NAME))
+    with torch.no_grad():
+        for name, tensor in weights.items():
+            params[name].copy_(tensor)
+    model.config.scale_cl["config"] = {**model.config.scale_cl["config"], **cfg.to_dict()}
+    model.config.scale_cl["base"] = recorded
+    return set_method(model, cfg.method)
