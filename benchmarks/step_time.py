@@ -22,7 +22,8 @@ from transformers import LlamaForCausalLM
 
 from scale_cl import ScaleConfig, prepare
 from scale_cl.bench.shapes import SHAPES
-from scale_cl.layers import ScaleHead, ScaleLinear, SplitNorm
+from scale_cl.layers import SplitInput
+from scale_cl.methods import method_spec
 
 SMOLLM2 = SHAPES["smollm2"].make_config()  # SmolLM2-135M's shape, random weights
 UP = {"hidden_up": 192, "ffn_up": 192, "w21_init": "svd", "w22_init": "zero"}
@@ -38,7 +39,7 @@ METHODS = {
 
 def plain(model: torch.nn.Module) -> torch.nn.Module:
     for module in model.modules():
-        if isinstance(module, (ScaleLinear, SplitNorm, ScaleHead)):
+        if isinstance(module, SplitInput):
             module.constant_input = False
     return model
 
@@ -55,7 +56,7 @@ def main() -> None:
     models = {}
     for name, (method, options) in METHODS.items():
         models[name] = prepare(copy.deepcopy(base), method, **options)
-        if method.startswith("scale_"):
+        if method_spec(method).is_scale:
             models[f"{name} plain"] = plain(prepare(copy.deepcopy(base), method, **options))
     optimizers = {
         name: torch.optim.AdamW([p for p in m.parameters() if p.requires_grad], lr=1e-4) for name, m in models.items()

@@ -29,6 +29,7 @@ def smoke(tmp_path_factory):
     return json.loads((out / "results.json").read_text()), (out / "results.md").read_text()
 
 
+@pytest.mark.slow
 def test_smoke_records_machine_torch_date_and_command(smoke):
     results, markdown = smoke
     meta = results["meta"]
@@ -40,6 +41,7 @@ def test_smoke_records_machine_torch_date_and_command(smoke):
     assert results["config"]["methods"] == list(METHOD_NAMES)
 
 
+@pytest.mark.slow
 def test_smoke_has_every_method_with_ratios_against_fft(smoke):
     results, _ = smoke
     entry = results["shapes"]["tiny"]
@@ -60,6 +62,7 @@ def test_smoke_has_every_method_with_ratios_against_fft(smoke):
     assert entry["preserve_layers"] == {"preserve": 1, "adapt": 1, "route": 3}
 
 
+@pytest.mark.slow
 def test_smoke_markdown_tables_and_upscale(smoke):
     results, markdown = smoke
     upscale_cost = results["shapes"]["tiny"]["upscale"]
@@ -77,6 +80,7 @@ def test_smoke_markdown_tables_and_upscale(smoke):
     assert all(isinstance(t["met"], bool) for t in targets)
 
 
+@pytest.mark.slow
 def test_smoke_peak_memory_in_fresh_processes(tmp_path):
     out = tmp_path / "mem"
     args = [*SMOKE, "--methods", "fft", "scale_preserve", "--skip-inference", "--skip-flops", "--skip-upscale"]

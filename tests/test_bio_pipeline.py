@@ -6,11 +6,14 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
+from transformers import TrainerCallback
 
 import scale_cl.experiments.bio.pipeline as pipeline
 from scale_cl.cli import build_parser, main
 from scale_cl.cli.options import apply_overrides
 from scale_cl.experiments.bio.config import ALL_METHODS, BioConfig, preset
+from scale_cl.train.checkpointing import NonFiniteLossError, complete_checkpoints, trainable_state
 
 
 def micro(**overrides) -> BioConfig:
@@ -130,7 +133,12 @@ def test_interrupted_stage_cache_is_not_taken_as_finished(tmp_path, monkeypatch)
         ({"data": {"pools": "tiny"}}, "unknown biography preset"),
         ({"data": {"attributes": ["major", "shoe_size"]}}, "unknown attributes"),
         ({"task1": {"learning_rate": 1.0}}, "unknown setting 'task1.learning_rate'"),
-        ({"options": {"hidden_up": 20}}, "multiple of the head size"),
+        ({"options": {"scale": {"hidden_up": 20}}}, "must add whole attention heads"),
+        ({"options": {"scale": {"preserve_layers": 3}}}, "does not fit the model's 2 decoder layers"),
+        ({"options": {"scale": {"ffn_up": -1}}}, "ffn_up must be 0 or more"),
+        ({"options": {"scale": {"collab_modules": ["attn", "mlp"]}}}, "collab_modules must be a non-empty subset"),
+        ({"task1": {"method_lr": {"dreambooth": 1e-3}}}, "unknown method 'dreambooth'"),
+        ({"task1": {"method_lr": {"fft": -1.0}}}, "learning rate of fft must be positive"),
         ({"options": {"lora_rank": "big"}}, "lora_rank"),
     ],
 )
@@ -176,3 +184,105 @@ def test_attribute_subset_is_trained_and_reported(tmp_path):
     record = results["methods"]["fft"]["runs"][0]["curve"][-1]
     assert set(record["task0"]) == {"overall", "major", "birth_city"}
     assert "| fft | " in (tmp_path / "r" / "results.md").read_text().split("per attribute")[1]
+
+
+_RUN_STAGE = pipeline.run_stage
+
+
+def _without_wall_times(results: dict) -> dict:
+    return {
+        m: [{k: v for k, v in run.items() if k != "seconds"} for run in r["runs"]]
+        for m, r in results["methods"].items()
+    }
+
+
+def test_task1_nan_loss_stops_the_method_before_it_is_saved(tmp_path, capsys):
+    out = tmp_path / "run"
+    with pytest.raises(NonFiniteLossError, match=r"loss became (nan|inf|-inf) at step \d+"):
+        pipeline.run_bio(micro(methods=["fft"], task1={"lr": 1e30}), out)
+    assert "stage 3 (seed 0): fft" in capsys.readouterr().out, "stages 1-2 trained; Task 1 stopped"
+    assert not (out / "seed-0" / "fft.json").exists(), "a diverged method must not be saved as finished"
+    assert not (out / "results.json").exists()
+
+
+class _Stop(TrainerCallback):
+    """Raises ``error`` once, at the end of optimizer step ``step`` (after that step's evaluation and checkpoint)."""
+
+    def __init__(self, step: int, error: BaseException) -> None:
+        self.step, self.error = step, error
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == self.step and self.error is not None:
+            error, self.error = self.error, None
+            raise error
+
+
+class _Poison(TrainerCallback):
+    """Makes every trainable weight NaN before optimizer step ``step + 1`` (after step ``step``'s checkpoint)."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_step_begin(self, args, state, control, model=None, **kwargs):
+        if state.global_step == self.step:
+            with torch.no_grad():
+                for param in model.parameters():
+                    if param.requires_grad:
+                        param.fill_(float("nan"))
+
+
+def _task1_runs(monkeypatch, extra: list | None = None) -> dict[str, dict]:
+    """Patches run_stage so that Task-1 runs (they have a run_info) get ``extra`` callbacks; returns their weights."""
+    real, trained = _RUN_STAGE, {}
+
+    def run_stage(model, dataset, collator, stage, output_dir, seed, callbacks=(), **kwargs):
+        if kwargs.get("run_info"):
+            callbacks = [*callbacks, *(extra or [])]
+        trainer = real(model, dataset, collator, stage, output_dir, seed, callbacks, **kwargs)
+        if kwargs.get("run_info"):
+            trained[kwargs["run_info"]["method"]] = trainable_state(trainer.model)
+        return trainer
+
+    monkeypatch.setattr(pipeline, "run_stage", run_stage)
+    return trained
+
+
+def test_killed_task1_run_resumes_from_its_checkpoint_bitwise(tmp_path, monkeypatch):
+    cfg = micro(methods=["lora", "scale_route"])
+    straight_weights = _task1_runs(monkeypatch)
+    straight = pipeline.run_bio(cfg, tmp_path / "straight")  # short: no checkpoint
+    assert not list((tmp_path / "straight").rglob("checkpoint-*"))
+
+    monkeypatch.setattr(pipeline, "CHECKPOINT_MINUTES", 0.0)  # a checkpoint at every evaluation but the last
+    out = tmp_path / "killed"
+    _task1_runs(monkeypatch, [_Stop(3, KeyboardInterrupt())])
+    with pytest.raises(KeyboardInterrupt):
+        pipeline.run_bio(cfg, out)
+    run_dir = out / "seed-0" / "lora.checkpoints"
+    assert [p.name for p in complete_checkpoints(run_dir)] == ["checkpoint-2"]
+    assert not (out / "seed-0" / "lora.json").exists()
+
+    resumed_weights = _task1_runs(monkeypatch)
+    resumed = pipeline.run_bio(cfg, out)
+    assert _without_wall_times(resumed) == _without_wall_times(straight), "the resumed curve differs"
+    for method in cfg.methods:
+        a, b = straight_weights[method], resumed_weights[method]
+        assert a.keys() == b.keys() and all(torch.equal(a[n], b[n]) for n in a), f"{method}: weights differ"
+    assert not run_dir.exists(), "a finished method's checkpoints are deleted"
+    steps = [json.loads(line)["step"] for line in (out / "seed-0" / "lora.jsonl").read_text().splitlines()]
+    assert steps == [0, 2, 4], "records after the checkpoint are made once"
+
+
+def test_task1_nan_after_a_checkpoint_names_it_and_a_rerun_resumes(tmp_path, monkeypatch):
+    monkeypatch.setattr(pipeline, "CHECKPOINT_MINUTES", 0.0)
+    out = tmp_path / "run"
+    cfg = micro(methods=["scale_route"])
+    _task1_runs(monkeypatch, [_Poison(2)])
+    checkpoint = out / "seed-0" / "scale_route.checkpoints" / "checkpoint-2"
+    with pytest.raises(NonFiniteLossError, match=rf"loss became nan at step 3.*{checkpoint}"):
+        pipeline.run_bio(cfg, out)
+    assert not (out / "seed-0" / "scale_route.json").exists()
+    assert [p.name for p in complete_checkpoints(checkpoint.parent)] == ["checkpoint-2"]
+    _task1_runs(monkeypatch)
+    results = pipeline.run_bio(cfg, out)
+    assert [r["step"] for r in results["methods"]["scale_route"]["runs"][0]["curve"]] == [0, 2, 4]

@@ -99,8 +99,11 @@ def test_foreign_or_damaged_checkpoints_are_refused(tmp_path):
     with pytest.raises(ValueError, match="belongs to another run"):
         load_trainable(_model(), checkpoint, {**RUN, "lr": 2e-3})
     fft = make_model("llama-gqa2-tied")
-    with pytest.raises(ValueError, match="does not fit this model"):
+    with pytest.raises(ValueError, match="does not fit this model: missing"):
         load_trainable(fft, checkpoint, RUN)
+    wider = prepare(make_model("llama-gqa2-tied"), "scale_adapt", hidden_up=64, ffn_up=16, preserve_layers=1)
+    with pytest.raises(ValueError, match=r"does not fit this model: missing \[\], unexpected \[\], wrong shape \[\("):
+        load_trainable(wider, checkpoint, RUN)
     path = checkpoint / TRAINABLE_WEIGHTS
     data = bytearray(path.read_bytes())
     data[-1] ^= 0xFF
@@ -127,3 +130,39 @@ def test_nan_loss_stops_training_and_keeps_the_last_good_checkpoint(tmp_path):
     assert [p.name for p in complete_checkpoints(tmp_path)] == ["checkpoint-2"]
     weights = load_file(tmp_path / "checkpoint-2" / TRAINABLE_WEIGHTS)
     assert all(torch.isfinite(t).all() for t in weights.values())
+
+
+def test_checkpoint_goes_through_the_staging_folder(tmp_path, monkeypatch):
+    """Guards the private transformers API that CheckpointingTrainer._save_checkpoint relies on (see its docstring)."""
+    assert callable(getattr(Trainer, "_save_checkpoint", None)), (
+        "transformers.Trainer._save_checkpoint no longer exists: CheckpointingTrainer overrides this private method "
+        "to write checkpoint-N atomically; port CheckpointingTrainer._save_checkpoint to this transformers release"
+    )
+    written: list[Path] = []
+    save = CheckpointingTrainer._save
+
+    def record(self, output_dir=None, state_dict=None):
+        written.append(Path(output_dir))
+        return save(self, output_dir, state_dict)
+
+    monkeypatch.setattr(CheckpointingTrainer, "_save", record)
+    try:
+        _trainer(_model(), tmp_path, steps=2).train()
+    except FileNotFoundError as err:  # the checkpoint was not written where it was to be renamed from
+        written.append(Path(str(err)))
+    assert written == [tmp_path / STAGING_DIR / "checkpoint-2"], (
+        "transformers.Trainer._save_checkpoint no longer writes into the args.output_dir it reads when called "
+        f"(through the private Trainer._get_output_dir): it wrote {written}, not "
+        f"{tmp_path / STAGING_DIR / 'checkpoint-2'}. "
+        "CheckpointingTrainer._save_checkpoint points args.output_dir at the staging folder to make checkpoints "
+        "complete-or-absent; port it to this transformers release"
+    )
+    assert [p.name for p in complete_checkpoints(tmp_path)] == ["checkpoint-2"]
+    assert not list((tmp_path / STAGING_DIR).iterdir()), "the staged checkpoint was renamed into place"
+
+
+def test_non_finite_weights_are_never_saved_as_a_good_checkpoint(tmp_path):
+    # the weights turn NaN at the end of step 4, before its checkpoint (a finite loss, a non-finite update)
+    with pytest.raises(NonFiniteLossError, match=r"weights .* became non-finite at step 4.*checkpoint-2"):
+        _trainer(_model(), tmp_path, callbacks=[_PoisonAfter(4)]).train()
+    assert [p.name for p in complete_checkpoints(tmp_path)] == ["checkpoint-2"]

@@ -39,6 +39,7 @@ def test_bf16_keeps_the_original_stream_bitwise(arch, method, mode):
     assert torch.equal(expected.logits, got.logits)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["preserve", "adapt", "route"])
 def test_torch_compile_matches_eager(method):
     base = make_model("llama-gqa2-tied")

@@ -17,11 +17,12 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
+from scale_cl.config import ScaleConfig
 from scale_cl.data.corpus import CorpusConfig
 from scale_cl.data.tokenizer import train_bpe_tokenizer
 from scale_cl.experiments.cpt.config import CptConfig, CptTrainConfig, EvalConfig
 from scale_cl.experiments.cpt.pipeline import run_cpt
-from scale_cl.methods.settings import MethodSettings
+from scale_cl.experiments.settings import MethodSettings
 from scale_cl.models import load_trained
 from scale_cl.train.checkpointing import CHECKPOINT_META, TRAINABLE_WEIGHTS
 
@@ -84,7 +85,11 @@ def tiny_config(root: Path, methods: list[str], steps: int = 6, save_every: int 
             lr=1e-3, max_steps=steps, batch_size=4, micro_batch_size=2, save_every=save_every, schedule="linear"
         ),
         eval=EvalConfig(every=3, batch_size=3, representation_sequences=2),
-        options=MethodSettings(hidden_up=32, ffn_up=32, preserve_layers=1, freeze_layers=1, llama_pro_blocks="1"),
+        options=MethodSettings(
+            scale=ScaleConfig(hidden_up=32, ffn_up=32, method="route", preserve_layers=1),
+            freeze_layers=1,
+            llama_pro_blocks="1",
+        ),
     )
 
 
@@ -158,13 +163,15 @@ def _cli(cfg: CptConfig, out: Path) -> list[str]:
         "--methods", *cfg.methods, "--data.train", *d.train, "--data.old_eval", *d.old_eval,
         "--data.seq_len", str(d.seq_len), "--data.heldout_fraction", str(d.heldout_fraction),
         "--data.max_eval_sequences", str(d.max_eval_sequences),
-        "--train.lr", str(t.lr), "--train.scale_adapt_lr", str(t.scale_adapt_lr), "--train.max_steps", str(t.max_steps),
+        "--train.lr", str(t.lr), "--train.scale_adapt_lr", str(t.lr_of("scale_adapt")),
+        "--train.max_steps", str(t.max_steps),
         "--train.batch_size", str(t.batch_size), "--train.micro_batch_size", str(t.micro_batch_size),
         "--train.save_every", str(t.save_every), "--train.schedule", t.schedule, "--train.warmup_ratio", "0",
         "--eval.every", str(e.every), "--eval.batch_size", str(e.batch_size),
         "--eval.representation_sequences", str(e.representation_sequences),
-        "--options.hidden_up", str(o.hidden_up), "--options.ffn_up", str(o.ffn_up),
-        "--options.preserve_layers", str(o.preserve_layers), "--options.freeze_layers", str(o.freeze_layers),
+        "--options.scale.hidden_up", str(o.scale.hidden_up), "--options.scale.ffn_up", str(o.scale.ffn_up),
+        "--options.scale.preserve_layers", str(o.scale.preserve_layers),
+        "--options.freeze_layers", str(o.freeze_layers),
         "--options.llama_pro_blocks", o.llama_pro_blocks,
     ]  # fmt: skip
 
@@ -246,6 +253,19 @@ def test_cli_reports_bad_input_with_exit_code_2(workspace, tmp_path, capsys):
     code = main(["cpt", "--model", str(workspace / "base"), "--data.train", str(tmp_path / "none.jsonl")])
     assert code == 2
     assert "none.jsonl" in capsys.readouterr().err
+
+
+def test_hidden_up_that_splits_a_gqa_group_is_refused_before_any_method_trains(workspace, tmp_path, capsys):
+    """hidden_up must add whole kv heads (head_dim x GQA group = 16 x 2 here): 16 is a multiple of the head size
+    only. The old settings check accepted it and the run failed at scale_route, after fft had trained."""
+    from scale_cl.cli import main
+
+    out = tmp_path / "out"
+    argv = ["cpt", "--model", str(workspace / "base"), "--data.train", str(workspace / "new.jsonl")]
+    argv += ["--methods", "fft", "scale_route", "--options.scale.hidden_up", "16", "--out", str(out)]
+    assert main(argv) == 2
+    assert "hidden_up=16 must add whole attention heads" in capsys.readouterr().err
+    assert not out.exists()
 
 
 def test_saved_full_model_loads_with_transformers_alone(finished_run):

@@ -26,9 +26,13 @@ from safetensors.torch import load_file
 from scale_cl.train.checkpointing import CHECKPOINT_META
 from test_cpt import _cli, tiny_config, workspace  # noqa: F401  (workspace: the tiny base model + corpora fixture)
 
-pytestmark = pytest.mark.skipif(
-    not (dist.is_available() and dist.is_gloo_available()), reason="torch.distributed with the gloo backend is missing"
-)
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        not (dist.is_available() and dist.is_gloo_available()),
+        reason="torch.distributed with the gloo backend is missing",
+    ),
+]
 
 METHODS = ["scale_adapt", "freeze"]  # new weights only / full model with the embedding and layer 0 frozen
 WEIGHTS = {"scale_adapt": "scale_model.safetensors", "freeze": "model.safetensors"}

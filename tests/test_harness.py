@@ -136,6 +136,7 @@ def _values(results: dict) -> dict:
     return {task: {m: v["value"] for m, v in metrics.items()} for task, metrics in results["results"].items()}
 
 
+@pytest.mark.slow
 def test_scale_preserve_checkpoint_scores_exactly_as_its_base(runs, capsys):
     common = ["--tasks", *TASKS, "--include-path", str(TASKS_DIR), *FAST]
     assert _cli([str(runs / "scale"), *common]) == 0
@@ -159,6 +160,7 @@ def test_scale_preserve_checkpoint_scores_exactly_as_its_base(runs, capsys):
     assert "| scale_cl_tiny |" in table and "± stderr" in table
 
 
+@pytest.mark.slow
 def test_changed_function_changes_the_scores(runs):
     """The control: with a non-zero W_out_up the upscaled model is no longer the base, and lm-eval sees it."""
     model, tokenizer, method = load_trained(runs / "scale")
@@ -173,6 +175,7 @@ def test_changed_function_changes_the_scores(runs):
     assert before["settings"]["lm_eval_version"] and after["tasks"] == [ppl]
 
 
+@pytest.mark.slow
 def test_lora_checkpoint_evaluates_merged_or_not(runs, base_scores, tmp_path):
     common = ["--tasks", *TASKS, "--include-path", str(TASKS_DIR), *FAST]
     assert _cli([str(runs / "lora"), "--out", str(tmp_path / "lora.json"), *common]) == 0
@@ -185,6 +188,7 @@ def test_lora_checkpoint_evaluates_merged_or_not(runs, base_scores, tmp_path):
     assert unmerged_bpb != base_scores[ppl]["bits_per_byte"]  # the adapter is applied (B != 0)
 
 
+@pytest.mark.slow
 def test_unknown_task_is_refused_with_close_matches(runs, capsys):
     status = _cli([str(runs / "scale"), "--tasks", "english", "scale_cl_tiny_mcc", "arc_chalenge", *_include()])
     err = capsys.readouterr().err
@@ -200,6 +204,7 @@ def _include() -> list[str]:
     return ["--include-path", str(TASKS_DIR)]
 
 
+@pytest.mark.slow
 def test_clear_errors_for_bad_model_arguments(runs, tmp_path, capsys):
     assert _cli([str(tmp_path / "missing"), "--tasks", "scale_cl_tiny_mc", *_include()]) == 2
     assert "does not exist" in capsys.readouterr().err
@@ -297,6 +302,7 @@ def test_paper_metrics_and_preset_averages_from_lm_eval_output():
     assert "english" not in plain_results(raw, list(english))["averages"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("method", "options"),
     [

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import copy
 import re
+import subprocess
+import sys
 import warnings
 
 import pytest
@@ -18,8 +20,10 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from conftest import ARCHS, VOCAB, greedy, hidden_up_for, make_model, token_batch
 from scale_cl import ScaleConfig, parameter_summary, scale_config_of, upscale
+from scale_cl.config import METHODS as SCALE_CONFIG_METHODS
 from scale_cl.methods import (
     METHOD_NAMES,
+    REGISTRY,
     lora_trainable_count,
     match_llama_pro_blocks,
     match_lora_rank,
@@ -146,8 +150,13 @@ def expected_llama_pro_positions(num_layers: int, blocks: int) -> list[int]:
 # Dispatcher: names, options, errors
 
 
-def test_method_names():
-    assert METHOD_NAMES == ("fft", "lora", "freeze", "llama_pro", "scale_preserve", "scale_adapt", "scale_route")
+def test_registry_derives_the_scale_methods_and_imports_no_baseline_until_asked():
+    """One registry: its SCALE entries are ScaleConfig's methods, and `import scale_cl` pulls in no PEFT."""
+    scale = {spec.scale_method for spec in REGISTRY.values() if spec.is_scale}
+    assert scale == set(SCALE_CONFIG_METHODS) and len(METHOD_NAMES) == len(REGISTRY) == 7
+    assert all(callable(spec.prepare_function()) for spec in REGISTRY.values())
+    code = "import sys, scale_cl, scale_cl.methods; print(any(m.split('.')[0] == 'peft' for m in sys.modules))"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout == "False\n"
     assert method_options("fft") == ()
     assert set(method_options("lora")) == {"rank", "alpha", "dropout", "target_modules", "match"}
     assert method_options("freeze") == ("layers",)

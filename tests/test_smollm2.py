@@ -11,6 +11,7 @@ from scale_cl import ScaleConfig, upscale
 from scale_cl.models.smollm2 import INSTALL_HINT, load_smollm2, smollm2_gguf
 
 pytestmark = [
+    pytest.mark.slow,
     pytest.mark.smollm2,
     pytest.mark.skipif(smollm2_gguf() is None, reason=f"SmolLM2-135M not installed ({INSTALL_HINT})"),
 ]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from scale_cl.cli import main
+from scale_cl.cli import build_parser, main
 from scale_cl.experiments.bio.config import preset
 from scale_cl.experiments.sweep.experiments import BASE_FILE, BioExperiment, CptExperiment
 from scale_cl.experiments.sweep.report import write_report
@@ -31,15 +31,15 @@ def test_plan_crosses_methods_rates_and_axes_without_duplicates():
     cfg = micro(["fft", "scale_preserve", "scale_adapt", "scale_route"])
     settings = SweepSettings(
         lr_scales=(0.5, 1.0),
-        axes=(Axis("options.collab_modules", ("attn", "attn+ffn")), Axis("options.route_tau", ("0.2",))),
+        axes=(Axis("options.scale.collab_modules", ("attn", "attn+ffn")), Axis("options.scale.route_tau", ("0.2",))),
     )
     points = plan(BioExperiment(cfg), settings)
     plain = [p for p in points if not p.overrides]
     assert len(plain) == 4 * 2
     # collab_modules concerns adapt and route only; "attn+ffn" is the preset's value: the plain runs serve it.
-    collab = [p for p in points if p.overrides == (("options.collab_modules", "attn"),)]
+    collab = [p for p in points if p.overrides == (("options.scale.collab_modules", ("attn",)),)]
     assert sorted(p.method for p in collab) == ["scale_adapt", "scale_adapt", "scale_route", "scale_route"]
-    tau = [p for p in points if p.overrides == (("options.route_tau", 0.2),)]
+    tau = [p for p in points if p.overrides == (("options.scale.route_tau", 0.2),)]
     assert [p.method for p in tau] == ["scale_route", "scale_route"]
     assert len(points) == 8 + 4 + 2 and len({p.key for p in points}) == len(points)
     fft = sorted(p.lr for p in plain if p.method == "fft")
@@ -48,13 +48,13 @@ def test_plan_crosses_methods_rates_and_axes_without_duplicates():
 
 def test_settings_that_vary_together_form_one_axis():
     cfg = micro(["fft", "scale_preserve"])
-    pair = Axis("options.w21_init,options.w22_init", ("svd,zero", "random,random", "zero,svd"))
+    pair = Axis("options.scale.w21_init,options.scale.w22_init", ("svd,zero", "random,random", "zero,svd"))
     points = plan(BioExperiment(cfg), SweepSettings(lr_scales=(1.0,), axes=(pair,)))
     changed = [p.overrides for p in points if p.overrides]
     # "svd,zero" is the preset's pair: the plain run serves it; fft has no W21/W22.
     assert changed == [
-        (("options.w21_init", "random"), ("options.w22_init", "random")),
-        (("options.w21_init", "zero"), ("options.w22_init", "svd")),
+        (("options.scale.w21_init", "random"), ("options.scale.w22_init", "random")),
+        (("options.scale.w21_init", "zero"), ("options.scale.w22_init", "svd")),
     ]
     assert {p.method for p in points if p.overrides} == {"scale_preserve"}
     with pytest.raises(ValueError, match="2 comma-separated parts"):
@@ -69,10 +69,13 @@ def test_settings_that_vary_together_form_one_axis():
         (SweepSettings(lr_scales=(1.0,), reference="lora"), "reference method 'lora' is not swept"),
         (SweepSettings(lr_scales=(0.0, 1.0)), "must be positive"),
         (SweepSettings(lr_scales=(1.0, 1.0)), "repeat"),
-        (SweepSettings(axes=(Axis("options.route_tau", ("0.3",)),)), "none is swept"),
-        (SweepSettings(axes=(Axis("options.no_such_thing", ("1",)),)), "unknown setting"),
-        (SweepSettings(axes=(Axis("options.preserve_layers", ("two",)),)), "not a valid int"),
-        (SweepSettings(axes=(Axis("options.preserve_layers", ("5",)),)), "must be below the model's 2 layers"),
+        (SweepSettings(axes=(Axis("options.scale.route_tau", ("0.3",)),)), "none is swept"),
+        (SweepSettings(axes=(Axis("options.scale.no_such_thing", ("1",)),)), "unknown setting"),
+        (SweepSettings(axes=(Axis("options.scale.preserve_layers", ("two",)),)), "not a valid int"),
+        (
+            SweepSettings(axes=(Axis("options.scale.preserve_layers", ("5",)),)),
+            "does not fit the model's 2 decoder layers",
+        ),
     ],
 )
 def test_bad_sweeps_fail_before_anything_is_written(tmp_path, settings, message):
@@ -82,6 +85,7 @@ def test_bad_sweeps_fail_before_anything_is_written(tmp_path, settings, message)
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_cli_reports_bad_input_with_exit_code_2(tmp_path, capsys):
     out = tmp_path / "sweep"
     code = main(["sweep", "bio", "--methods", "scale_adapt", "--lr-scales", "1", "--out", str(out)])
@@ -96,12 +100,13 @@ def test_cli_reports_bad_input_with_exit_code_2(tmp_path, capsys):
 def bio_sweep(tmp_path_factory):
     out = tmp_path_factory.mktemp("bio-sweep")
     experiment = BioExperiment(micro())
-    settings = SweepSettings(lr_scales=(1.0, 4.0), axes=(Axis("options.collab_modules", ("attn", "attn+ffn")),))
+    settings = SweepSettings(lr_scales=(1.0, 4.0), axes=(Axis("options.scale.collab_modules", ("attn", "attn+ffn")),))
     result = run_sweep(experiment, settings, out)
     report = write_report(experiment, settings, result, out)
     return experiment, settings, out, report
 
 
+@pytest.mark.slow
 def test_bio_sweep_writes_the_landscape_tables_and_ablation_figures(bio_sweep):
     _, _, out, report = bio_sweep
     for name in ("results.md", "results.json", "landscape.png", "ablation-collab_modules-task0_end.png"):
@@ -109,10 +114,11 @@ def test_bio_sweep_writes_the_landscape_tables_and_ablation_figures(bio_sweep):
     assert len(report["points"]) == 2 * 2 + 2  # fft, adapt x 2 rates + adapt with attn only x 2 rates
     text = (out / "results.md").read_text()
     assert "## Matched learning" in text and "## At each method's preset rate" in text
-    assert "### Ablation: options.collab_modules" in text
+    assert "### Ablation: options.scale.collab_modules" in text
     assert json.loads((out / "results.json").read_text())["target"] == report["target"]
 
 
+@pytest.mark.slow
 def test_bio_matched_table_reads_the_reference_at_its_own_point(bio_sweep):
     experiment, _, _, report = bio_sweep
     fft = [r for r in report["points"] if r["method"] == "fft"]
@@ -130,6 +136,7 @@ def test_bio_matched_table_reads_the_reference_at_its_own_point(bio_sweep):
         assert rows[(spec.title, "scale_adapt")]["status"] in ("ok", "not reached", "below range")
 
 
+@pytest.mark.slow
 def test_bio_sweep_measures_step_0_and_stages_once(bio_sweep):
     _, _, out, report = bio_sweep
     base = json.loads((out / BASE_FILE).read_text())["0"]
@@ -141,6 +148,7 @@ def test_bio_sweep_measures_step_0_and_stages_once(bio_sweep):
     assert report["base"]["learning"] == base["task1"]["overall"]
 
 
+@pytest.mark.slow
 def test_resuming_recomputes_nothing_and_finishes_only_what_is_missing(bio_sweep, tmp_path):
     experiment, settings, out, _ = bio_sweep
     copy = tmp_path / "copy"
@@ -164,6 +172,7 @@ def test_resuming_recomputes_nothing_and_finishes_only_what_is_missing(bio_sweep
     assert len(result.points) == 6
 
 
+@pytest.mark.slow
 def test_a_folder_of_other_settings_is_refused(bio_sweep):
     _, settings, out, _ = bio_sweep
     other = micro()
@@ -177,6 +186,7 @@ def test_a_folder_of_other_settings_is_refused(bio_sweep):
 # --- a tiny cpt sweep ----------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_cpt_sweep_end_to_end(workspace, tmp_path):  # noqa: F811
     cfg = tiny_config(workspace, ["fft", "scale_preserve"], steps=3, save_every=0)
     experiment = CptExperiment(cfg)
@@ -203,12 +213,14 @@ def test_cpt_sweep_needs_old_domain_sets(workspace, tmp_path):  # noqa: F811
     assert not (tmp_path / "sweep").exists()
 
 
-def test_sweep_help_names_every_sweep_option(capsys):
-    with pytest.raises(SystemExit):
-        main(["sweep", "cpt", "--help"])
-    text = capsys.readouterr().out
-    for option in ("--lr-scales", "--axis", "--reference", "--target", "--save-models", "--train.fft_lr"):
-        assert option in text
+def test_sweep_options_reach_the_sweep_and_the_experiment():
+    args = build_parser().parse_args(
+        ["sweep", "cpt", "--lr-scales", "0.5", "2", "--axis", "options.scale.route_tau", "0.1", "0.9",
+         "--reference", "lora", "--target", "3.5", "--save-models", "--train.fft_lr", "1e-4"]
+    )  # fmt: skip
+    assert args.lr_scales == [0.5, 2.0] and args.axis == [["options.scale.route_tau", "0.1", "0.9"]]
+    assert (args.reference, args.target, args.save_models) == ("lora", 3.5, True)
+    assert vars(args)["train.method_lr"] == {"fft": 1e-4}
 
 
 def test_step_0_records_come_from_initial(tmp_path):

@@ -39,7 +39,8 @@ class ScaleConfig:
 
     hidden_up: int = field(metadata={"help": "width added to the residual stream (a multiple of head_dim x GQA group)"})
     ffn_up: int = field(metadata={"help": "width added to every FFN's hidden layer (0 or more)"})
-    method: str = field(default="preserve", metadata={"help": f"one of {METHODS}"})
+    # method and seed are each run's own in the experiments ("cli": False: no command-line option there)
+    method: str = field(default="preserve", metadata={"help": f"one of {METHODS}", "cli": False})
     preserve_layers: int = field(
         default=0,
         metadata={
@@ -52,7 +53,7 @@ class ScaleConfig:
     w21_init: str = field(default="svd", metadata={"help": f"W21 initialiser, one of {INITS}"})
     w22_init: str = field(default="zero", metadata={"help": f"W22 initialiser, one of {INITS}"})
     route_tau: float = field(default=0.5, metadata={"help": "SCALE-Route: cosine threshold of Eq. 5, in [-1, 1]"})
-    seed: int = field(default=0, metadata={"help": "seed of the random and randomised-SVD initialisers"})
+    seed: int = field(default=0, metadata={"help": "seed of the random and randomised-SVD initialisers", "cli": False})
 
     def __post_init__(self) -> None:
         self.collab_modules = tuple(self.collab_modules)

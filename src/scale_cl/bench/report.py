@@ -12,6 +12,9 @@ from typing import Any
 
 import torch
 
+from scale_cl.files import write_text
+from scale_cl.methods import SCALE_METHOD_NAMES
+
 # Per-method metrics that get a ratio against FFT of the same base model.
 RATIO_METRICS = (
     "trainable_params",
@@ -24,7 +27,6 @@ RATIO_METRICS = (
     "forward_tokens_per_s",
     "generate_tokens_per_s",
 )
-SCALE_METHODS = ("scale_preserve", "scale_adapt", "scale_route")
 
 
 def machine_info(device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
@@ -110,7 +112,7 @@ def evaluate_targets(entry: dict[str, Any]) -> list[dict[str, Any]]:
             detail += f", training (fwd+bwd) FLOP ratio {train_flop_ratio:.3f}"
         name = "|route/adapt step-time ratio / forward FLOP ratio - 1|"
         add(name, abs(step_ratio / flop_ratio - 1), 0.15, detail=detail)
-    for method in SCALE_METHODS:
+    for method in SCALE_METHOD_NAMES:
         add(f"{method} peak training memory / lora", _ratio(methods, method, "lora", "peak_train_mib"), 1.15)
         add(f"{method} peak training memory / fft", _ratio(methods, method, "fft", "peak_train_mib"), 0.6)
     upscale = entry.get("upscale") or {}
@@ -249,7 +251,5 @@ def write_results(results: dict[str, Any], out: Path) -> tuple[Path, Path]:
     out.mkdir(parents=True, exist_ok=True)
     paths = (out / "results.json", out / "results.md")
     for path, text in zip(paths, (json.dumps(results, indent=2), to_markdown(results)), strict=True):
-        tmp = path.with_suffix(path.suffix + ".tmp")
-        tmp.write_text(text + "\n")
-        tmp.replace(path)
+        write_text(path, text + "\n")
     return paths

@@ -18,8 +18,8 @@ from torch import nn
 from scale_cl.bench.config import BenchConfig
 from scale_cl.bench.shapes import Shape
 from scale_cl.config import ScaleConfig
-from scale_cl.methods import prepare
-from scale_cl.methods.settings import MethodSettings
+from scale_cl.experiments.settings import MethodSettings
+from scale_cl.methods import method_spec, prepare
 
 
 def scale_configs(shape: Shape, cfg: BenchConfig) -> dict[str, ScaleConfig]:
@@ -42,13 +42,14 @@ def scale_configs(shape: Shape, cfg: BenchConfig) -> dict[str, ScaleConfig]:
 def method_options(shape: Shape, cfg: BenchConfig) -> dict[str, dict[str, Any]]:
     """``{method: options of scale_cl.prepare}`` for every method of ``cfg.methods``."""
     scale = scale_configs(shape, cfg)
-    settings = MethodSettings(hidden_up=shape.hidden_up, ffn_up=shape.ffn_up, freeze_layers=shape.freeze_layers)
+    settings = MethodSettings(scale=scale["route"], freeze_layers=shape.freeze_layers)
     options: dict[str, dict[str, Any]] = {}
     for method in cfg.methods:
-        if method.startswith("scale_"):
-            options[method] = {"scale": scale[method.removeprefix("scale_")]}
+        spec = method_spec(method)
+        if spec.is_scale:
+            options[method] = {"scale": scale[spec.scale_method]}
             continue
-        opts = settings.prepare_options(method, shape.layers)
+        opts = settings.prepare_options(method, cfg.seed)
         if "match" in opts:
             opts["match"] = scale[cfg.match]
         options[method] = opts
@@ -57,7 +58,7 @@ def method_options(shape: Shape, cfg: BenchConfig) -> dict[str, dict[str, Any]]:
 
 def describe(method: str, model: nn.Module, options: dict[str, Any], cfg: BenchConfig) -> str:
     """A short human-readable statement of the method's settings, as built."""
-    if method.startswith("scale_"):
+    if method_spec(method).is_scale:
         sc: ScaleConfig = options["scale"]
         layers = model.config.num_hidden_layers
         if method == "scale_preserve":

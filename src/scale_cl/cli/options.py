@@ -24,31 +24,86 @@ def _bool(text: str) -> bool:
 
 
 def add_dataclass_options(
-    parser: argparse.ArgumentParser, instance: Any, prefix: str = "", aliases: dict[str, list[str]] | None = None
+    parser: argparse.ArgumentParser,
+    instance: Any,
+    prefix: str = "",
+    aliases: dict[str, list[str]] | None = None,
+    root: argparse.ArgumentParser | None = None,
 ) -> None:
-    """One option per leaf field of ``instance``; help from ``field.metadata["help"]``, default shown."""
+    """One option per leaf field of ``instance``; help from ``field.metadata["help"]``, default shown.
+
+    A nested dataclass becomes a group of options ``--<field>.<leaf>`` (groups are made on ``root``,
+    the top-level parser, since argparse does not nest them).
+    """
     aliases = aliases or {}
+    root = root or parser
     for f in fields(instance):
         value = getattr(instance, f.name)
         name = f"{prefix}{f.name}"
+        if f.metadata.get("cli") is False:  # set by the experiment itself (e.g. a run's seed)
+            continue
         if is_dataclass(value):
-            group = parser.add_argument_group(f"{name} settings", (type(value).__doc__ or "").strip() or None)
-            add_dataclass_options(group, value, f"{name}.", aliases)
+            summary = (type(value).__doc__ or "").strip().split("\n\n")[0] or None
+            group = root.add_argument_group(f"{name} settings", summary)
+            add_dataclass_options(group, value, f"{name}.", aliases, root)
             continue
         kwargs: dict[str, Any] = {
             "dest": name,
             "default": argparse.SUPPRESS,
             "help": f"{f.metadata.get('help', '')} (default: {value})",
         }
+        if isinstance(value, dict):
+            _add_mapping_options(parser, name, f.metadata, kwargs)
+            continue
         if isinstance(value, bool):
             kwargs["type"] = _bool
-        elif isinstance(value, list):
+        elif isinstance(value, (list, tuple)):
             kwargs["nargs"] = "+"
             kwargs["type"] = type(value[0]) if value else str
         else:
             kwargs["type"] = type(value)
         kwargs["metavar"] = "BOOL" if isinstance(value, bool) else kwargs["type"].__name__.upper()
         parser.add_argument(f"--{name}", *aliases.get(name, []), **kwargs)
+
+
+class _MappingItems(argparse.Action):
+    """Collects ``KEY=VALUE`` items (or, for a per-key alias, one VALUE) into one dict setting."""
+
+    def __init__(self, *args: Any, key: str | None = None, value_type: type = str, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.key, self.value_type = key, value_type
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: Any, values: Any, option: Any = None) -> None:
+        mapping = dict(getattr(namespace, self.dest, None) or {})
+        for item in [values] if self.key else values:
+            key, value = (self.key, item) if self.key else item.partition("=")[::2]
+            if not key or not value:
+                parser.error(f"{option}: expected KEY=VALUE items, got {item!r}")
+            try:
+                mapping[key] = self.value_type(value)
+            except ValueError:
+                parser.error(f"{option}: {value!r} is not a valid {self.value_type.__name__}")
+        setattr(namespace, self.dest, mapping)
+
+
+def _add_mapping_options(parser: Any, name: str, metadata: Any, kwargs: dict[str, Any]) -> None:
+    """A dict setting: ``--a.b K=V ...``, and ``--a.<key><suffix> V`` per key named in its metadata."""
+    value_type = metadata.get("value_type", str)
+    metavar = f"KEY={value_type.__name__.upper()}"
+    parser.add_argument(f"--{name}", nargs="+", action=_MappingItems, value_type=value_type, metavar=metavar, **kwargs)
+    section = name.rpartition(".")[0]
+    for key in metadata.get("keys", ()):
+        alias = f"--{section + '.' if section else ''}{key}{metadata.get('key_suffix', '')}"
+        parser.add_argument(
+            alias,
+            action=_MappingItems,
+            key=key,
+            value_type=value_type,
+            dest=name,
+            default=argparse.SUPPRESS,
+            metavar=value_type.__name__.upper(),
+            help=f"the same as --{name} {key}=VALUE",
+        )
 
 
 def nested_overrides(args: argparse.Namespace, skip: tuple[str, ...] = ()) -> dict[str, Any]:
@@ -90,6 +145,10 @@ def apply_overrides(config: Any, overrides: dict[str, Any], where: str = "") -> 
             if not isinstance(value, dict):
                 raise ValueError(f"setting {where}{key} is a section; give it a mapping, got {value!r}")
             changes[key] = apply_overrides(current, value, f"{where}{key}.")
+        elif isinstance(current, dict):  # a mapping setting: the given keys replace those of the preset
+            if not isinstance(value, dict):
+                raise ValueError(f"setting {where}{key} is a mapping; give it KEY: VALUE pairs, got {value!r}")
+            changes[key] = {**current, **value}
         else:
             changes[key] = value
     return replace(config, **changes)

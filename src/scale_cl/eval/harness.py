@@ -42,6 +42,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from scale_cl.files import write_text
+
 if TYPE_CHECKING:
     import torch
     from torch import nn
@@ -490,8 +492,6 @@ def _run(args: argparse.Namespace) -> int:
     print(format_markdown(results))
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out.with_name(out.name + ".tmp")
-        tmp.write_text(json.dumps(results, indent=2) + "\n")
-        tmp.replace(out)
+        write_text(out, json.dumps(results, indent=2) + "\n")
         print(f"[eval] wrote {out}")
     return 0

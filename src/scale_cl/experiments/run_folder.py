@@ -1,18 +1,12 @@
-"""An experiment's output folder: atomic JSON writes, and one folder per configuration."""
+"""An experiment's output folder: one folder per configuration."""
 
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
-
-def write_json(path: Path, data: Any) -> None:
-    """Write ``data`` as JSON under a temporary name, then rename: readers never see half a file."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=2))
-    os.replace(tmp, path)
+from scale_cl.files import write_json
 
 
 def _diff(a: dict, b: dict, prefix: str = "") -> list[str]:
@@ -31,6 +25,7 @@ def claim_output_folder(out: Path, config_file: str, settings: dict[str, Any], w
     ``write=False`` only checks (a process other than the main one under ``torchrun``).
     """
     path = out / config_file
+    settings = json.loads(json.dumps(settings))  # as stored: tuples become lists
     mine = {k: v for k, v in settings.items() if k != "methods"}
     if path.is_file():
         theirs = {k: v for k, v in json.loads(path.read_text()).items() if k != "methods"}

@@ -1,4 +1,4 @@
-"""One entry point for every training method of the paper's comparison: `prepare(model, method, **options)`.
+"""The seven methods of the paper's comparison behind one registry, and `prepare(model, method, **options)`.
 
 One module per method, each a function that modifies the model in place (or wraps it, LoRA) and
 sets ``requires_grad`` to exactly what the method trains::
@@ -15,21 +15,23 @@ sets ``requires_grad`` to exactly what the method trains::
 ``llama_pro``      ``blocks`` identity-initialised block copies (int, "match"), ``match``; only they train
 ``scale_*``        `scale_cl.upscale` with preserve / adapt / route: ``scale`` or ScaleConfig fields
 =================  ==========================================================================
+
+`REGISTRY` is the one list of methods every experiment, the sweep and the bench read. A method's
+module is imported only when the method is prepared, so importing this package pulls in no
+baseline (PEFT included).
 """
 
 from __future__ import annotations
 
+import importlib
 import inspect
 from collections.abc import Callable
-from functools import partial
+from dataclasses import dataclass
 from typing import Any
 
 from torch import nn
 
-from scale_cl.methods.fft import prepare_fft
-from scale_cl.methods.freeze import prepare_freeze
-from scale_cl.methods.llama_pro import prepare_llama_pro
-from scale_cl.methods.lora import prepare_lora
+from scale_cl.config import METHODS as SCALE_CONFIG_METHODS
 from scale_cl.methods.matching import (
     llama_pro_trainable_count,
     lora_trainable_count,
@@ -38,25 +40,81 @@ from scale_cl.methods.matching import (
     scale_trainable_count,
     trainable_parameter_count,
 )
-from scale_cl.methods.scale import SCALE_METHODS, SCALE_OPTIONS, prepare_scale
 
-METHOD_NAMES = ("fft", "lora", "freeze", "llama_pro", "scale_preserve", "scale_adapt", "scale_route")
-
-_PREPARE: dict[str, Callable[..., nn.Module]] = {
-    "fft": prepare_fft,
-    "lora": prepare_lora,
-    "freeze": prepare_freeze,
-    "llama_pro": prepare_llama_pro,
-    **{name: partial(prepare_scale, method=name) for name in SCALE_METHODS},
+# The experiment settings (`scale_cl.experiments.settings.MethodSettings`) each SCALE variant reads.
+_PRESERVE_SETTINGS = ("scale.hidden_up", "scale.ffn_up", "scale.w21_init", "scale.w22_init")
+_ADAPT_SETTINGS = (*_PRESERVE_SETTINGS, "scale.preserve_layers", "scale.collab_modules")
+_SCALE_SETTINGS = {
+    "preserve": _PRESERVE_SETTINGS,
+    "adapt": _ADAPT_SETTINGS,
+    "route": (*_ADAPT_SETTINGS, "scale.route_tau"),
 }
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """One method: its name, where its prepare function lives, and what it reads.
+
+    Attributes:
+        name: the method's name (``--methods``, results, output folders).
+        prepare: ``"module:function"`` of its prepare function, imported on first use.
+        settings: the experiment settings (fields of ``MethodSettings``, dotted below ``options``)
+            that change this method; a sweep axis over any other setting does not re-run it.
+        scale_method: ``ScaleConfig.method`` of a SCALE method, None for a baseline.
+    """
+
+    name: str
+    prepare: str
+    settings: tuple[str, ...] = ()
+    scale_method: str | None = None
+
+    @property
+    def is_scale(self) -> bool:
+        return self.scale_method is not None
+
+    def prepare_function(self) -> Callable[..., nn.Module]:
+        module, _, function = self.prepare.partition(":")
+        return getattr(importlib.import_module(module), function)
+
+
+REGISTRY: dict[str, MethodSpec] = {
+    "fft": MethodSpec("fft", "scale_cl.methods.fft:prepare_fft"),
+    "lora": MethodSpec("lora", "scale_cl.methods.lora:prepare_lora", ("lora_rank",)),
+    "freeze": MethodSpec("freeze", "scale_cl.methods.freeze:prepare_freeze", ("freeze_layers",)),
+    "llama_pro": MethodSpec("llama_pro", "scale_cl.methods.llama_pro:prepare_llama_pro", ("llama_pro_blocks",)),
+    **{
+        f"scale_{variant}": MethodSpec(
+            f"scale_{variant}", "scale_cl.methods.scale:prepare_scale", _SCALE_SETTINGS[variant], variant
+        )
+        for variant in SCALE_CONFIG_METHODS
+    },
+}
+METHOD_NAMES = tuple(REGISTRY)
+SCALE_METHOD_NAMES = tuple(name for name, spec in REGISTRY.items() if spec.is_scale)
+
+
+def method_spec(method: str) -> MethodSpec:
+    """The registry entry of ``method``, or a ValueError naming the valid methods."""
+    if method not in REGISTRY:
+        raise ValueError(f"unknown method {method!r}; valid methods: {', '.join(METHOD_NAMES)}")
+    return REGISTRY[method]
+
+
+def check_methods(methods: list[str]) -> None:
+    """Raise a ValueError unless ``methods`` is a non-empty list of known method names."""
+    unknown = [m for m in methods if m not in REGISTRY]
+    if unknown or not methods:
+        raise ValueError(f"unknown methods {unknown}; valid methods: {', '.join(METHOD_NAMES)}")
 
 
 def method_options(method: str) -> tuple[str, ...]:
     """The option names ``method`` accepts."""
-    _check_method(method)
-    if method in SCALE_METHODS:
+    spec = method_spec(method)
+    if spec.is_scale:
+        from scale_cl.methods.scale import SCALE_OPTIONS
+
         return SCALE_OPTIONS
-    params = inspect.signature(_PREPARE[method]).parameters.values()
+    params = inspect.signature(spec.prepare_function()).parameters.values()
     return tuple(p.name for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY)
 
 
@@ -66,26 +124,29 @@ def prepare(model: nn.Module, method: str, /, **options: Any) -> nn.Module:
     Modifies ``model`` in place; LoRA returns the PEFT wrapper around it. Unknown methods or
     options, and invalid option values, raise a ValueError that names what is accepted.
     """
+    spec = method_spec(method)
     accepted = method_options(method)
     unknown = sorted(set(options) - set(accepted))
     if unknown:
         takes = f"it accepts {list(accepted)}" if accepted else "it takes no options"
         raise ValueError(f"{method}: unknown options {unknown}; {takes}")
-    return _PREPARE[method](model, **options)
-
-
-def _check_method(method: str) -> None:
-    if method not in METHOD_NAMES:
-        raise ValueError(f"unknown method {method!r}; valid methods: {', '.join(METHOD_NAMES)}")
+    if spec.is_scale:
+        return spec.prepare_function()(model, method, **options)
+    return spec.prepare_function()(model, **options)
 
 
 __all__ = [
     "METHOD_NAMES",
+    "REGISTRY",
+    "SCALE_METHOD_NAMES",
+    "MethodSpec",
+    "check_methods",
     "llama_pro_trainable_count",
     "lora_trainable_count",
     "match_llama_pro_blocks",
     "match_lora_rank",
     "method_options",
+    "method_spec",
     "prepare",
     "scale_trainable_count",
     "trainable_parameter_count",

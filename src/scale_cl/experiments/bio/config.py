@@ -9,9 +9,11 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from scale_cl.config import ScaleConfig
 from scale_cl.data import ATTRIBUTES
+from scale_cl.experiments.settings import MethodSettings, MethodStageConfig
 from scale_cl.methods import METHOD_NAMES as ALL_METHODS
-from scale_cl.methods.settings import MethodRates, MethodSettings, check_methods
+from scale_cl.methods import check_methods
 from scale_cl.train.trainer import StageConfig
 
 PRESETS = ("micro", "small", "paper")
@@ -43,7 +45,7 @@ class BackboneConfig:
 
 
 @dataclass
-class Task1Config(MethodRates, StageConfig):
+class Task1Config(MethodStageConfig):
     """Task 1 (new people's QA): one learning rate per method, and the evaluation interval."""
 
     eval_every: int = field(default=20, metadata={"help": "evaluate Task 0 and Task 1 every this many steps"})
@@ -75,6 +77,11 @@ class BioConfig:
         return asdict(self)
 
 
+def _scale(hidden_up: int, ffn_up: int) -> ScaleConfig:
+    """The paper's SCALE set-up for this benchmark: only the last layer collaborative (L_fp = -1)."""
+    return ScaleConfig(hidden_up=hidden_up, ffn_up=ffn_up, method="route", preserve_layers=-1)
+
+
 def preset(name: str) -> BioConfig:
     """The settings of preset ``name`` (see the README for what each is for)."""
     if name == "micro":
@@ -86,7 +93,7 @@ def preset(name: str) -> BioConfig:
             pretrain=StageConfig(lr=3e-3, epochs=2, batch_size=16),
             task0=StageConfig(lr=1e-3, epochs=1, batch_size=16),
             task1=Task1Config(lr=1e-3, max_steps=4, batch_size=16, eval_every=2),
-            options=MethodSettings(hidden_up=16, ffn_up=16, freeze_layers=1),
+            options=MethodSettings(scale=_scale(hidden_up=16, ffn_up=16), freeze_layers=1),
         )
     if name == "small":
         # Tuned on the 2-core CPU (see README): 300 people's biographies memorised in 60 epochs, Task-0
@@ -104,12 +111,9 @@ def preset(name: str) -> BioConfig:
                 max_steps=200,
                 batch_size=32,
                 eval_every=20,
-                lora_lr=1e-3,
-                scale_preserve_lr=1e-3,
-                scale_adapt_lr=1e-3,
-                scale_route_lr=1e-3,
+                method_lr={"lora": 1e-3, "scale_preserve": 1e-3, "scale_adapt": 1e-3, "scale_route": 1e-3},
             ),
-            options=MethodSettings(hidden_up=64, ffn_up=64, freeze_layers=1),
+            options=MethodSettings(scale=_scale(hidden_up=64, ffn_up=64), freeze_layers=1),
         )
     if name == "paper":
         # Pythia-160M, 200k people, the original benchmark's and the paper's hyper-parameters (for a GPU).
@@ -129,10 +133,12 @@ def preset(name: str) -> BioConfig:
             ),
             task0=StageConfig(lr=5e-6, epochs=10, batch_size=48),
             task1=Task1Config(
-                lr=5e-6, epochs=10, batch_size=48, eval_every=200, scale_route_lr=5e-5, llama_pro_lr=5e-5
+                lr=5e-6,
+                epochs=10,
+                batch_size=48,
+                eval_every=200,
+                method_lr={"scale_route": 5e-5, "llama_pro": 5e-5},
             ),
-            options=MethodSettings(
-                hidden_up=128, ffn_up=128, preserve_layers=-1, freeze_layers=3, llama_pro_blocks="4"
-            ),
+            options=MethodSettings(scale=_scale(hidden_up=128, ffn_up=128), freeze_layers=3, llama_pro_blocks="4"),
         )
     raise ValueError(f"unknown preset {name!r}; valid presets: {', '.join(PRESETS)}")

@@ -9,6 +9,11 @@ Stages 1-2 are computed once per (settings, seed) and cached under ``<out>/cache
 where the key hashes every setting the stage depends on; each method's stage-3 result is written
 to ``<out>/seed-<s>/<method>.json``. Everything is written to a temporary name and renamed into
 place, so a killed run leaves no half-written stage and a re-run skips what is done.
+
+Every stage stops with `NonFiniteLossError` on a NaN/inf loss. A Task-1 run that lasts long enough
+(`CHECKPOINT_MINUTES`, e.g. the paper preset's) also writes resumable checkpoints to
+``<out>/seed-<s>/<method>.checkpoints/`` at evaluation steps, so a killed run continues from the last
+one (bitwise the same curve on CPU); they are deleted when the method finishes.
 """
 
 from __future__ import annotations
@@ -39,17 +44,32 @@ from scale_cl.data import (
 from scale_cl.eval.first_token import QAExample, first_token_accuracy
 from scale_cl.experiments.bio.config import BioConfig
 from scale_cl.experiments.bio.datasets import AnswerOnlyQA, PackedText, PadCollator
-from scale_cl.experiments.run_folder import claim_output_folder, write_json
-from scale_cl.train.callbacks import PeriodicEval
+from scale_cl.experiments.run_folder import claim_output_folder
+from scale_cl.files import write_json
+from scale_cl.train.callbacks import PeriodicEval, SaveAtEvaluations
+from scale_cl.train.checkpointing import complete_checkpoints
 from scale_cl.train.trainer import run_stage
 
 CONFIG_FILE = "config.json"
 VERSION = 1  # bump when a stage's computation changes, so old caches are not reused
+# A Task-1 run checkpoints at the first evaluation after this much wall time since its start or
+# last checkpoint: short runs (micro, small: seconds to minutes per method) write none.
+CHECKPOINT_MINUTES = 10.0
+CHECKPOINTS_KEPT = 2
 
 
 def _key(*parts: Any) -> str:
     text = json.dumps([VERSION, *parts], sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def _save_folder(directory: Path, save: Callable[[Path], Any]) -> None:
+    """``save(folder)`` into ``<directory>.tmp``, then rename it to ``directory``: never a half-written cache folder."""
+    tmp = directory.with_name(directory.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    save(tmp)
+    shutil.rmtree(directory, ignore_errors=True)
+    os.replace(tmp, directory)
 
 
 def _text_settings(cfg: BioConfig) -> dict[str, Any]:
@@ -81,10 +101,7 @@ def build_data(cfg: BioConfig, out: Path) -> BioData:
     else:
         qa_text = [item.prompt + item.answer for person in people for item in qa_items(person)]
         tokenizer = train_bpe_tokenizer(texts + qa_text, cfg.data.vocab_size)
-        tmp = tok_dir.with_name(tok_dir.name + ".tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
-        tokenizer.save_pretrained(tmp)
-        os.replace(tmp, tok_dir)
+        _save_folder(tok_dir, tokenizer.save_pretrained)
     eos = tokenizer.eos_token_id
 
     def encode(text: str) -> list[int]:
@@ -114,10 +131,10 @@ def build_data(cfg: BioConfig, out: Path) -> BioData:
     )
 
 
-def new_backbone(cfg: BioConfig, tokenizer: PreTrainedTokenizerFast, seed: int) -> GPTNeoXForCausalLM:
+def backbone_config(cfg: BioConfig, **tokens: Any) -> GPTNeoXConfig:
+    """The stage-1 model's config; ``tokens``: vocab_size and the special token ids, once the tokenizer exists."""
     m = cfg.model
-    config = GPTNeoXConfig(
-        vocab_size=len(tokenizer),
+    return GPTNeoXConfig(
         hidden_size=m.hidden_size,
         num_hidden_layers=m.layers,
         num_attention_heads=m.heads,
@@ -126,6 +143,14 @@ def new_backbone(cfg: BioConfig, tokenizer: PreTrainedTokenizerFast, seed: int) 
         max_position_embeddings=m.max_seq_len,
         use_parallel_residual=True,
         tie_word_embeddings=False,
+        **tokens,
+    )
+
+
+def new_backbone(cfg: BioConfig, tokenizer: PreTrainedTokenizerFast, seed: int) -> GPTNeoXForCausalLM:
+    config = backbone_config(
+        cfg,
+        vocab_size=len(tokenizer),
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
@@ -139,11 +164,7 @@ def _cached_stage(directory: Path, build: Callable[[], GPTNeoXForCausalLM]) -> G
     if (directory / "model.safetensors").is_file():
         return GPTNeoXForCausalLM.from_pretrained(directory)
     model = build()
-    tmp = directory.with_name(directory.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
-    shutil.rmtree(directory, ignore_errors=True)
-    os.replace(tmp, directory)
+    _save_folder(directory, model.save_pretrained)
     return model
 
 
@@ -190,10 +211,14 @@ def run_method(
     seed: int,
     out: Path,
     initial: dict[str, Any] | None = None,
+    checkpoint_minutes: float | None = None,
 ) -> dict:
     """Stage 3 for one method: returns (and caches) its curve, parameter count and wall time.
 
     ``initial``: the Task-0 model's `evaluate_tasks`, used as the step-0 record (a sweep measures it once).
+    ``checkpoint_minutes``: wall time between checkpoints (default `CHECKPOINT_MINUTES`; 0 = at every
+    evaluation). Resumes from the method's last complete checkpoint, if a killed run left one (see
+    module doc); ``seconds`` then counts this process's part of the training only.
     """
     from scale_cl.methods import prepare, trainable_parameter_count
 
@@ -202,16 +227,38 @@ def run_method(
         return json.loads(result_path.read_text())
     result_path.parent.mkdir(parents=True, exist_ok=True)
     model = GPTNeoXForCausalLM.from_pretrained(task0_dir)
-    model = prepare(model, method, **cfg.options.prepare_options(method, cfg.model.layers))
+    model = prepare(model, method, **cfg.options.prepare_options(method, seed))
     lr = cfg.task1.lr_of(method)
     stage = replace(cfg.task1, lr=lr)
     log = result_path.with_suffix(".jsonl")
-    log.unlink(missing_ok=True)
-    print(f"[bio] stage 3 (seed {seed}): {method}, lr {lr:g}, {trainable_parameter_count(model):,} trainable")
+    run_dir = result_path.with_suffix(".checkpoints")
+    checkpoints = complete_checkpoints(run_dir)
+    resume = checkpoints[-1] if checkpoints else None
+    if resume is None:
+        log.unlink(missing_ok=True)
+    print(
+        f"[bio] stage 3 (seed {seed}): {method}, lr {lr:g}, {trainable_parameter_count(model):,} trainable"
+        + (f", resuming from {resume}" if resume else "")
+    )
     tracker = PeriodicEval(lambda m: evaluate_tasks(m, data), every=cfg.task1.eval_every, path=log, initial=initial)
+    minutes = CHECKPOINT_MINUTES if checkpoint_minutes is None else checkpoint_minutes
+    saver = SaveAtEvaluations(cfg.task1.eval_every, minutes)
+    # A checkpoint of another Task-0 model, method or rate is refused (the run folder's config.json guards the rest).
+    run_info = {"method": method, "lr": lr, "seed": seed, "task0_model": task0_dir.name}
     start = time.perf_counter()
     collator = PadCollator(data.tokenizer.pad_token_id)
-    run_stage(model, data.task1_train, collator, stage, out / "trainer", seed, [tracker])
+    run_stage(
+        model,
+        data.task1_train,
+        collator,
+        stage,
+        run_dir,
+        seed,
+        [tracker, saver],
+        run_info=run_info,
+        resume_from=resume,
+        save_total_limit=CHECKPOINTS_KEPT,
+    )
     result = {
         "method": method,
         "seed": seed,
@@ -221,6 +268,7 @@ def run_method(
         "curve": tracker.records,
     }
     write_json(result_path, result)
+    shutil.rmtree(run_dir, ignore_errors=True)  # the method is finished: nothing to resume
     return result
 
 
@@ -234,7 +282,7 @@ def validate(cfg: BioConfig) -> None:
     m = cfg.model
     if m.hidden_size % m.heads:
         raise ValueError(f"model.hidden_size={m.hidden_size} must be a multiple of model.heads={m.heads}")
-    cfg.options.validate(m.layers, m.hidden_size // m.heads)
+    cfg.options.validate(backbone_config(cfg), cfg.methods)
 
 
 def run_bio(cfg: BioConfig, out: Path) -> dict[str, Any]:

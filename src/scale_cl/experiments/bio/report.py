@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from scale_cl.experiments.bio.config import BioConfig
+from scale_cl.files import atomic_write, write_json, write_text
 
 
 def machine() -> dict[str, Any]:
@@ -123,19 +124,13 @@ def plot(results: dict[str, Any], path: Path) -> None:
     axes[0].set_ylabel("hard first-token accuracy (%)")
     axes[1].legend(loc="best", fontsize="small")
     fig.tight_layout()
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=120)
+    atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=120, format="png"))
     plt.close(fig)
-    os.replace(tmp, path)
 
 
 def write_report(results: dict[str, Any], out: Path) -> None:
-    for name, text in (
-        ("results.json", json.dumps(results, indent=2)),
-        ("results.md", results_markdown(results)),
-    ):
-        tmp = out / f".{name}.tmp"
-        tmp.write_text(text)
-        os.replace(tmp, out / name)
+    """results.json, results.md and (with any finished method) accuracy.png, each written atomically."""
+    write_json(out / "results.json", results)
+    write_text(out / "results.md", results_markdown(results))
     if results["methods"]:
         plot(results, out / "accuracy.png")

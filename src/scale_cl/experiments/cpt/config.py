@@ -1,7 +1,8 @@
 """Continual pre-training settings: nested dataclasses and the presets ``smollm2`` and ``paper``.
 
-Every leaf field is a command-line option (``--train.scale_route_lr 1e-3``) and a YAML key
-(``train: {scale_route_lr: 1e-3}``); its ``metadata["help"]`` is the option's help text.
+Every leaf field is a command-line option (``--train.scale_route_lr 1e-3``, ``--options.scale.hidden_up
+192``) and a YAML key (``train: {method_lr: {scale_route: 1e-3}}``); its ``metadata["help"]`` is the
+option's help text.
 """
 
 from __future__ import annotations
@@ -9,18 +10,20 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from scale_cl.config import ScaleConfig
 from scale_cl.data.corpus import CorpusConfig
-from scale_cl.methods import METHOD_NAMES
-from scale_cl.methods.settings import MethodRates, MethodSettings, check_methods
+from scale_cl.experiments.settings import MethodSettings, MethodStageConfig
+from scale_cl.methods import METHOD_NAMES, check_methods
 from scale_cl.models import SMOLLM2
-from scale_cl.train.trainer import StageConfig
 
 PRESETS = ("smollm2", "paper")
+# Section 5 / Table 1: LLaMA Pro 2e-4, SCALE 1e-3 (FFT, LoRA and Freeze take the stage's lr, 1e-5)
+PAPER_RATES = {"llama_pro": 2e-4, "scale_preserve": 1e-3, "scale_adapt": 1e-3, "scale_route": 1e-3}
 PRECISIONS = ("auto", "bf16", "fp32")
 
 
 @dataclass
-class CptTrainConfig(MethodRates, StageConfig):
+class CptTrainConfig(MethodStageConfig):
     """Optimisation (AdamW on the HF Trainer): one learning rate per method, batch, schedule, checkpoints."""
 
     micro_batch_size: int = field(
@@ -104,14 +107,13 @@ def preset(name: str) -> CptConfig:
                 micro_batch_size=4,
                 warmup_ratio=0.06,
                 schedule="linear",
-                llama_pro_lr=2e-4,
-                scale_preserve_lr=1e-3,
-                scale_adapt_lr=1e-3,
-                scale_route_lr=1e-3,
+                method_lr=PAPER_RATES,
                 save_every=50,
             ),
             eval=EvalConfig(every=20, batch_size=4),
-            options=MethodSettings(hidden_up=192, ffn_up=192, preserve_layers=6, freeze_layers=6),
+            options=MethodSettings(
+                scale=ScaleConfig(hidden_up=192, ffn_up=192, method="route", preserve_layers=6), freeze_layers=6
+            ),
         )
     if name == "paper":
         # Section 5 / Table 1: Llama-3.2-1B, one epoch of the user's corpus, batch 512 x 8192, linear
@@ -127,16 +129,16 @@ def preset(name: str) -> CptConfig:
                 micro_batch_size=1,
                 warmup_ratio=0.06,
                 schedule="linear",
-                llama_pro_lr=2e-4,
-                scale_preserve_lr=1e-3,
-                scale_adapt_lr=1e-3,
-                scale_route_lr=1e-3,
+                method_lr=PAPER_RATES,
                 gradient_checkpointing=True,
                 save_every=200,
             ),
             eval=EvalConfig(every=100, batch_size=1, representation_sequences=8),
             options=MethodSettings(
-                hidden_up=256, ffn_up=1024, preserve_layers=3, freeze_layers=3, lora_rank="256", llama_pro_blocks="4"
+                scale=ScaleConfig(hidden_up=256, ffn_up=1024, method="route", preserve_layers=3),
+                freeze_layers=3,
+                lora_rank="256",
+                llama_pro_blocks="4",
             ),
         )
     raise ValueError(f"unknown preset {name!r}; valid presets: {', '.join(PRESETS)}")

@@ -22,7 +22,6 @@ from __future__ import annotations
 import gc
 import json
 import math
-import os
 import shutil
 import time
 from dataclasses import asdict
@@ -38,18 +37,14 @@ from scale_cl.data.corpus import Corpus, build_corpus, check_corpus
 from scale_cl.eval.perplexity import final_hidden_original, mean_cosine_similarity, perplexity
 from scale_cl.experiments.cpt.config import CptConfig
 from scale_cl.experiments.cpt.report import RESULT_FILE
-from scale_cl.experiments.run_folder import claim_output_folder, write_json
+from scale_cl.experiments.run_folder import claim_output_folder
+from scale_cl.files import atomic_write, write_json
 from scale_cl.models import BaseModelRef, load_base, save_trained
 from scale_cl.train.callbacks import PeriodicEval
 from scale_cl.train.checkpointing import CheckpointingTrainer, complete_checkpoints
+from scale_cl.train.trainer import training_arguments as stage_training_arguments
 
 CONFIG_FILE = "cpt_config.json"
-# transformers 5 renamed gradient_checkpointing to activation_checkpointing (the old name warns)
-CHECKPOINTING_ARGUMENT = next(
-    name
-    for name in ("activation_checkpointing", "gradient_checkpointing")
-    if name in TrainingArguments.__dataclass_fields__
-)
 REFERENCE_FILE = "reference_hidden.safetensors"
 
 
@@ -65,10 +60,7 @@ def process_state() -> PartialState:
 
 def validate(cfg: CptConfig, base_config: Any) -> None:
     """Raise a ValueError for settings that cannot work with this base model, before anything is written."""
-    layers = base_config.num_hidden_layers
-    head_dim = getattr(base_config, "head_dim", None) or base_config.hidden_size // base_config.num_attention_heads
-    if any(m.startswith("scale_") or m in ("lora", "llama_pro", "freeze") for m in cfg.methods):
-        cfg.options.validate(layers, head_dim)
+    cfg.options.validate(base_config, cfg.methods)
     world = process_state().num_processes
     t = cfg.train
     if t.batch_size % (t.micro_batch_size * world):
@@ -93,37 +85,23 @@ def use_bf16(cfg: CptConfig) -> bool:
 
 
 def training_arguments(cfg: CptConfig, method: str, run_dir: Path, steps: int) -> TrainingArguments:
+    """cpt's settings for the shared builder: ``batch_size`` split into per-process micro-batches and accumulation."""
     t = cfg.train
-    cuda = torch.cuda.is_available()
-    bf16 = use_bf16(cfg)
     world = process_state().num_processes
-    kwargs: dict[str, Any] = {}
-    if t.schedule == "cosine_with_min_lr":
-        kwargs["lr_scheduler_kwargs"] = {"min_lr_rate": t.min_lr_ratio}
-    kwargs[CHECKPOINTING_ARGUMENT] = t.gradient_checkpointing
-    return TrainingArguments(
-        output_dir=str(run_dir),
+    return stage_training_arguments(
+        t,
+        run_dir,
+        cfg.seed,
         learning_rate=t.lr_of(method),
         max_steps=steps,
-        per_device_train_batch_size=t.micro_batch_size,
+        micro_batch_size=t.micro_batch_size,
         gradient_accumulation_steps=t.batch_size // (t.micro_batch_size * world),
         warmup_steps=max(t.warmup_steps, math.ceil(t.warmup_ratio * steps)),
-        weight_decay=t.weight_decay,
-        lr_scheduler_type=t.schedule,
-        seed=cfg.seed,
-        data_seed=cfg.seed,
-        save_strategy="steps" if t.save_every else "no",
-        save_steps=t.save_every or 500,
+        save_every=t.save_every,
         save_total_limit=t.save_total_limit,
+        activation_checkpointing=t.gradient_checkpointing,
+        bf16=use_bf16(cfg),
         logging_steps=max(1, min(cfg.eval.every, 50)),
-        logging_nan_inf_filter=False,
-        report_to=[],
-        remove_unused_columns=False,
-        dataloader_num_workers=0,
-        use_cpu=not cuda,
-        bf16=bf16,
-        disable_tqdm=False,
-        **kwargs,
     )
 
 
@@ -135,9 +113,7 @@ def reference_hidden(cfg: CptConfig, base: PreTrainedModel, corpus: Corpus, out:
     probe = probe_batch(cfg, corpus)
     hidden = final_hidden_original(base, probe, base.config.hidden_size)
     if process_state().is_main_process:
-        tmp = path.with_suffix(".tmp")
-        save_file({"hidden": hidden.contiguous()}, tmp)
-        os.replace(tmp, path)
+        atomic_write(path, lambda tmp: save_file({"hidden": hidden.contiguous()}, tmp))
     return hidden
 
 
@@ -200,7 +176,7 @@ def run_method(
     method_dir.mkdir(parents=True, exist_ok=True)
     base, tokenizer = load_base(ref)
     original_width = base.config.hidden_size
-    model = prepare(base, method, **cfg.options.prepare_options(method, base.config.num_hidden_layers))
+    model = prepare(base, method, **cfg.options.prepare_options(method, cfg.seed))
     run_dir = method_dir / "run"
     steps = total_steps(cfg, corpus)
     args = training_arguments(cfg, method, run_dir, steps)

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from scale_cl.experiments.cpt.config import CptConfig
+from scale_cl.files import atomic_write, write_json, write_text
 
 RESULT_FILE = "result.json"
 
@@ -98,7 +99,7 @@ def plot(results: dict[str, Any], out: Path) -> list[Path]:
     axes[0][0].legend(fontsize=8)
     fig.tight_layout()
     paths = [Path(out) / "perplexity.png"]
-    fig.savefig(paths[0], dpi=120)
+    atomic_write(paths[0], lambda tmp: fig.savefig(tmp, dpi=120, format="png"))
     plt.close(fig)
 
     fig, ax = plt.subplots(figsize=(5, 4))
@@ -111,14 +112,15 @@ def plot(results: dict[str, Any], out: Path) -> list[Path]:
     ax.legend(fontsize=8)
     fig.tight_layout()
     paths.append(Path(out) / "representation.png")
-    fig.savefig(paths[1], dpi=120)
+    atomic_write(paths[1], lambda tmp: fig.savefig(tmp, dpi=120, format="png"))
     plt.close(fig)
     return paths
 
 
 def write_report(results: dict[str, Any], out: Path) -> None:
+    """results.json, results.md and the figures, each written atomically (a reader never sees half a file)."""
     out = Path(out)
-    (out / "results.json").write_text(json.dumps(results, indent=2))
-    (out / "results.md").write_text(results_markdown(results))
+    write_json(out / "results.json", results)
+    write_text(out / "results.md", results_markdown(results))
     if results["methods"]:
         plot(results, out)

@@ -6,7 +6,14 @@ import argparse
 import sys
 from pathlib import Path
 
-from scale_cl.experiments.sweep.runner import AXIS_METHODS, DEFAULT_LR_SCALES, Axis, SweepSettings
+from scale_cl.experiments.sweep.runner import DEFAULT_LR_SCALES, Axis, SweepSettings
+from scale_cl.methods import REGISTRY
+
+
+def _concerned() -> str:
+    """Which methods each method setting concerns, from the method registry."""
+    return "; ".join(f"{name}: {' '.join(spec.settings)}" for name, spec in REGISTRY.items() if spec.settings)
+
 
 SWEEP_OPTIONS = ("lr_scales", "axis", "reference", "target", "save_models", "experiment")
 
@@ -78,12 +85,12 @@ def _add_sweep_options(parser: argparse.ArgumentParser, cpt: bool) -> None:
         nargs="+",
         action="append",
         metavar=("SETTING", "VALUE"),
-        help="an ablation beside the learning rate: a setting and its values, e.g. --axis options.preserve_layers "
+        help="an ablation beside the learning rate: a setting and its values, e.g. "
+        "--axis options.scale.preserve_layers "
         "2 4 6; repeatable; settings that vary together are joined by commas, and so are their values "
-        "(--axis options.w21_init,options.w22_init svd,zero random,random). Each value is swept over the same "
-        "rates, for the methods the setting concerns ("
-        + "; ".join(f"{k.split('.')[-1]}: {', '.join(v)}" for k, v in AXIS_METHODS.items())
-        + "; any other setting: every method)",
+        "(--axis options.scale.w21_init,options.scale.w22_init svd,zero random,random); a tuple setting's "
+        "items are joined by + (attn+ffn). Each value is swept over the same rates, for the methods the setting "
+        f"concerns ({_concerned()}; a setting outside options: every method)",
     )
     group.add_argument(
         "--reference",

@@ -14,8 +14,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from scale_cl.experiments.run_folder import write_json
 from scale_cl.experiments.sweep.landscape import Metric
+from scale_cl.files import write_json
 
 CONFIG_FILE = "sweep_config.json"
 BASE_FILE = "base_metrics.json"
@@ -32,7 +32,8 @@ class PanelSpec:
 
 def with_rate(cfg: Any, section: str, method: str, lr: float) -> Any:
     """``cfg`` with ``method``'s learning rate in ``cfg.<section>`` set to ``lr``."""
-    return replace(cfg, **{section: replace(getattr(cfg, section), **{f"{method}_lr": lr})})
+    stage = getattr(cfg, section)
+    return replace(cfg, **{section: replace(stage, method_lr={**stage.method_lr, method: lr})})
 
 
 class BioExperiment:

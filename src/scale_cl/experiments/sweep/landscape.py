@@ -13,12 +13,13 @@ diverged (non-finite metrics) are kept out of frontiers and interpolation.
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from scale_cl.files import atomic_write
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -217,10 +218,8 @@ def _save(fig: Figure, path: Path) -> Path:
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=120)
+    atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=120, format="png"))
     plt.close(fig)
-    os.replace(tmp, path)
     return path
 
 

@@ -7,7 +7,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from scale_cl.experiments.run_folder import write_json
 from scale_cl.experiments.sweep.landscape import (
     Panel,
     Point,
@@ -21,6 +20,7 @@ from scale_cl.experiments.sweep.landscape import (
     single_rate_markdown,
 )
 from scale_cl.experiments.sweep.runner import SweepResult, SweepSettings
+from scale_cl.files import write_json, write_text
 
 
 def _points(records: list[dict], key: str) -> list[Point]:
@@ -182,6 +182,6 @@ def write_report(experiment: Any, settings: SweepSettings, result: SweepResult, 
         "ablations": ablations,
         "points": result.points,
     }
-    (out / "results.md").write_text("\n".join(text))
+    write_text(out / "results.md", "\n".join(text))
     write_json(out / "results.json", report)
     return report

@@ -20,30 +20,40 @@ from pathlib import Path
 from typing import Any
 
 from scale_cl.cli.options import apply_overrides, nest
-from scale_cl.experiments.run_folder import claim_output_folder, write_json
+from scale_cl.experiments.run_folder import claim_output_folder
 from scale_cl.experiments.sweep.experiments import CONFIG_FILE
+from scale_cl.files import write_json
+from scale_cl.methods import METHOD_NAMES, REGISTRY, method_spec
 
 POINT_FILE = "point.json"
 DEFAULT_LR_SCALES = (0.25, 0.5, 1.0, 2.0, 4.0)
-SCALE_METHODS = ("scale_preserve", "scale_adapt", "scale_route")
-# Ablation settings that only mean something to some methods (anything else applies to every method).
-AXIS_METHODS = {
-    "options.hidden_up": SCALE_METHODS,
-    "options.ffn_up": SCALE_METHODS,
-    "options.w21_init": SCALE_METHODS,
-    "options.w22_init": SCALE_METHODS,
-    "options.preserve_layers": ("scale_adapt", "scale_route"),
-    "options.collab_modules": ("scale_adapt", "scale_route"),
-    "options.route_tau": ("scale_route",),
-}
+METHOD_SETTINGS = "options."  # settings below it concern only the methods whose registry entry names them
+
+
+def concerns(setting: str, method: str) -> bool:
+    """Whether ``setting`` (dotted) changes ``method``: a method setting only if the method reads it.
+
+    A setting no method names (outside ``options``, or unknown) concerns every method; an unknown one
+    is then refused when its value is read.
+    """
+    name = setting.removeprefix(METHOD_SETTINGS)
+    if not setting.startswith(METHOD_SETTINGS) or not any(name in spec.settings for spec in REGISTRY.values()):
+        return True
+    return name in method_spec(method).settings
+
+
+def format_value(value: Any) -> str:
+    """A setting's value as written in point keys and labels (a tuple as ``a+b``, as on the command line)."""
+    return "+".join(map(str, value)) if isinstance(value, tuple) else str(value)
 
 
 @dataclass(frozen=True)
 class Axis:
-    """An ablation: a setting (dotted, e.g. ``options.preserve_layers``) and the values it takes.
+    """An ablation: a setting (dotted, e.g. ``options.scale.preserve_layers``) and the values it takes.
 
     Settings that vary together (paper Fig. 5's W21/W22 initialiser pairs) are joined by commas, and
-    so are each value's parts: ``Axis("options.w21_init,options.w22_init", ("svd,zero", "random,random"))``.
+    so are each value's parts: ``Axis("options.scale.w21_init,options.scale.w22_init", ("svd,zero",
+    "random,random"))``. A tuple setting's items are joined by ``+`` (``collab_modules`` ``attn+ffn``).
     """
 
     setting: str
@@ -59,7 +69,7 @@ class Axis:
 
     def methods(self, methods: list[str]) -> list[str]:
         """The swept methods every one of the axis's settings concerns."""
-        return [m for m in methods if all(m in AXIS_METHODS.get(s, (m,)) for s in self.settings)]
+        return [m for m in methods if all(concerns(s, m) for s in self.settings)]
 
     def overrides(self, cfg: Any, text: str) -> tuple[tuple[str, Any], ...]:
         """The settings ``text`` changes in ``cfg`` (those equal to ``cfg``'s own are left out)."""
@@ -99,7 +109,7 @@ class SweepSettings:
             if not axis.values:
                 raise ValueError(f"axis {axis.setting} has no values")
             if not axis.methods(methods):
-                concerned = sorted({m for s in axis.settings for m in AXIS_METHODS.get(s, ())})
+                concerned = sorted({m for s in axis.settings for m in METHOD_NAMES if concerns(s, m)})
                 raise ValueError(f"axis {axis.setting} applies to {', '.join(concerned)}; none is swept")
 
 
@@ -115,7 +125,11 @@ class SweepPoint:
 
     @property
     def key(self) -> str:
-        parts = [self.method, *(f"{s.rsplit('.', 1)[-1]}={v}" for s, v in self.overrides), f"lr={self.lr:.4g}"]
+        parts = [
+            self.method,
+            *(f"{s.rsplit('.', 1)[-1]}={format_value(v)}" for s, v in self.overrides),
+            f"lr={self.lr:.4g}",
+        ]
         return "__".join(parts)
 
 
@@ -134,6 +148,8 @@ def typed_value(cfg: Any, dotted: str, text: str) -> Any:
     try:
         if isinstance(current, bool):
             return {"true": True, "false": False}[text.lower()]
+        if isinstance(current, tuple):
+            return tuple(text.split("+"))
         return type(current)(text)
     except (KeyError, ValueError) as err:
         raise ValueError(f"axis {dotted}: {text!r} is not a valid {type(current).__name__}") from err

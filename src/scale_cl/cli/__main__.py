@@ -1,0 +1,3 @@
+from scale_cl.cli import main
+
+raise SystemExit(main())

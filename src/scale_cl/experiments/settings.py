@@ -1,0 +1,115 @@
+"""Experiment-level settings of the seven methods: how each is set up, and each one's learning rate.
+
+Both experiments (``scale-cl bio``, ``scale-cl cpt``) share these dataclasses, so every method is
+configured the same way everywhere (``--options.scale.hidden_up 256``, ``--train.lora_lr 1e-4``).
+The SCALE methods' settings are a `ScaleConfig` itself, checked against the model by the same
+`scale_cl.shapes.check_fits` that `upscale` uses; its method and seed come from each run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from scale_cl.config import ScaleConfig
+from scale_cl.methods import METHOD_NAMES, method_spec
+from scale_cl.shapes import base_dims, resolve
+from scale_cl.train.trainer import StageConfig
+
+MATCH = "match"
+
+
+def _default_scale() -> ScaleConfig:
+    return ScaleConfig(hidden_up=64, ffn_up=64, method="route", preserve_layers=-1)
+
+
+@dataclass
+class MethodSettings:
+    """How each continual-learning method is set up (its options of `scale_cl.prepare`)."""
+
+    scale: ScaleConfig = field(
+        default_factory=_default_scale,
+        metadata={"help": "the SCALE methods' ScaleConfig (its method and seed are set per run)"},
+    )
+    lora_rank: str = field(
+        default=MATCH, metadata={"help": "LoRA rank, or 'match' for SCALE-Route's trainable parameters"}
+    )
+    freeze_layers: int = field(
+        default=1, metadata={"help": "Freeze: bottom decoder layers frozen (with the embedding)"}
+    )
+    llama_pro_blocks: str = field(
+        default=MATCH, metadata={"help": "LLaMA Pro: blocks added, or 'match' for SCALE-Route's trainable parameters"}
+    )
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.scale, ScaleConfig):
+            raise ValueError(f"options.scale must be a ScaleConfig, got {type(self.scale).__name__}")
+        for name in ("lora_rank", "llama_pro_blocks"):
+            value = getattr(self, name)
+            if value != MATCH and not (str(value).isdigit() and int(value) > 0):
+                raise ValueError(f"options.{name} must be '{MATCH}' or a positive integer, got {value!r}")
+        if self.freeze_layers < 0:
+            raise ValueError(f"options.freeze_layers must be 0 or more, got {self.freeze_layers}")
+
+    def scale_config(self, method: str = "route", seed: int = 0) -> ScaleConfig:
+        """The ScaleConfig of a run: ``options.scale`` with the run's SCALE method and seed."""
+        return replace(self.scale, method=method, seed=seed)
+
+    def validate(self, model_config: Any, methods: list[str]) -> None:
+        """Raise a ValueError for settings that ``methods`` read and that cannot fit this model (its HF config).
+
+        The SCALE settings are checked by `scale_cl.shapes.check_fits`, exactly as `upscale` will check them.
+        """
+        dims = base_dims(model_config)
+        reads = {setting.split(".")[0] for m in methods for setting in method_spec(m).settings}
+        matched = {"lora_rank": self.lora_rank, "llama_pro_blocks": self.llama_pro_blocks}
+        if "scale" in reads or any(matched[name] == MATCH for name in reads & set(matched)):
+            try:
+                resolve(self.scale_config(), dims)
+            except ValueError as err:
+                raise ValueError(f"options.scale: {err}") from err
+        if "freeze_layers" in reads and self.freeze_layers > dims.layers:
+            raise ValueError(
+                f"options.freeze_layers={self.freeze_layers} exceeds the model's {dims.layers} decoder layers"
+            )
+
+    def prepare_options(self, method: str, seed: int = 0) -> dict[str, Any]:
+        """Keyword options of `scale_cl.prepare` for ``method``; 'match' counts against SCALE-Route."""
+        spec = method_spec(method)
+        if spec.is_scale:
+            return {"scale": self.scale_config(spec.scale_method, seed)}
+        route = self.scale_config("route", seed)
+        if method == "lora":
+            return {"rank": MATCH, "match": route} if self.lora_rank == MATCH else {"rank": int(self.lora_rank)}
+        if method == "llama_pro":
+            if self.llama_pro_blocks == MATCH:
+                return {"blocks": MATCH, "match": route}
+            return {"blocks": int(self.llama_pro_blocks)}
+        if method == "freeze":
+            return {"layers": self.freeze_layers}
+        return {}
+
+
+@dataclass
+class MethodStageConfig(StageConfig):
+    """A training stage that every method runs: one learning rate per method (matched learning)."""
+
+    method_lr: dict[str, float] = field(
+        default_factory=dict,
+        metadata={
+            "help": "learning rate per method, METHOD=LR (methods not named use lr)",
+            "keys": METHOD_NAMES,
+            "key_suffix": "_lr",
+            "value_type": float,
+        },
+    )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        for method, lr in self.method_lr.items():
+            method_spec(method)
+            if not (isinstance(lr, (int, float)) and lr > 0):
+                raise ValueError(f"the learning rate of {method} must be positive, got {lr!r}")
+
+    def lr_of(self, method: str) -> float:
+        return self.method_lr.get(method, self.lr)
