@@ -1,9 +1,13 @@
-"""Tiny models of every supported architecture and shape, built from configs with fixed seeds."""
+"""Shared test fixtures: tiny models of every supported architecture and shape (built from configs with fixed
+seeds), the upscaled-model factory, and the tiny saved Llama + corpora workspace of the CPT tests."""
 
 from __future__ import annotations
 
 import copy
 import importlib.util
+import json
+import random
+import sys
 from pathlib import Path
 
 import pytest
@@ -18,6 +22,12 @@ from transformers import (
     Qwen2Config,
     Qwen2ForCausalLM,
 )
+
+from scale_cl import ScaleConfig, upscale
+from scale_cl.data.corpus import CorpusConfig
+from scale_cl.data.tokenizer import train_bpe_tokenizer
+from scale_cl.experiments.cpt.config import CptConfig, CptTrainConfig, EvalConfig
+from scale_cl.experiments.settings import MethodSettings
 
 VOCAB = 96
 
@@ -158,3 +168,105 @@ def smollm2_gguf() -> Path | None:
         return None
     files = sorted(Path(spec.origin).parent.glob("*.gguf"))
     return files[0] if files else None
+
+
+def tiny_scale_config(base, method: str = "preserve", **fields) -> ScaleConfig:
+    """A ScaleConfig that fits ``base``: its smallest valid hidden_up, ffn_up 8, ScaleConfig's other defaults."""
+    settings = {"hidden_up": hidden_up_for(base), "ffn_up": 8, **fields}
+    return ScaleConfig(method=method, **settings)
+
+
+def upscaled_copy(base, method: str = "preserve", **fields):
+    """An upscaled deep copy of ``base`` (the base stays usable as the reference), see `tiny_scale_config`."""
+    return upscale(copy.deepcopy(base), tiny_scale_config(base, method, **fields))
+
+
+# ---------------------------------------------------------------------------------------------------
+# Continual pre-training: a tiny saved Llama with its tokenizer and new-/old-domain corpora (built once)
+
+SYLLABLES = ["ka", "to", "mi", "ra", "ne", "su", "lo", "pe", "di", "gu"]
+WORDS = ["the", "cat", "sat", "on", "a", "mat", "and", "then", "it", "ran", "to", "house", "where", "dog", "slept"]
+
+
+def _documents(seed: int, count: int, vocabulary: list[str], join: str) -> list[str]:
+    rng = random.Random(seed)
+    docs = []
+    for _ in range(count):
+        words = [
+            join.join(rng.choice(vocabulary) for _ in range(rng.randint(1, 3))) for _ in range(rng.randint(20, 50))
+        ]
+        docs.append(" ".join(words) + ".")
+    return docs
+
+
+@pytest.fixture(scope="session")
+def workspace(tmp_path_factory) -> Path:
+    """A tiny Llama base model folder (with its tokenizer) and new-/old-domain JSONL corpora."""
+    root = tmp_path_factory.mktemp("cpt")
+    new = _documents(0, 200, SYLLABLES, "")
+    old = _documents(1, 40, WORDS, " ")
+    (root / "new.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in new))
+    (root / "old.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in old))
+    tokenizer = train_bpe_tokenizer(new + old, vocab_size=320)
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=64,
+        tie_word_embeddings=True,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    LlamaForCausalLM(config).save_pretrained(root / "base")
+    tokenizer.save_pretrained(root / "base")
+    return root
+
+
+def tiny_config(root: Path, methods: list[str], steps: int = 6, save_every: int = 2) -> CptConfig:
+    return CptConfig(
+        preset="smollm2",
+        model=str(root / "base"),
+        methods=methods,
+        data=CorpusConfig(
+            train=[str(root / "new.jsonl")],
+            old_eval=[f"toy={root / 'old.jsonl'}"],
+            seq_len=32,
+            heldout_fraction=0.1,
+            max_eval_sequences=6,
+        ),
+        train=CptTrainConfig(
+            lr=1e-3, max_steps=steps, batch_size=4, micro_batch_size=2, save_every=save_every, schedule="linear"
+        ),
+        eval=EvalConfig(every=3, batch_size=3, representation_sequences=2),
+        options=MethodSettings(
+            scale=ScaleConfig(hidden_up=32, ffn_up=32, method="route", preserve_layers=1),
+            freeze_layers=1,
+            llama_pro_blocks="1",
+        ),
+    )
+
+
+def cpt_argv(cfg: CptConfig, out: Path) -> list[str]:
+    """The command line of ``cfg`` (the subset tiny_config sets)."""
+    d, t, e, o = cfg.data, cfg.train, cfg.eval, cfg.options
+    return [
+        sys.executable, "-m", "scale_cl.cli", "cpt", "--out", str(out), "--model", cfg.model,
+        "--methods", *cfg.methods, "--data.train", *d.train, "--data.old_eval", *d.old_eval,
+        "--data.seq_len", str(d.seq_len), "--data.heldout_fraction", str(d.heldout_fraction),
+        "--data.max_eval_sequences", str(d.max_eval_sequences),
+        "--train.lr", str(t.lr), "--train.scale_adapt_lr", str(t.lr_of("scale_adapt")),
+        "--train.max_steps", str(t.max_steps),
+        "--train.batch_size", str(t.batch_size), "--train.micro_batch_size", str(t.micro_batch_size),
+        "--train.save_every", str(t.save_every), "--train.schedule", t.schedule, "--train.warmup_ratio", "0",
+        "--eval.every", str(e.every), "--eval.batch_size", str(e.batch_size),
+        "--eval.representation_sequences", str(e.representation_sequences),
+        "--options.scale.hidden_up", str(o.scale.hidden_up), "--options.scale.ffn_up", str(o.scale.ffn_up),
+        "--options.scale.preserve_layers", str(o.scale.preserve_layers),
+        "--options.freeze_layers", str(o.freeze_layers),
+        "--options.llama_pro_blocks", o.llama_pro_blocks,
+    ]  # fmt: skip

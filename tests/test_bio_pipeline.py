@@ -26,6 +26,7 @@ def finished(tmp_path_factory) -> tuple[Path, dict]:
     return out, pipeline.run_bio(micro(), out)
 
 
+@pytest.mark.slow
 def test_micro_run_writes_figure_tables_and_curves_for_every_method(finished):
     out, results = finished
     assert set(results["methods"]) == set(ALL_METHODS)
@@ -57,6 +58,7 @@ def test_micro_run_writes_figure_tables_and_curves_for_every_method(finished):
     assert counts["scale_adapt"] == counts["scale_route"] > counts["scale_preserve"]
 
 
+@pytest.mark.slow
 def test_rerun_recomputes_nothing(finished, monkeypatch):
     out, results = finished
 
@@ -70,6 +72,7 @@ def test_rerun_recomputes_nothing(finished, monkeypatch):
         assert again["methods"][method]["runs"] == results["methods"][method]["runs"]
 
 
+@pytest.mark.slow
 def test_killed_run_resumes_without_redoing_finished_work(tmp_path, monkeypatch):
     out = tmp_path / "run"
     cfg = micro(methods=["fft", "lora", "scale_route"])
@@ -105,6 +108,7 @@ def test_killed_run_resumes_without_redoing_finished_work(tmp_path, monkeypatch)
     assert not list(out.rglob("*.tmp"))
 
 
+@pytest.mark.slow
 def test_interrupted_stage_cache_is_not_taken_as_finished(tmp_path, monkeypatch):
     out = tmp_path / "run"
     real_save = pipeline.GPTNeoXForCausalLM.save_pretrained
@@ -149,6 +153,7 @@ def test_bad_settings_are_refused_before_anything_is_written(tmp_path, overrides
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_output_folder_of_another_config_is_refused_and_left_intact(finished):
     out, _ = finished
     before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
@@ -166,6 +171,7 @@ def test_cli_help_documents_every_setting(capsys):
     assert "peak learning rate" in text
 
 
+@pytest.mark.slow
 def test_cli_runs_with_yaml_and_command_line_overrides(tmp_path, capsys):
     config = tmp_path / "bio.yaml"
     config.write_text("preset: micro\nmethods: [fft, scale_route]\ntask1: {max_steps: 3, eval_every: 1}\n")
@@ -179,6 +185,7 @@ def test_cli_runs_with_yaml_and_command_line_overrides(tmp_path, capsys):
     assert "| scale_route |" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_attribute_subset_is_trained_and_reported(tmp_path):
     results = pipeline.run_bio(micro(methods=["fft"], data={"attributes": ["major", "birth_city"]}), tmp_path / "r")
     record = results["methods"]["fft"]["runs"][0]["curve"][-1]
@@ -247,6 +254,7 @@ def _task1_runs(monkeypatch, extra: list | None = None) -> dict[str, dict]:
     return trained
 
 
+@pytest.mark.slow
 def test_killed_task1_run_resumes_from_its_checkpoint_bitwise(tmp_path, monkeypatch):
     cfg = micro(methods=["lora", "scale_route"])
     straight_weights = _task1_runs(monkeypatch)
@@ -273,6 +281,7 @@ def test_killed_task1_run_resumes_from_its_checkpoint_bitwise(tmp_path, monkeypa
     assert steps == [0, 2, 4], "records after the checkpoint are made once"
 
 
+@pytest.mark.slow
 def test_task1_nan_after_a_checkpoint_names_it_and_a_rerun_resumes(tmp_path, monkeypatch):
     monkeypatch.setattr(pipeline, "CHECKPOINT_MINUTES", 0.0)
     out = tmp_path / "run"

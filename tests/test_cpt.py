@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import signal
 import subprocess
-import sys
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -15,82 +13,13 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+from transformers import AutoModelForCausalLM
 
-from scale_cl.config import ScaleConfig
-from scale_cl.data.corpus import CorpusConfig
-from scale_cl.data.tokenizer import train_bpe_tokenizer
-from scale_cl.experiments.cpt.config import CptConfig, CptTrainConfig, EvalConfig
+from conftest import cpt_argv, tiny_config
+from scale_cl.experiments.cpt.config import CptConfig
 from scale_cl.experiments.cpt.pipeline import run_cpt
-from scale_cl.experiments.settings import MethodSettings
 from scale_cl.models import load_trained
 from scale_cl.train.checkpointing import CHECKPOINT_META, TRAINABLE_WEIGHTS
-
-SYLLABLES = ["ka", "to", "mi", "ra", "ne", "su", "lo", "pe", "di", "gu"]
-WORDS = ["the", "cat", "sat", "on", "a", "mat", "and", "then", "it", "ran", "to", "house", "where", "dog", "slept"]
-
-
-def _documents(seed: int, count: int, vocabulary: list[str], join: str) -> list[str]:
-    rng = random.Random(seed)
-    docs = []
-    for _ in range(count):
-        words = [
-            join.join(rng.choice(vocabulary) for _ in range(rng.randint(1, 3))) for _ in range(rng.randint(20, 50))
-        ]
-        docs.append(" ".join(words) + ".")
-    return docs
-
-
-@pytest.fixture(scope="module")
-def workspace(tmp_path_factory) -> Path:
-    """A tiny Llama base model folder (with its tokenizer) and new-/old-domain JSONL corpora."""
-    root = tmp_path_factory.mktemp("cpt")
-    new = _documents(0, 200, SYLLABLES, "")
-    old = _documents(1, 40, WORDS, " ")
-    (root / "new.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in new))
-    (root / "old.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in old))
-    tokenizer = train_bpe_tokenizer(new + old, vocab_size=320)
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=96,
-        num_hidden_layers=3,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        max_position_embeddings=64,
-        tie_word_embeddings=True,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-    )
-    LlamaForCausalLM(config).save_pretrained(root / "base")
-    tokenizer.save_pretrained(root / "base")
-    return root
-
-
-def tiny_config(root: Path, methods: list[str], steps: int = 6, save_every: int = 2) -> CptConfig:
-    return CptConfig(
-        preset="smollm2",
-        model=str(root / "base"),
-        methods=methods,
-        data=CorpusConfig(
-            train=[str(root / "new.jsonl")],
-            old_eval=[f"toy={root / 'old.jsonl'}"],
-            seq_len=32,
-            heldout_fraction=0.1,
-            max_eval_sequences=6,
-        ),
-        train=CptTrainConfig(
-            lr=1e-3, max_steps=steps, batch_size=4, micro_batch_size=2, save_every=save_every, schedule="linear"
-        ),
-        eval=EvalConfig(every=3, batch_size=3, representation_sequences=2),
-        options=MethodSettings(
-            scale=ScaleConfig(hidden_up=32, ffn_up=32, method="route", preserve_layers=1),
-            freeze_layers=1,
-            llama_pro_blocks="1",
-        ),
-    )
 
 
 @pytest.fixture(scope="module")
@@ -100,6 +29,7 @@ def finished_run(workspace, tmp_path_factory) -> tuple[CptConfig, Path, dict]:
     return cfg, out, run_cpt(cfg, out)
 
 
+@pytest.mark.slow
 def test_run_writes_metrics_tables_and_figures(finished_run):
     cfg, out, results = finished_run
     assert set(results["methods"]) == set(cfg.methods)
@@ -120,6 +50,7 @@ def test_run_writes_metrics_tables_and_figures(finished_run):
     assert (out / "perplexity.png").stat().st_size > 0 and (out / "representation.png").stat().st_size > 0
 
 
+@pytest.mark.slow
 def test_scale_preserve_keeps_the_original_representation_exactly(finished_run):
     _, _, results = finished_run
     curve = results["methods"]["scale_preserve"]["curve"]
@@ -128,6 +59,7 @@ def test_scale_preserve_keeps_the_original_representation_exactly(finished_run):
     assert learning[-1] < learning[0], "SCALE-Preserve learns through its new LM-head columns"
 
 
+@pytest.mark.slow
 def test_saved_models_reload_with_frozen_weights_bitwise_unchanged(finished_run, workspace):
     _, out, _ = finished_run
     base = AutoModelForCausalLM.from_pretrained(workspace / "base")
@@ -155,36 +87,16 @@ def _trainable_weights(path: Path) -> dict[str, torch.Tensor]:
     return load_file(path / "model" / "scale_model.safetensors")
 
 
-def _cli(cfg: CptConfig, out: Path) -> list[str]:
-    """The command line of ``cfg`` (the subset tiny_config sets)."""
-    d, t, e, o = cfg.data, cfg.train, cfg.eval, cfg.options
-    return [
-        sys.executable, "-m", "scale_cl.cli", "cpt", "--out", str(out), "--model", cfg.model,
-        "--methods", *cfg.methods, "--data.train", *d.train, "--data.old_eval", *d.old_eval,
-        "--data.seq_len", str(d.seq_len), "--data.heldout_fraction", str(d.heldout_fraction),
-        "--data.max_eval_sequences", str(d.max_eval_sequences),
-        "--train.lr", str(t.lr), "--train.scale_adapt_lr", str(t.lr_of("scale_adapt")),
-        "--train.max_steps", str(t.max_steps),
-        "--train.batch_size", str(t.batch_size), "--train.micro_batch_size", str(t.micro_batch_size),
-        "--train.save_every", str(t.save_every), "--train.schedule", t.schedule, "--train.warmup_ratio", "0",
-        "--eval.every", str(e.every), "--eval.batch_size", str(e.batch_size),
-        "--eval.representation_sequences", str(e.representation_sequences),
-        "--options.scale.hidden_up", str(o.scale.hidden_up), "--options.scale.ffn_up", str(o.scale.ffn_up),
-        "--options.scale.preserve_layers", str(o.scale.preserve_layers),
-        "--options.freeze_layers", str(o.freeze_layers),
-        "--options.llama_pro_blocks", o.llama_pro_blocks,
-    ]  # fmt: skip
-
-
+@pytest.mark.slow
 def test_resume_after_sigkill_gives_bitwise_the_same_weights(workspace, tmp_path):
     cfg = tiny_config(workspace, ["scale_adapt"], steps=40, save_every=4)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
 
     straight = tmp_path / "straight"
-    subprocess.run(_cli(cfg, straight), check=True, env=env, capture_output=True)
+    subprocess.run(cpt_argv(cfg, straight), check=True, env=env, capture_output=True)
 
     killed = tmp_path / "killed"
-    process = subprocess.Popen(_cli(cfg, killed), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    process = subprocess.Popen(cpt_argv(cfg, killed), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     target = killed / "scale_adapt" / "run" / "checkpoint-8" / CHECKPOINT_META
     deadline = time.monotonic() + 120
     while not target.is_file() and process.poll() is None and time.monotonic() < deadline:
@@ -195,7 +107,7 @@ def test_resume_after_sigkill_gives_bitwise_the_same_weights(workspace, tmp_path
     checkpoints = sorted((killed / "scale_adapt" / "run").glob("checkpoint-*"))
     assert checkpoints, "the killed run left at least one complete checkpoint"
 
-    subprocess.run(_cli(cfg, killed), check=True, env=env, capture_output=True)
+    subprocess.run(cpt_argv(cfg, killed), check=True, env=env, capture_output=True)
     a, b = _trainable_weights(straight / "scale_adapt"), _trainable_weights(killed / "scale_adapt")
     assert a.keys() == b.keys()
     assert all(torch.equal(a[n], b[n]) for n in a), "resumed weights differ from the uninterrupted run"
@@ -219,6 +131,7 @@ def test_checkpoints_hold_only_trainable_weights(workspace, tmp_path, monkeypatc
     }
 
 
+@pytest.mark.slow
 def test_output_folder_of_another_run_is_refused_untouched(finished_run):
     cfg, out, _ = finished_run
     before = {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file()}
@@ -228,6 +141,7 @@ def test_output_folder_of_another_run_is_refused_untouched(finished_run):
     assert before == {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file()}
 
 
+@pytest.mark.slow
 def test_model_not_available_offline_is_a_clear_error(workspace, tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     cfg = replace(tiny_config(workspace, ["fft"]), model="no-such-org/no-such-model")
@@ -268,12 +182,14 @@ def test_hidden_up_that_splits_a_gqa_group_is_refused_before_any_method_trains(w
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_saved_full_model_loads_with_transformers_alone(finished_run):
     _, out, _ = finished_run
     model = AutoModelForCausalLM.from_pretrained(out / "freeze" / "model")
     assert model.config.num_hidden_layers == 3
 
 
+@pytest.mark.slow
 def test_gradient_checkpointing_trains_the_same_weights(workspace, tmp_path, monkeypatch):
     from transformers import PreTrainedModel
 

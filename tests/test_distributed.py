@@ -23,8 +23,8 @@ import torch
 import torch.distributed as dist
 from safetensors.torch import load_file
 
+from conftest import cpt_argv, tiny_config
 from scale_cl.train.checkpointing import CHECKPOINT_META
-from test_cpt import _cli, tiny_config, workspace  # noqa: F401  (workspace: the tiny base model + corpora fixture)
 
 pytestmark = [
     pytest.mark.slow,
@@ -78,12 +78,12 @@ def _metrics(out: Path, method: str) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def runs(workspace, tmp_path_factory) -> tuple[Path, Path, str]:  # noqa: F811
+def runs(workspace, tmp_path_factory) -> tuple[Path, Path, str]:
     """(single-process output, 2-process output, 2-process stdout) of the same command."""
     cfg = tiny_config(workspace, METHODS, steps=6, save_every=3)
     one, two = tmp_path_factory.mktemp("one"), tmp_path_factory.mktemp("two")
-    _run(_cli(cfg, one))
-    stdout = _run(_torchrun(_cli(cfg, two)))
+    _run(cpt_argv(cfg, one))
+    stdout = _run(_torchrun(cpt_argv(cfg, two)))
     return one, two, stdout
 
 
@@ -98,7 +98,7 @@ def test_two_processes_train_the_same_weights_as_one(runs):
             assert r2["forgetting_ppl"]["toy"] == pytest.approx(r1["forgetting_ppl"]["toy"], rel=1e-5)
 
 
-def test_frozen_weights_stay_bitwise_the_base_models(runs, workspace):  # noqa: F811
+def test_frozen_weights_stay_bitwise_the_base_models(runs, workspace):
     _, two, _ = runs
     base = load_file(workspace / "base" / "model.safetensors")
     trained = _weights(two, "freeze")
@@ -124,11 +124,11 @@ def test_only_the_main_process_writes(runs):
     assert all(stdout.count(f"[cpt] {method}: lr") == 1 for method in METHODS)
 
 
-def test_killed_two_process_run_resumes_to_the_same_weights(runs, workspace, tmp_path):  # noqa: F811
+def test_killed_two_process_run_resumes_to_the_same_weights(runs, workspace, tmp_path):
     one, _, _ = runs
     cfg = tiny_config(workspace, ["scale_adapt"], steps=6, save_every=3)
     out = tmp_path / "killed"
-    command = _torchrun(_cli(cfg, out))
+    command = _torchrun(cpt_argv(cfg, out))
     target = out / "scale_adapt" / "run" / "checkpoint-3" / CHECKPOINT_META
     process = subprocess.Popen(
         command, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
@@ -150,12 +150,12 @@ def test_killed_two_process_run_resumes_to_the_same_weights(runs, workspace, tmp
     assert [r["step"] for r in _metrics(out, "scale_adapt")] == [0, 3, 6]
 
 
-def test_a_two_process_sweep_writes_once_and_matches_the_single_process_run(runs, workspace, tmp_path):  # noqa: F811
+def test_a_two_process_sweep_writes_once_and_matches_the_single_process_run(runs, workspace, tmp_path):
     """`scale-cl sweep cpt` under torchrun: every process trains, the main one alone evaluates and writes."""
     one, _, _ = runs
     cfg = tiny_config(workspace, ["scale_adapt"], steps=6, save_every=3)
     out = tmp_path / "sweep"
-    cli = _cli(cfg, out)
+    cli = cpt_argv(cfg, out)
     at = cli.index("cpt")
     stdout = _run(
         _torchrun([*cli[:at], "sweep", "cpt", "--lr-scales", "1", "2", "--reference", "scale_adapt", *cli[at + 1 :]])

@@ -12,9 +12,9 @@ import copy
 import pytest
 import torch
 
-from conftest import VOCAB, hidden_up_for, make_model, randomize_new_weights
+from conftest import VOCAB, make_model, randomize_new_weights, upscaled_copy
 from conftest import greedy as generate_greedy
-from scale_cl import ROUTE_SHARE_KEY, ScaleConfig, set_method, upscale
+from scale_cl import ROUTE_SHARE_KEY, set_method
 from scale_cl.layers import ScaleLinear
 
 NEW_TOKENS = 8
@@ -41,16 +41,8 @@ def lively_base(arch: str):
 
 
 def untrained(base, method: str):
-    cfg = ScaleConfig(
-        hidden_up=hidden_up_for(base),
-        ffn_up=16,
-        method=method,
-        preserve_layers=1,
-        w21_init="random",
-        w22_init="random",
-        seed=1,
-    )
-    return upscale(copy.deepcopy(base), cfg).eval()
+    fields = {"ffn_up": 16, "preserve_layers": 1, "w21_init": "random", "w22_init": "random", "seed": 1}
+    return upscaled_copy(base, method, **fields).eval()
 
 
 def greedy(model, ids, mask) -> torch.Tensor:

@@ -13,7 +13,7 @@ from safetensors import safe_open
 from transformers import AutoModelForCausalLM
 
 import scale_cl
-from conftest import ARCHS, VOCAB, hidden_up_for, make_model
+from conftest import ARCHS, VOCAB, make_model, tiny_scale_config
 from scale_cl import ScaleConfig, set_method, upscale
 
 CONFIG = "scale_config.json"
@@ -29,16 +29,7 @@ def probe_ids() -> torch.Tensor:
 
 
 def scale_cfg(base, method: str = "route") -> ScaleConfig:
-    return ScaleConfig(
-        hidden_up=hidden_up_for(base),
-        ffn_up=16,
-        method=method,
-        preserve_layers=1,
-        w21_init="svd",
-        w22_init="random",
-        route_tau=0.3,
-        seed=2,
-    )
+    return tiny_scale_config(base, method, ffn_up=16, preserve_layers=1, w22_init="random", route_tau=0.3, seed=2)
 
 
 def train_a_little(model, steps: int = 3):

@@ -18,7 +18,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from conftest import ARCHS, VOCAB, greedy, hidden_up_for, make_model, token_batch
+from conftest import ARCHS, VOCAB, greedy, hidden_up_for, make_model, tiny_scale_config, token_batch
 from scale_cl import ScaleConfig, parameter_summary, scale_config_of, upscale
 from scale_cl.config import METHODS as SCALE_CONFIG_METHODS
 from scale_cl.methods import (
@@ -60,9 +60,8 @@ def deep_model(name: str, layers: int, seed: int = 0, **config_overrides):
     return model.eval()
 
 
-def scale_cfg(base, method: str = "preserve", **overrides) -> ScaleConfig:
-    settings = {"hidden_up": hidden_up_for(base), "ffn_up": 8, "preserve_layers": 1, **overrides}
-    return ScaleConfig(method=method, **settings)
+def scale_cfg(base, method: str = "preserve", **fields) -> ScaleConfig:
+    return tiny_scale_config(base, method, **{"preserve_layers": 1, **fields})
 
 
 def options_for(method: str, base) -> dict:

@@ -11,7 +11,7 @@ import copy
 import pytest
 import torch
 
-from conftest import VOCAB, hidden_up_for, make_model, token_batch
+from conftest import VOCAB, hidden_up_for, make_model, token_batch, upscaled_copy
 from scale_cl import ScaleConfig, set_method, upscale
 from scale_cl.layers import ScaleLinear
 
@@ -38,10 +38,9 @@ def assert_equal_within(actual: torch.Tensor, expected: torch.Tensor, what: str)
     assert diff <= ATOL, f"{what}: max abs diff {diff:.3e} > {ATOL}"
 
 
-def upscaled_copy(base, **overrides):
-    u = overrides.pop("hidden_up", hidden_up_for(base))
-    settings = {"ffn_up": 8, "w21_init": "random", "w22_init": "random", "seed": 0, **overrides}
-    return upscale(copy.deepcopy(base), ScaleConfig(hidden_up=u, **settings))
+def upscaled(base, method: str = "preserve", **fields):
+    """Random W21/W22, so the new stream is busy and any leak into the original one shows."""
+    return upscaled_copy(base, method, **{"w21_init": "random", "w22_init": "random", **fields})
 
 
 def run(model, ids, mask, **kwargs):
@@ -92,7 +91,7 @@ def train(model, ids, mask, steps: int = 5, lr: float = 1e-2) -> list[float]:
 @pytest.mark.parametrize("method", METHODS)
 def test_logits_equal_base_at_init(arch_name, method, padded):
     base = make_model(arch_name)
-    model = upscaled_copy(base, method=method, preserve_layers=1 if method == "route" else 0)
+    model = upscaled(base, method, preserve_layers=1 if method == "route" else 0)
     ids, mask = batch(padded)
     expected = run(base, ids, mask).logits
     out = run(model, ids, mask)
@@ -105,7 +104,7 @@ def test_logits_equal_base_at_init(arch_name, method, padded):
 @pytest.mark.parametrize("method", METHODS)
 def test_logits_equal_base_with_svd_init(arch_name, method):
     base = make_model(arch_name, seed=1)
-    model = upscaled_copy(base, method=method, preserve_layers=1, w21_init="svd", w22_init="svd")
+    model = upscaled(base, method, preserve_layers=1, w21_init="svd", w22_init="svd")
     ids, mask = batch(padded=True, seed=1)
     assert_equal_within(run(model, ids, mask).logits, run(base, ids, mask).logits, f"{arch_name}/{method} svd")
 
@@ -114,7 +113,7 @@ def test_logits_equal_base_with_svd_init(arch_name, method):
 def test_route_logits_equal_base_any_preserve_layers(arch_name, preserve_layers):
     """Route stacks from layer 0 (preserve_layers=0) or never (preserve_layers = all 3 layers)."""
     base = make_model(arch_name)
-    model = upscaled_copy(base, method="route", preserve_layers=preserve_layers)
+    model = upscaled(base, "route", preserve_layers=preserve_layers)
     ids, mask = batch(padded=True)
     base_out, out = run(base, ids, mask), run(model, ids, mask)
     assert_equal_within(out.logits, base_out.logits, f"route, preserve_layers={preserve_layers}")
@@ -129,7 +128,7 @@ def test_route_logits_equal_base_any_preserve_layers(arch_name, preserve_layers)
 def test_original_stream_equals_base_every_layer(arch_name, method, padded):
     base = make_model(arch_name)
     d = base.config.hidden_size
-    model = upscaled_copy(base, method=method, preserve_layers=1)
+    model = upscaled(base, method, preserve_layers=1)
     ids, mask = batch(padded)
     base_out, up_out = run(base, ids, mask), run(model, ids, mask)
     rows = ids.shape[0]
@@ -153,7 +152,7 @@ def test_original_stream_equals_base_every_layer(arch_name, method, padded):
 def test_preserve_training_keeps_original_stream(arch_name):
     base = make_model(arch_name)
     d = base.config.hidden_size
-    model = upscaled_copy(base, method="preserve")
+    model = upscaled(base, "preserve")
     ids, mask = batch(padded=True)
     losses = train(model, ids, mask)
     assert all(torch.isfinite(torch.tensor(losses)))
@@ -178,7 +177,7 @@ def test_preserve_training_keeps_original_stream(arch_name):
 def test_adapt_training_honours_preserve_layers(arch_name):
     base = make_model(arch_name)
     d = base.config.hidden_size
-    model = upscaled_copy(base, method="adapt", preserve_layers=1)
+    model = upscaled(base, "adapt", preserve_layers=1)
     ids, mask = batch(padded=True)
     train(model, ids, mask)
 
@@ -201,7 +200,7 @@ def test_route_training_keeps_preserve_path(arch_name):
     """Route trains W12 through the adapt path only; the preserve path (first B rows) stays the base model."""
     base = make_model(arch_name)
     d = base.config.hidden_size
-    model = upscaled_copy(base, method="route", preserve_layers=1)
+    model = upscaled(base, "route", preserve_layers=1)
     ids, mask = batch(padded=True)
     train(model, ids, mask)
     rows = ids.shape[0]
@@ -347,7 +346,7 @@ def test_new_head_owns_its_value_rows(arch, target):
 def test_set_method_then_logits_still_base_at_init(arch_name):
     """Switching method on a fresh upscaled model keeps the base logits (W12 = 0 everywhere)."""
     base = make_model(arch_name)
-    model = upscaled_copy(base, method="preserve", preserve_layers=1)
+    model = upscaled(base, "preserve", preserve_layers=1)
     ids, mask = batch(padded=True)
     expected = run(base, ids, mask).logits
     for method in ("route", "adapt", "preserve"):

@@ -19,8 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from conftest import VOCAB, hidden_up_for, make_model, randomize_new_weights
-from scale_cl import ROUTE_SHARE_KEY, ScaleConfig, set_method, upscale
+from conftest import VOCAB, make_model, randomize_new_weights, upscaled_copy
+from scale_cl import ROUTE_SHARE_KEY, set_method
 from scale_cl.layers import ScaleHead, ScaleLinear
 from scale_cl.route import RouteState
 
@@ -30,20 +30,10 @@ NUM_LAYERS = 3  # every tiny model in conftest has 3 decoder layers
 
 def scale_model(arch: str, preserve_layers: int = 1, tau: float = 0.5, collab=("attn", "ffn")):
     """A route model whose preserve and adapt paths differ a lot: random W21/W22, W12 and W_out_up."""
-    base = make_model(arch, seed=0)
-    cfg = ScaleConfig(
-        hidden_up=hidden_up_for(base),
-        ffn_up=16,
-        method="route",
-        preserve_layers=preserve_layers,
-        collab_modules=collab,
-        w21_init="random",
-        w22_init="random",
-        route_tau=tau,
-        seed=3,
-    )
+    fields = {"ffn_up": 16, "preserve_layers": preserve_layers, "collab_modules": collab, "route_tau": tau, "seed": 3}
+    model = upscaled_copy(make_model(arch, seed=0), "route", w21_init="random", w22_init="random", **fields)
     # Every W12 gets a value; only collaborative ones may ever be used.
-    return randomize_new_weights(upscale(base, cfg), seed=7, w12_scale=0.5).eval()
+    return randomize_new_weights(model, seed=7, w12_scale=0.5).eval()
 
 
 def base_hidden_size(arch: str) -> int:

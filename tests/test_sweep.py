@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
+from conftest import tiny_config
 from scale_cl.cli import build_parser, main
 from scale_cl.experiments.bio.config import preset
 from scale_cl.experiments.sweep.experiments import BASE_FILE, BioExperiment, CptExperiment
 from scale_cl.experiments.sweep.report import write_report
 from scale_cl.experiments.sweep.runner import POINT_FILE, Axis, SweepSettings, plan, run_sweep
-from test_cpt import tiny_config, workspace  # noqa: F401  (the tiny Llama and corpora fixture)
 
 METHODS = ["fft", "scale_adapt"]
 
@@ -187,7 +187,7 @@ def test_a_folder_of_other_settings_is_refused(bio_sweep):
 
 
 @pytest.mark.slow
-def test_cpt_sweep_end_to_end(workspace, tmp_path):  # noqa: F811
+def test_cpt_sweep_end_to_end(workspace, tmp_path):
     cfg = tiny_config(workspace, ["fft", "scale_preserve"], steps=3, save_every=0)
     experiment = CptExperiment(cfg)
     settings = SweepSettings(lr_scales=(0.5, 2.0))
@@ -205,7 +205,7 @@ def test_cpt_sweep_end_to_end(workspace, tmp_path):  # noqa: F811
     assert report["base"] == {"learning": base["learning_ppl"], "old/toy": base["forgetting_ppl"]["toy"]}
 
 
-def test_cpt_sweep_needs_old_domain_sets(workspace, tmp_path):  # noqa: F811
+def test_cpt_sweep_needs_old_domain_sets(workspace, tmp_path):
     cfg = tiny_config(workspace, ["fft"])
     cfg.data.old_eval = []
     with pytest.raises(ValueError, match=r"data\.old_eval"):

@@ -4,7 +4,6 @@ method switches reset trainability, and the model trains with HF Trainer and gra
 
 from __future__ import annotations
 
-import copy
 import math
 import re
 import warnings
@@ -14,8 +13,8 @@ import torch
 from transformers import Trainer, TrainingArguments
 
 import scale_cl
-from conftest import VOCAB, hidden_up_for, make_model, token_batch
-from scale_cl import ScaleConfig, parameter_summary, set_method, upscale
+from conftest import VOCAB, make_model, token_batch, upscaled_copy
+from scale_cl import parameter_summary, set_method
 from scale_cl.layers import ScaleLinear
 
 METHODS = ("preserve", "adapt", "route")
@@ -31,16 +30,9 @@ def loss_of(model, ids, mask, **kwargs):
     return model(input_ids=ids, attention_mask=mask, labels=ids.masked_fill(mask == 0, -100), **kwargs).loss
 
 
-def upscaled(name: str, method: str, preserve_layers: int = 1, **overrides):
+def upscaled(name: str, method: str, preserve_layers: int = 1, **fields):
     base = make_model(name)
-    cfg = ScaleConfig(
-        hidden_up=overrides.pop("hidden_up", hidden_up_for(base)),
-        ffn_up=overrides.pop("ffn_up", 8),
-        method=method,
-        preserve_layers=preserve_layers,
-        **overrides,
-    )
-    return base, upscale(copy.deepcopy(base), cfg)
+    return base, upscaled_copy(base, method, preserve_layers=preserve_layers, **fields)
 
 
 def layer_index(name: str) -> int | None:
