@@ -170,6 +170,22 @@ def smollm2_gguf() -> Path | None:
     return files[0] if files else None
 
 
+def tiny_llama_config(**fields) -> LlamaConfig:
+    """The tiny Llama (GQA 4:2, head 16, 3 layers) of the tests that train, save or time a whole model."""
+    settings = {
+        "vocab_size": VOCAB,
+        "hidden_size": 64,
+        "intermediate_size": 96,
+        "num_hidden_layers": 3,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "max_position_embeddings": 64,
+        **fields,
+    }
+    return LlamaConfig(**settings)
+
+
 def tiny_scale_config(base, method: str = "preserve", **fields) -> ScaleConfig:
     """A ScaleConfig that fits ``base``: its smallest valid hidden_up, ffn_up 8, ScaleConfig's other defaults."""
     settings = {"hidden_up": hidden_up_for(base), "ffn_up": 8, **fields}
@@ -209,15 +225,8 @@ def workspace(tmp_path_factory) -> Path:
     (root / "old.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in old))
     tokenizer = train_bpe_tokenizer(new + old, vocab_size=320)
     torch.manual_seed(0)
-    config = LlamaConfig(
+    config = tiny_llama_config(
         vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=96,
-        num_hidden_layers=3,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        max_position_embeddings=64,
         tie_word_embeddings=True,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,

@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaForCausalLM
 
+from conftest import tiny_llama_config
 from scale_cl import ScaleConfig, upscale
-from scale_cl.bench import BenchConfig, add_bench_parser, main
+from scale_cl.bench import BenchConfig
 from scale_cl.bench.measure import forward_flops_per_token, train_flops_per_token
 from scale_cl.bench.report import RATIO_METRICS, evaluate_targets
+from scale_cl.cli import parse_settings
+from scale_cl.cli.bench import main
 from scale_cl.layers import ScaleLinear
 from scale_cl.methods import METHOD_NAMES
 
@@ -93,14 +95,35 @@ def test_smoke_peak_memory_in_fresh_processes(tmp_path):
     assert methods["scale_preserve"]["vs_fft"]["peak_train_mib"] > 0
 
 
-def test_parser_registers_bench_with_help_for_every_option():
-    parser = argparse.ArgumentParser(prog="scale-cl")
-    commands = parser.add_subparsers(dest="command", required=True)
-    bench = add_bench_parser(commands)
-    for action in bench._actions:
-        assert action.help, action.dest
-    args = parser.parse_args(["bench", "--shapes", "smollm2", "--upscale-only", "--methods", "fft", "lora"])
-    assert args.func is not None and args.shapes == ["smollm2"] and args.upscale_only == []
+@pytest.mark.parametrize("prefix", [["bench"], []], ids=["scale-cl bench", "python -m scale_cl.bench"])
+def test_options_and_yaml_reach_the_config(prefix, tmp_path):
+    """The SMOKE options (dashed, as written in the docs) and a YAML file, before the options, give the BenchConfig."""
+    config = tmp_path / "bench.yaml"
+    config.write_text("rounds: 4\nmethods: [fft, lora]\nskip_flops: true\n")
+    argv = [*SMOKE, "--config", str(config), "--rounds", "2", "--upscale-only", "--skip-memory"]
+    if prefix:
+        settings = parse_settings([*prefix, *argv])
+    else:
+        from scale_cl.cli.bench import COMMAND
+        from scale_cl.cli.command import command_parser
+
+        args = command_parser(COMMAND, "python -m scale_cl.bench").parse_args(argv)
+        settings = args.func.settings(args)
+    cfg = settings.bench
+    assert (cfg.shapes, cfg.batch, cfg.seq, cfg.warmup, cfg.threads) == (("tiny",), 2, 16, 1, 1)
+    assert (cfg.infer_rounds, cfg.gen_prompt, cfg.gen_tokens, cfg.progress) == (1, 4, 2, False)
+    assert cfg.methods == ("fft", "lora") and cfg.skip_flops is True  # from the YAML
+    assert cfg.rounds == 2  # the command line wins over the YAML
+    assert cfg.upscale_only == () and cfg.skip_memory is True and cfg.skip_inference is False
+    assert settings.out == "outputs/bench"
+
+
+def test_bad_options_exit_2(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--shapes", "gpt-5"])
+    assert exit_info.value.code == 2 and "invalid choice: 'gpt-5'" in capsys.readouterr().err
+    assert main(["--shapes", "tiny", "--batch", "0"]) == 2  # BenchConfig's own check, before anything runs
+    assert "python -m scale_cl.bench: error: batch must be at least 1" in capsys.readouterr().err
 
 
 def test_config_refuses_bad_settings():
@@ -145,17 +168,7 @@ T = 12
 
 def _llama() -> LlamaForCausalLM:
     torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=96,
-        hidden_size=64,
-        intermediate_size=96,
-        num_hidden_layers=3,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        max_position_embeddings=64,
-    )
-    return LlamaForCausalLM(config)
+    return LlamaForCausalLM(tiny_llama_config())
 
 
 def _ids() -> torch.Tensor:

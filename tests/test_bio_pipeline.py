@@ -10,9 +10,9 @@ import torch
 from transformers import TrainerCallback
 
 import scale_cl.experiments.bio.pipeline as pipeline
-from scale_cl.cli import build_parser, main
-from scale_cl.cli.options import apply_overrides
+from scale_cl.cli import main, parse_settings
 from scale_cl.experiments.bio.config import ALL_METHODS, BioConfig, preset
+from scale_cl.experiments.overrides import apply_overrides
 from scale_cl.train.checkpointing import NonFiniteLossError, complete_checkpoints, trainable_state
 
 
@@ -162,16 +162,16 @@ def test_output_folder_of_another_config_is_refused_and_left_intact(finished):
     assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
 
 
-def test_cli_help_documents_every_setting(capsys):
-    with pytest.raises(SystemExit):
-        build_parser().parse_args(["bio", "--help"])
-    text = capsys.readouterr().out
-    for option in ("--preset", "--methods", "--seed", "--out", "--config", "--task1.scale_route_lr", "--data.people"):
-        assert option in text
-    assert "peak learning rate" in text
+def test_cli_options_reach_the_settings():
+    argv = ["bio", "--preset", "micro", "--methods", "fft", "scale_route", "--seed", "1", "2", "--out", "o"]
+    argv += ["--data.people", "50", "--task1.scale-route-lr", "3e-4", "--eval-people", "7"]
+    settings = parse_settings(argv)
+    cfg = settings.bio
+    assert settings.out == "o" and (cfg.preset, cfg.methods, cfg.seeds) == ("micro", ["fft", "scale_route"], [1, 2])
+    assert (cfg.data.people, cfg.eval_people, cfg.task1.lr_of("scale_route")) == (50, 7, 3e-4)
+    assert cfg.task1.max_steps == preset("micro").task1.max_steps  # not named: the preset's
 
 
-@pytest.mark.slow
 def test_cli_runs_with_yaml_and_command_line_overrides(tmp_path, capsys):
     config = tmp_path / "bio.yaml"
     config.write_text("preset: micro\nmethods: [fft, scale_route]\ntask1: {max_steps: 3, eval_every: 1}\n")
@@ -210,6 +210,14 @@ def test_task1_nan_loss_stops_the_method_before_it_is_saved(tmp_path, capsys):
     assert "stage 3 (seed 0): fft" in capsys.readouterr().out, "stages 1-2 trained; Task 1 stopped"
     assert not (out / "seed-0" / "fft.json").exists(), "a diverged method must not be saved as finished"
     assert not (out / "results.json").exists()
+
+
+def test_cli_exits_1_with_the_error_when_training_diverges(tmp_path, capsys):
+    from scale_cl.cli import main
+
+    argv = ["bio", "--preset", "micro", "--methods", "fft", "--task1.lr", "1e30", "--out", str(tmp_path / "run")]
+    assert main(argv) == 1
+    assert "scale-cl bio: error: the training loss became" in capsys.readouterr().err
 
 
 class _Stop(TrainerCallback):

@@ -8,23 +8,23 @@ lm-eval number, accuracies and loglikelihood-based perplexities alike, must equa
 
 from __future__ import annotations
 
-import argparse
 import json
 import socket
 from pathlib import Path
 
 import pytest
 import torch
-from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+from transformers import AutoTokenizer, LlamaForCausalLM
 
 pytest.importorskip("lm_eval")
 
+from conftest import tiny_llama_config
+from scale_cl.cli import main
 from scale_cl.data.tokenizer import EOS_TOKEN, train_bpe_tokenizer
 from scale_cl.eval.harness import (
     PAPER_METRICS,
     TASK_PRESETS,
     UnknownTaskError,
-    add_eval_parser,
     check_tasks,
     evaluate,
     expand_tasks,
@@ -69,14 +69,9 @@ def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("harness")
     texts = _texts()
     tokenizer = train_bpe_tokenizer(texts, vocab_size=300)
-    config = LlamaConfig(
+    config = tiny_llama_config(
         vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=96,
         num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
         max_position_embeddings=128,
         tie_word_embeddings=True,
         bos_token_id=tokenizer.eos_token_id,
@@ -126,10 +121,7 @@ def base_scores(runs) -> dict:
 
 
 def _cli(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="scale-cl")
-    add_eval_parser(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(["eval", *argv])
-    return args.func(args)
+    return main(["eval", *argv])
 
 
 def _values(results: dict) -> dict:
@@ -231,27 +223,24 @@ def test_presets_are_lm_eval_task_names():
     assert check_tasks(expand_tasks(["english", "korean"]), include_path=TASKS_DIR)
 
 
-def test_help_explains_every_option(capsys):
-    with pytest.raises(SystemExit):
-        _cli(["--help"])
-    text = capsys.readouterr().out
-    for option in (
-        "MODEL_DIR",
-        "--base",
-        "--tasks",
-        "--include-path",
-        "--num-fewshot",
-        "--limit",
-        "--batch-size",
-        "--device",
-        "--dtype",
-        "--out",
-        "--merge-lora",
-        "english",
-        "korean",
-        "truthfulqa_mc2",
-    ):
-        assert option in text
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--tasks", "english"], "give either MODEL_DIR"),
+        (["{missing}", "--tasks", "english"], "MODEL_DIR {missing} does not exist"),
+        (["{missing}", "--base", "smollm2", "--tasks", "english"], "give either MODEL_DIR"),
+        (["--base", "smollm2"], "--tasks is required"),
+        (["--base", "smollm2", "--tasks", "english", "--batch-size", "0"], "--batch_size must be a positive integer"),
+        (["--base", "smollm2", "--tasks", "english", "--limit", "-1"], "--limit must be positive"),
+        (["--base", "smollm2", "--config", "{yaml}", "--limit", "5"], "--batch_size must be a positive integer"),
+    ],
+)
+def test_bad_settings_exit_2_before_any_model_is_loaded(argv, message, tmp_path, capsys):
+    yaml = tmp_path / "eval.yaml"
+    yaml.write_text("tasks: [english]\nbatch_size: none\n")
+    status = _cli([a.format(missing=tmp_path / "missing", yaml=yaml) for a in argv])
+    assert status == 2
+    assert f"scale-cl eval: error: {message.format(missing=tmp_path / 'missing')}" in capsys.readouterr().err
 
 
 def test_markdown_table_lists_top_level_names_and_paper_metrics():

@@ -8,12 +8,13 @@ shapes; the output is a markdown and a JSON table with ratios against FFT::
     from scale_cl.bench import BenchConfig, run_bench
     results = run_bench(BenchConfig(shapes=("tiny",)), out=Path("outputs/bench"))
 
-Modules: ``shapes`` (model shapes), ``setup`` (each method's options), ``measure`` (timing, FLOPs),
-``memory`` + ``child`` (fresh-process peaks), ``report`` (ratios, targets, markdown), ``cli``.
+Modules: ``config`` (`BenchConfig`: the settings, and the command's options), ``shapes`` (model
+shapes), ``setup`` (each method's options), ``measure`` (timing, FLOPs), ``memory`` + ``child``
+(fresh-process peaks), ``report`` (ratios, targets, markdown). The command is `scale_cl.cli.bench`
+(``python -m scale_cl.bench`` runs it too).
 """
 
-from scale_cl.bench.cli import add_bench_parser, main
 from scale_cl.bench.config import BenchConfig
 from scale_cl.bench.runner import run_bench
 
-__all__ = ["BenchConfig", "add_bench_parser", "main", "run_bench"]
+__all__ = ["BenchConfig", "run_bench"]

@@ -2,6 +2,6 @@
 
 import sys
 
-from scale_cl.bench.cli import main
+from scale_cl.cli.bench import main
 
 sys.exit(main())

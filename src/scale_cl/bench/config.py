@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 import torch
 
+from scale_cl.bench.shapes import SHAPES
+from scale_cl.config import INITS
 from scale_cl.methods import METHOD_NAMES
 
 MATCH_TARGETS = ("preserve", "adapt", "route")
@@ -16,40 +18,71 @@ MATCH_TARGETS = ("preserve", "adapt", "route")
 class BenchConfig:
     """Settings of one benchmark run; every field is a ``scale-cl bench`` option of the same name."""
 
-    shapes: tuple[str, ...] = ("tiny", "smollm2", "llama-1b")
-    methods: tuple[str, ...] = METHOD_NAMES
-    batch: int = 4
-    seq: int = 256
-    warmup: int = 2  # untimed optimizer steps per method before timing (the first ones touch fresh memory)
-    steps: int = 1  # timed optimizer steps per method per round
-    rounds: int = 5  # rounds; each steps every method in turn
-    lr: float = 1e-4
-    device: str = "auto"  # auto | cpu | cuda
-    dtype: str = "auto"  # auto | fp32 | bf16 (auto: bf16 on CUDA, fp32 on CPU)
-    threads: int = 0  # torch intra-op threads; 0 = torch's default
-    adapt_top: int = 3  # scale_adapt: the top N layers are collaborative (preserve_layers = L - N)
-    route_top: int = 1  # scale_route: the top N layers are collaborative
-    match: str = "route"  # the SCALE config that LoRA's rank and LLaMA Pro's blocks are matched to
-    w21_init: str = "svd"
-    w22_init: str = "zero"
-    upscale_only: tuple[str, ...] | None = None  # shapes measured for upscale cost only (None: auto)
-    infer_rounds: int = 3  # timed inference rounds (after one warm-up round)
-    gen_batch: int = 1
-    gen_prompt: int = 32
-    gen_tokens: int = 32
-    skip_training: bool = False
-    skip_memory: bool = False
-    skip_inference: bool = False
-    skip_flops: bool = False
-    skip_upscale: bool = False
-    seed: int = 0
-    progress: bool = True
+    shapes: tuple[str, ...] = field(
+        default=("tiny", "smollm2", "llama-1b"), metadata={"help": "model shapes to measure", "choices": list(SHAPES)}
+    )
+    methods: tuple[str, ...] = field(
+        default=METHOD_NAMES, metadata={"help": "methods (keep fft: ratios)", "choices": list(METHOD_NAMES)}
+    )
+    batch: int = field(default=4, metadata={"help": "training / forward batch size (sequences)"})
+    seq: int = field(default=256, metadata={"help": "tokens per sequence"})
+    warmup: int = field(
+        default=2,
+        metadata={"help": "untimed optimizer steps per method before timing (the first ones touch fresh memory)"},
+    )
+    steps: int = field(default=1, metadata={"help": "timed optimizer steps per method in each round"})
+    rounds: int = field(default=5, metadata={"help": "timed rounds; each runs --steps steps of every method in turn"})
+    lr: float = field(default=1e-4, metadata={"help": "AdamW learning rate (timing does not depend on it)"})
+    device: str = field(
+        default="auto", metadata={"help": "auto: cuda when available", "choices": ["auto", "cpu", "cuda"]}
+    )
+    dtype: str = field(
+        default="auto", metadata={"help": "auto: bf16 on CUDA, fp32 on CPU", "choices": ["auto", "fp32", "bf16"]}
+    )
+    threads: int = field(default=0, metadata={"help": "torch intra-op threads (0: torch's default)"})
+    adapt_top: int = field(
+        default=3,
+        metadata={"help": "scale_adapt: how many top layers are collaborative (preserve_layers = layers - N)"},
+    )
+    route_top: int = field(default=1, metadata={"help": "scale_route: how many top layers are collaborative"})
+    match: str = field(
+        default="route",
+        metadata={
+            "help": "the SCALE config (scale_<match>) whose trainable parameters LoRA's rank and LLaMA Pro's blocks "
+            "match",
+            "choices": list(MATCH_TARGETS),
+        },
+    )
+    w21_init: str = field(default="svd", metadata={"help": "SCALE W21 initialiser", "choices": list(INITS)})
+    w22_init: str = field(default="zero", metadata={"help": "SCALE W22 initialiser", "choices": list(INITS)})
+    upscale_only: tuple[str, ...] | None = field(
+        default=None,
+        metadata={
+            "help": "shapes measured for upscale's cost only (default: llama-1b on CPU, none on CUDA; give the "
+            "option with no shape to measure everything everywhere)",
+            "type": str,
+            "nargs": "*",
+            "choices": list(SHAPES),
+            "metavar": "SHAPE",
+        },
+    )
+    infer_rounds: int = field(default=3, metadata={"help": "timed inference rounds (after one warm-up round)"})
+    gen_batch: int = field(default=1, metadata={"help": "generate(): prompts per call"})
+    gen_prompt: int = field(default=32, metadata={"help": "generate(): prompt length in tokens"})
+    gen_tokens: int = field(default=32, metadata={"help": "generate(): new tokens (greedy; 0 skips generate)"})
+    skip_training: bool = field(default=False, metadata={"help": "do not time training"})
+    skip_memory: bool = field(
+        default=False, metadata={"help": "do not measure peak training memory (one process per method)"}
+    )
+    skip_inference: bool = field(default=False, metadata={"help": "do not time forward passes and generate()"})
+    skip_flops: bool = field(default=False, metadata={"help": "do not count FLOPs"})
+    skip_upscale: bool = field(default=False, metadata={"help": "do not measure upscale's cost"})
+    seed: int = field(default=0, metadata={"help": "seed of the random weights and inputs"})
+    progress: bool = field(default=True, metadata={"help": "progress bars", "negative": "no_progress"})
 
     def __post_init__(self) -> None:
-        from scale_cl.bench.shapes import SHAPES
-
         self.shapes = tuple(self.shapes)
-        self.methods = tuple(self.methods)
+        self.methods = tuple(dict.fromkeys(self.methods))  # each once, in the order given
         unknown = [s for s in self.shapes if s not in SHAPES]
         if unknown or not self.shapes:
             raise ValueError(f"unknown shapes {unknown}; choose from {list(SHAPES)}")
@@ -60,7 +93,7 @@ class BenchConfig:
             self.upscale_only = tuple(self.upscale_only)
             unknown = [s for s in self.upscale_only if s not in SHAPES]
             if unknown:
-                raise ValueError(f"--upscale-only: unknown shapes {unknown}; choose from {list(SHAPES)}")
+                raise ValueError(f"upscale_only: unknown shapes {unknown}; choose from {list(SHAPES)}")
         for name in ("batch", "seq", "steps", "rounds", "adapt_top", "route_top", "gen_batch", "gen_prompt"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")

@@ -1,18 +1,58 @@
-"""Command-line options generated from nested dataclass configs (``--section.field value``).
+"""Command-line options generated from (nested) settings dataclasses, and the YAML / override merge.
 
-Options default to "not given", so a preset can supply the defaults and a YAML file and the
-command line override only what they name, in that order.
+Every leaf field of a settings dataclass is an option ``--<section>.<field>`` (a nested dataclass
+is a section); its help text is ``field.metadata["help"]``. Options default to "not given", so the
+defaults (a preset's) come first, then a YAML file (``--config``), then the options the command line
+names, in that order (`scale_cl.experiments.overrides.apply_overrides`).
+
+The option's form follows the field's default value: a bool takes ``true``/``false`` or nothing
+(``--flag`` alone is true); a list or tuple takes one or more values; a dict takes ``KEY=VALUE``
+items. Field metadata refines it:
+
+========================  =========================================================================
+``help``                  the help text (the default is appended unless ``show_default`` is False
+                          or the default is None: then the help text says what None means)
+``cli``                   False: not an option (set by the program itself)
+``choices``               the allowed values (of each item, for a list)
+``type``                  the value type where the default does not show it (None, an empty list)
+``nargs``                 overrides the number of values (``"*"``: a list that may be empty)
+``action``                ``"append"``: repeatable, every occurrence's value(s) collected in a list
+``positional``            True: a positional argument (optional when the default is None)
+``metavar``               the value's name in the help
+``aliases``               more option names (``("seed",)`` for ``seeds``)
+``negative``              the name of an option that sets a bool field false (``"no_progress"``)
+``inline``                a nested dataclass whose options and YAML keys are not prefixed by the
+                          field's name (a command's own options beside an experiment's settings)
+``group``                 an inline field: the title of the help section its options are listed in
+``keys``, ``key_suffix``  a dict field: one more option ``--<section>.<key><suffix> VALUE`` per key
+``value_type``            a dict field: the type of its values
+========================  =========================================================================
+
+The canonical spelling of an option is the field's name (``--lr_scales``); the same name with
+dashes (``--lr-scales``) is accepted too, as a hidden alias.
 """
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable, Iterable
-from dataclasses import fields, is_dataclass, replace
-from pathlib import Path
+import textwrap
+from dataclasses import Field, fields, is_dataclass
 from typing import Any
 
-import yaml
+from scale_cl.experiments.overrides import nest
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """Wraps the unindented lines of descriptions and epilogs; keeps line breaks and indented lines (examples)."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        lines = []
+        for line in text.splitlines():
+            if not line.strip() or line[0].isspace():
+                lines.append(indent + line if line.strip() else "")
+            else:
+                lines.append(textwrap.fill(line, width, initial_indent=indent, subsequent_indent=indent))
+        return "\n".join(lines)
 
 
 def _bool(text: str) -> bool:
@@ -20,7 +60,38 @@ def _bool(text: str) -> bool:
         return True
     if text.lower() in ("0", "false", "no", "off"):
         return False
-    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+    raise argparse.ArgumentTypeError(f"expected true or false (or nothing: the option alone means true), got {text!r}")
+
+
+def _shown(value: Any) -> str:
+    """A default as it is typed on the command line."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, (list, tuple)):
+        return " ".join(map(_shown, value)) if value else "none"
+    if isinstance(value, dict):
+        return " ".join(f"{k}={v}" for k, v in value.items()) if value else "none"
+    return str(value)
+
+
+def _help(f: Field, value: Any) -> str:
+    text = f.metadata.get("help", "")
+    if value is None or f.metadata.get("show_default") is False:
+        return text
+    return f"{text} (default: {_shown(value)})"
+
+
+def dashed(option: str) -> str:
+    """``--lr_scales`` -> ``--lr-scales`` (the hidden alias of an option)."""
+    return "--" + option.removeprefix("--").replace("_", "-")
+
+
+def _add(parser: Any, names: list[str], **kwargs: Any) -> None:
+    """An option under ``names``, and each name's dashed spelling as a hidden alias (same dest)."""
+    parser.add_argument(*names, **kwargs)
+    hidden = [dashed(n) for n in names if dashed(n) != n]
+    if hidden:
+        parser.add_argument(*hidden, **{**kwargs, "help": argparse.SUPPRESS})
 
 
 def add_dataclass_options(
@@ -29,41 +100,90 @@ def add_dataclass_options(
     prefix: str = "",
     aliases: dict[str, list[str]] | None = None,
     root: argparse.ArgumentParser | None = None,
-) -> None:
-    """One option per leaf field of ``instance``; help from ``field.metadata["help"]``, default shown.
+) -> list[str]:
+    """One option per leaf field of ``instance`` (see the module docstring); returns their dests.
 
     A nested dataclass becomes a group of options ``--<field>.<leaf>`` (groups are made on ``root``,
-    the top-level parser, since argparse does not nest them).
+    the top-level parser, since argparse does not nest them). ``aliases``: more option strings per
+    dest, beside those in the fields' metadata.
     """
     aliases = aliases or {}
     root = root or parser
+    dests: list[str] = []
     for f in fields(instance):
         value = getattr(instance, f.name)
         name = f"{prefix}{f.name}"
-        if f.metadata.get("cli") is False:  # set by the experiment itself (e.g. a run's seed)
+        if f.metadata.get("cli") is False:  # set by the program itself (e.g. a run's seed)
+            continue
+        if f.metadata.get("inline"):
+            title = f.metadata.get("group")
+            group = root.add_argument_group(title, _summary(value)) if title else parser
+            dests += add_dataclass_options(group, value, prefix, aliases, root)
             continue
         if is_dataclass(value):
-            summary = (type(value).__doc__ or "").strip().split("\n\n")[0] or None
-            group = root.add_argument_group(f"{name} settings", summary)
-            add_dataclass_options(group, value, f"{name}.", aliases, root)
+            group = root.add_argument_group(f"{name} settings", _summary(value))
+            dests += add_dataclass_options(group, value, f"{name}.", aliases, root)
             continue
-        kwargs: dict[str, Any] = {
-            "dest": name,
-            "default": argparse.SUPPRESS,
-            "help": f"{f.metadata.get('help', '')} (default: {value})",
-        }
+        dests.append(name)
+        names = [f"--{name}", *(f"--{prefix}{a}" for a in f.metadata.get("aliases", ())), *aliases.get(name, [])]
+        kwargs: dict[str, Any] = {"dest": name, "default": argparse.SUPPRESS, "help": _help(f, value)}
         if isinstance(value, dict):
             _add_mapping_options(parser, name, f.metadata, kwargs)
             continue
-        if isinstance(value, bool):
-            kwargs["type"] = _bool
-        elif isinstance(value, (list, tuple)):
-            kwargs["nargs"] = "+"
-            kwargs["type"] = type(value[0]) if value else str
-        else:
-            kwargs["type"] = type(value)
-        kwargs["metavar"] = "BOOL" if isinstance(value, bool) else kwargs["type"].__name__.upper()
-        parser.add_argument(f"--{name}", *aliases.get(name, []), **kwargs)
+        kwargs.update(_value_options(f, value, name))
+        if f.metadata.get("positional"):
+            del kwargs["dest"]
+            if value is None:
+                kwargs["nargs"] = "?"
+            parser.add_argument(name, **kwargs)
+            continue
+        _add(parser, names, **kwargs)
+        if f.metadata.get("negative"):
+            _add(
+                parser,
+                [f"--{prefix}{f.metadata['negative']}"],
+                dest=name,
+                action="store_const",
+                const=False,
+                default=argparse.SUPPRESS,
+                help=f"the same as --{name} false",
+            )
+    return dests
+
+
+def _summary(instance: Any) -> str | None:
+    """The first paragraph of a settings dataclass's docstring: its group's description in the help."""
+    return (type(instance).__doc__ or "").strip().split("\n\n")[0] or None
+
+
+_SCALARS = {"int": int, "float": float, "str": str}  # field annotations (strings, with postponed evaluation)
+
+
+def _value_options(f: Field, value: Any, name: str) -> dict[str, Any]:
+    """``type``, ``nargs``, ``choices``, ``metavar`` and ``action`` of a non-mapping field's option."""
+    meta = f.metadata
+    kwargs: dict[str, Any] = {}
+    if isinstance(value, bool) or meta.get("type") is bool:
+        kwargs.update(type=_bool, nargs="?", const=True, metavar="BOOL")
+        return kwargs
+    if isinstance(value, (list, tuple)):
+        kwargs["nargs"] = "+"
+        value_type = meta.get("type") or (type(value[0]) if value else str)
+    elif value is None:
+        if "type" not in meta:
+            raise TypeError(f"setting {name} defaults to None: give its type in the field's metadata")
+        value_type = meta["type"]
+    else:
+        annotation = f.type.__name__ if isinstance(f.type, type) else str(f.type)
+        value_type = meta.get("type") or _SCALARS.get(annotation) or type(value)  # a float field may default to 1
+    kwargs["type"] = value_type
+    for key in ("nargs", "choices", "action"):
+        if key in meta:
+            kwargs[key] = meta[key]
+    if kwargs.get("action") == "append" and "nargs" not in meta:
+        del kwargs["nargs"]  # one value per occurrence
+    kwargs["metavar"] = meta.get("metavar", None if "choices" in kwargs else value_type.__name__.upper())
+    return kwargs
 
 
 class _MappingItems(argparse.Action):
@@ -90,12 +210,13 @@ def _add_mapping_options(parser: Any, name: str, metadata: Any, kwargs: dict[str
     """A dict setting: ``--a.b K=V ...``, and ``--a.<key><suffix> V`` per key named in its metadata."""
     value_type = metadata.get("value_type", str)
     metavar = f"KEY={value_type.__name__.upper()}"
-    parser.add_argument(f"--{name}", nargs="+", action=_MappingItems, value_type=value_type, metavar=metavar, **kwargs)
+    _add(parser, [f"--{name}"], nargs="+", action=_MappingItems, value_type=value_type, metavar=metavar, **kwargs)
     section = name.rpartition(".")[0]
     for key in metadata.get("keys", ()):
         alias = f"--{section + '.' if section else ''}{key}{metadata.get('key_suffix', '')}"
-        parser.add_argument(
-            alias,
+        _add(
+            parser,
+            [alias],
             action=_MappingItems,
             key=key,
             value_type=value_type,
@@ -109,59 +230,3 @@ def _add_mapping_options(parser: Any, name: str, metadata: Any, kwargs: dict[str
 def nested_overrides(args: argparse.Namespace, skip: tuple[str, ...] = ()) -> dict[str, Any]:
     """``{"a.b": 1}``-style parsed options as ``{"a": {"b": 1}}``."""
     return nest((k, v) for k, v in vars(args).items() if k not in skip and not k.startswith("_"))
-
-
-def nest(dotted_values: Iterable[tuple[str, Any]]) -> dict[str, Any]:
-    """``[("a.b", 1)]`` as ``{"a": {"b": 1}}``."""
-    nested: dict[str, Any] = {}
-    for dotted, value in dotted_values:
-        *sections, leaf = dotted.split(".")
-        node = nested
-        for section in sections:
-            node = node.setdefault(section, {})
-        node[leaf] = value
-    return nested
-
-
-def read_yaml(path: str | Path) -> dict[str, Any]:
-    try:
-        data = yaml.safe_load(Path(path).read_text()) or {}
-    except (OSError, yaml.YAMLError) as err:
-        raise ValueError(f"cannot read the config file {path}: {err}") from err
-    if not isinstance(data, dict):
-        raise ValueError(f"{path} must hold a mapping of settings, got {type(data).__name__}")
-    return data
-
-
-def apply_overrides(config: Any, overrides: dict[str, Any], where: str = "") -> Any:
-    """A copy of the dataclass ``config`` with nested ``overrides`` applied; unknown keys are errors."""
-    known = {f.name: f for f in fields(config)}
-    changes = {}
-    for key, value in overrides.items():
-        if key not in known:
-            raise ValueError(f"unknown setting '{where}{key}'; known here: {', '.join(sorted(known))}")
-        current = getattr(config, key)
-        if is_dataclass(current):
-            if not isinstance(value, dict):
-                raise ValueError(f"setting {where}{key} is a section; give it a mapping, got {value!r}")
-            changes[key] = apply_overrides(current, value, f"{where}{key}.")
-        elif isinstance(current, dict):  # a mapping setting: the given keys replace those of the preset
-            if not isinstance(value, dict):
-                raise ValueError(f"setting {where}{key} is a mapping; give it KEY: VALUE pairs, got {value!r}")
-            changes[key] = {**current, **value}
-        else:
-            changes[key] = value
-    return replace(config, **changes)
-
-
-def resolve_settings(
-    args: argparse.Namespace, preset: Callable[[str], Any], default_preset: str, skip: tuple[str, ...] = ()
-) -> Any:
-    """An experiment's settings: the preset, then the YAML file (``--config``), then the command-line options.
-
-    ``skip``: options of the command that are not experiment settings.
-    """
-    options = nested_overrides(args, skip=("command", "func", "config", "out", *skip))
-    from_yaml = read_yaml(args.config) if args.config else {}
-    config = preset(options.get("preset") or from_yaml.get("preset") or default_preset)
-    return apply_overrides(apply_overrides(config, from_yaml), options)

@@ -1,4 +1,4 @@
-"""lm-evaluation-harness benchmarks on a model of any training method: `evaluate` and ``scale-cl eval``.
+"""lm-evaluation-harness benchmarks on a model of any training method: `evaluate`, and `run_eval` (``scale-cl eval``).
 
 The paper (Section 5, Table 2) evaluates with EleutherAI's lm-evaluation-harness, zero-shot, on an
 English set (forgetting) and a Korean set (learning); `TASK_PRESETS` names both:
@@ -32,12 +32,11 @@ hub; without it lm-eval only logs an error, the accuracy metrics are unaffected)
 
 from __future__ import annotations
 
-import argparse
 import difflib
 import json
 import math
-import sys
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -100,7 +99,7 @@ def _include_paths(include_path: str | Path | Sequence[str | Path] | None) -> tu
     for path in paths:
         path = Path(path).expanduser()
         if not path.is_dir():
-            raise FileNotFoundError(f"--include-path {path} is not a folder of lm-eval task YAML files")
+            raise FileNotFoundError(f"--include_path {path} is not a folder of lm-eval task YAML files")
         resolved.append(str(path.resolve()))
     return tuple(resolved)
 
@@ -310,116 +309,114 @@ def format_markdown(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-# --------------------------------------------------------------------------------------------- CLI
-def add_eval_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    """Register ``scale-cl eval`` on the ``add_subparsers()`` object of the main parser."""
-    presets = "\n".join(f"  {name:8s} {' '.join(tasks)}" for name, tasks in TASK_PRESETS.items())
-    parser = commands.add_parser(
-        "eval",
-        help="run lm-evaluation-harness tasks on a trained checkpoint (any method) or a base model",
-        description=(
-            "Evaluate a model saved by scale-cl (any method: scale_*, lora, fft, freeze, llama_pro) or an\n"
-            "untrained base model (--base) with EleutherAI's lm-evaluation-harness, print a markdown table\n"
-            "(task | metric | value | ± stderr) and write every metric as JSON. The paper evaluates\n"
-            "zero-shot, which is each preset task's default.\n\n"
-            f"presets (paper Table 2):\n{presets}"
-        ),
-        epilog=(
-            "examples:\n"
-            "  scale-cl eval runs/scale_route/model --tasks english korean --device cuda --dtype bfloat16\n"
-            "  scale-cl eval --base meta-llama/Llama-3.2-1B --tasks english korean --out base.json\n"
-            "  scale-cl eval runs/lora/model --tasks arc_easy,hellaswag --limit 100 --merge-lora\n"
-            "  scale-cl eval runs/fft/model --tasks my_task --include-path my_tasks/"
-        ),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        usage=(
-            "scale-cl eval (MODEL_DIR | --base MODEL) --tasks TASK [TASK ...] [--include-path DIR] "
-            "[--num-fewshot N] [--limit N] [--batch-size N] [--device cpu|cuda] [--dtype D] [--out FILE.json]"
-        ),
+# ------------------------------------------------------------------------------------ saved models
+@dataclass
+class EvalSettings:
+    """What ``scale-cl eval`` evaluates, and how (`run_eval`); every field is an option of the same name."""
+
+    model_dir: str | None = field(
+        default=None,
+        metadata={
+            "help": "a folder written by scale_cl.models.save_trained (the 'model' folder of a finished run; "
+            "it holds scale_cl_run.json)",
+            "positional": True,
+            "type": str,
+            "metavar": "MODEL_DIR",
+        },
     )
-    parser.add_argument(
-        "model_dir",
-        nargs="?",
-        metavar="MODEL_DIR",
-        help="a folder written by scale_cl.models.save_trained (the 'model' folder of a finished run; "
-        "it holds scale_cl_run.json)",
+    base: str | None = field(
+        default=None,
+        metadata={
+            "help": "evaluate an untrained base model instead, for comparison: a hub id (from the local cache when "
+            "offline), a local folder with config.json, a .gguf file, or smollm2",
+            "type": str,
+            "metavar": "MODEL",
+        },
     )
-    parser.add_argument(
-        "--base",
-        metavar="MODEL",
-        help="evaluate an untrained base model instead, for comparison: a hub id (from the local cache when "
-        "offline), a local folder with config.json, or a .gguf file",
+    tasks: list[str] = field(
+        default_factory=list,
+        metadata={
+            "help": f"lm-eval task, group or tag names, task YAML files, or presets ({', '.join(TASK_PRESETS)}); "
+            "mixed freely, space- or comma-separated. Unknown names are refused with close matches; "
+            f"{LIST_TASKS_HINT}",
+            "metavar": "TASK",
+            "show_default": False,
+        },
     )
-    parser.add_argument(
-        "--tasks",
-        nargs="+",
-        metavar="TASK",
-        help=f"lm-eval task, group or tag names, task YAML files, or presets ({', '.join(TASK_PRESETS)}); "
-        f"mixed freely, space- or comma-separated. Unknown names are refused with close matches; {LIST_TASKS_HINT}",
+    include_path: list[str] = field(
+        default_factory=list,
+        metadata={
+            "help": "folder of extra lm-eval task YAMLs (repeatable). A relative data_files in a YAML is resolved "
+            "against the current directory, not the YAML's folder",
+            "action": "append",
+            "metavar": "DIR",
+            "show_default": False,
+        },
     )
-    parser.add_argument(
-        "--include-path",
-        action="append",
-        metavar="DIR",
-        help="folder of extra lm-eval task YAMLs (repeatable). A relative data_files in a YAML is resolved "
-        "against the current directory, not the YAML's folder",
+    num_fewshot: int | None = field(
+        default=None,
+        metadata={
+            "help": "few-shot examples per prompt (default: each task's own default, 0 for the presets as in the "
+            "paper)",
+            "type": int,
+            "metavar": "N",
+        },
     )
-    parser.add_argument(
-        "--num-fewshot",
-        type=int,
-        metavar="N",
-        help="few-shot examples per prompt (default: each task's own default, 0 for the presets as in the paper)",
+    limit: float | None = field(
+        default=None,
+        metadata={
+            "help": "evaluate at most N documents per task (a fraction of each task if < 1): quick checks only, "
+            "the numbers are not comparable with full runs",
+            "type": float,
+            "metavar": "N",
+        },
     )
-    parser.add_argument(
-        "--limit",
-        type=float,
-        metavar="N",
-        help="evaluate at most N documents per task (a fraction of each task if < 1): quick checks only, "
-        "the numbers are not comparable with full runs",
+    batch_size: str = field(default="8", metadata={"help": "lm-eval batch size, or 'auto'", "metavar": "N"})
+    device: str | None = field(
+        default=None,
+        metadata={
+            "help": "cpu, cuda or cuda:N (default: cuda when available, else cpu); the model is moved there",
+            "type": str,
+            "metavar": "DEVICE",
+        },
     )
-    parser.add_argument(
-        "--batch-size", default="8", metavar="N", help="lm-eval batch size, or 'auto' (default: %(default)s)"
-    )
-    parser.add_argument(
-        "--device", help="cpu, cuda or cuda:N (default: cuda when available, else cpu); the model is moved there"
-    )
-    parser.add_argument(
-        "--dtype",
-        choices=DTYPES,
+    dtype: str = field(
         default="float32",
-        help="weights dtype for evaluation (default: %(default)s; bfloat16 is faster on a GPU)",
+        metadata={"help": "weights dtype for evaluation (bfloat16 is faster on a GPU)", "choices": DTYPES},
     )
-    parser.add_argument(
-        "--max-length", type=int, metavar="N", help="longest input in tokens (default: from the model config)"
+    max_length: int | None = field(
+        default=None,
+        metadata={"help": "longest input in tokens (default: from the model config)", "type": int, "metavar": "N"},
     )
-    parser.add_argument(
-        "--merge-lora",
-        action="store_true",
-        help="merge a LoRA adapter into the base weights before evaluating (faster; default: evaluate unmerged)",
+    merge_lora: bool = field(
+        default=False,
+        metadata={"help": "merge a LoRA adapter into the base weights before evaluating (faster; false: unmerged)"},
     )
-    parser.add_argument(
-        "--bootstrap-iters",
-        type=int,
+    bootstrap_iters: int = field(
         default=100_000,
-        metavar="N",
-        help="bootstrap iterations for the stderr of non-mean metrics, 0 for none (default: %(default)s, lm-eval's)",
+        metadata={
+            "help": "bootstrap iterations for the stderr of non-mean metrics, 0 for none (lm-eval's default)",
+            "metavar": "N",
+        },
     )
-    parser.add_argument("--seed", type=int, default=0, help="random seed (default: %(default)s)")
-    parser.add_argument(
-        "--out",
-        metavar="FILE.json",
-        help="write the results here (default: MODEL_DIR/eval.json; with --base, print only)",
+    seed: int = field(default=0, metadata={"help": "random seed"})
+    out: str | None = field(
+        default=None,
+        metadata={
+            "help": "write the results here (default: MODEL_DIR/eval.json; with --base, print only)",
+            "type": str,
+            "metavar": "FILE.json",
+        },
     )
-    parser.set_defaults(func=run_eval_command)
-    return parser
 
 
-def _batch_size(text: str) -> int | str:
+def _batch_size(text: str | int) -> int | str:
+    text = str(text)
     if text.isdigit() and int(text) > 0:
         return int(text)
     if text.startswith("auto"):
         return text
-    raise ValueError(f"--batch-size must be a positive integer or 'auto', got {text!r}")
+    raise ValueError(f"--batch_size must be a positive integer or 'auto', got {text!r}")
 
 
 def _limit(value: float | None) -> int | float | None:
@@ -430,68 +427,63 @@ def _limit(value: float | None) -> int | float | None:
     return int(value) if value >= 1 else value
 
 
-def run_eval_command(args: argparse.Namespace) -> int:
-    """``scale-cl eval``: load the model, evaluate, print the table, write JSON. Returns the exit status."""
-    try:
-        return _run(args)
-    except (ValueError, FileNotFoundError) as err:
-        print(f"scale-cl eval: error: {err}", file=sys.stderr)
-        return 2
+def run_eval(settings: EvalSettings) -> tuple[dict[str, Any], Path | None]:
+    """Load the model of ``settings``, evaluate it and write the JSON results; returns them and where they went.
 
-
-def _run(args: argparse.Namespace) -> int:
+    Bad settings raise a ValueError / FileNotFoundError before the (slow) model load.
+    """
     import torch
 
     from scale_cl.models import BaseModelRef, load_base, load_trained, read_run_file
 
-    if (args.model_dir is None) == (args.base is None):
+    s = settings
+    if (s.model_dir is None) == (s.base is None):
         hint = ""
-        if args.model_dir is None and any(Path(t).is_dir() for t in args.tasks or ()):
+        if s.model_dir is None and any(Path(t).is_dir() for t in s.tasks or ()):
             hint = " (--tasks takes every name after it: put MODEL_DIR before --tasks)"
         raise ValueError(f"give either MODEL_DIR (a trained checkpoint) or --base MODEL (an untrained model){hint}")
-    if not args.tasks:
+    if not s.tasks:
         raise ValueError(f"--tasks is required: lm-eval task names or presets ({', '.join(TASK_PRESETS)})")
-    batch_size, limit = _batch_size(args.batch_size), _limit(args.limit)
-    dtype = parse_dtype(args.dtype)
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    batch_size, limit = _batch_size(s.batch_size), _limit(s.limit)
+    dtype = parse_dtype(s.dtype)
+    device = s.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError(f"--device {device}: CUDA is not available on this machine; use --device cpu")
-    directory = None if args.model_dir is None else Path(args.model_dir)
+    directory = None if s.model_dir is None else Path(s.model_dir)
     if directory is not None:
         if not directory.is_dir():
             raise FileNotFoundError(f"MODEL_DIR {directory} does not exist or is not a folder")
         read_run_file(directory)  # a clear error for a folder that is not a saved run
-    names = check_tasks(expand_tasks(args.tasks), args.include_path)  # before the (slow) model load
+    include_path = s.include_path or None  # a folder or a list of them (YAML may give either)
+    names = check_tasks(expand_tasks(s.tasks), include_path)  # before the (slow) model load
 
     if directory is not None:
         model, tokenizer, method = load_trained(directory, dtype=dtype)
         source = {"model_dir": str(directory.resolve()), "method": method}
-        out = Path(args.out) if args.out else directory / "eval.json"
+        out = Path(s.out) if s.out else directory / "eval.json"
     else:
-        ref = BaseModelRef.parse(args.base)
+        ref = BaseModelRef.parse(s.base)
         model, tokenizer = load_base(ref, dtype=dtype)
         source = {"base": ref.name_or_path, "gguf_file": ref.gguf_file, "method": "base"}
-        out = Path(args.out) if args.out else None
+        out = Path(s.out) if s.out else None
 
     results = evaluate(
         model,
         tokenizer,
         names,
-        include_path=args.include_path,
-        num_fewshot=args.num_fewshot,
+        include_path=include_path,
+        num_fewshot=s.num_fewshot,
         limit=limit,
         batch_size=batch_size,
         device=device,
         dtype=dtype,
-        max_length=args.max_length,
-        merge_lora=args.merge_lora,
-        bootstrap_iters=args.bootstrap_iters,
-        seed=args.seed,
+        max_length=s.max_length,
+        merge_lora=s.merge_lora,
+        bootstrap_iters=s.bootstrap_iters,
+        seed=s.seed,
     )
     results = {"model": source, **results}
-    print(format_markdown(results))
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         write_text(out, json.dumps(results, indent=2) + "\n")
-        print(f"[eval] wrote {out}")
-    return 0
+    return results, out

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import copy
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -35,30 +35,40 @@ class DemoResult:
         return self.same_generation and self.max_abs_logit_diff <= 1e-4
 
 
-def run_demo(
-    hidden_up: int = 192,
-    ffn_up: int = 512,
-    preserve_layers: int = 27,
-    max_new_tokens: int = 16,
-    methods: tuple[str, ...] = METHODS,
-) -> list[DemoResult]:
+@dataclass
+class DemoSettings:
+    """How SmolLM2-135M is upscaled for the check (``scale-cl demo``'s options)."""
+
+    hidden_up: int = field(default=192, metadata={"help": "width added to the residual stream (multiple of 192)"})
+    ffn_up: int = field(default=512, metadata={"help": "width added to every FFN"})
+    preserve_layers: int = field(
+        default=27, metadata={"help": "L_fp: layers below it keep W12 frozen (SmolLM2 has 30)"}
+    )
+    max_new_tokens: int = field(default=16, metadata={"help": "greedy tokens generated per prompt"})
+    methods: tuple[str, ...] = field(default=METHODS, metadata={"help": "methods to check", "choices": METHODS})
+
+
+def run_demo(settings: DemoSettings | None = None) -> list[DemoResult]:
+    """Upscale SmolLM2-135M with each of ``settings.methods`` and compare it with the base model."""
     from scale_cl.models.smollm2 import load_smollm2
+
+    s = settings or DemoSettings()
 
     base, tokenizer = load_smollm2()
     tokenizer.padding_side = "left"
     batch = tokenizer(list(PROMPTS), return_tensors="pt", padding=True)
-    generate = {"max_new_tokens": max_new_tokens, "do_sample": False, "pad_token_id": tokenizer.pad_token_id}
+    generate = {"max_new_tokens": s.max_new_tokens, "do_sample": False, "pad_token_id": tokenizer.pad_token_id}
     with torch.no_grad():
         base_logits = base(**batch).logits
         base_tokens = base.generate(**batch, **generate)
     mask = batch["attention_mask"].bool()
     results = []
-    for method in methods:
+    for method in s.methods:
         cfg = ScaleConfig(
-            hidden_up=hidden_up,
-            ffn_up=ffn_up,
+            hidden_up=s.hidden_up,
+            ffn_up=s.ffn_up,
             method=method,
-            preserve_layers=preserve_layers,
+            preserve_layers=s.preserve_layers,
             w21_init="random",
             w22_init="random",
         )

@@ -55,9 +55,11 @@ class Task1Config(MethodStageConfig):
 class BioConfig:
     """Every setting of one biography benchmark run."""
 
-    preset: str = field(default="small", metadata={"help": f"starting point of every setting: one of {PRESETS}"})
+    preset: str = field(default="small", metadata={"help": "starting point of every setting", "choices": PRESETS})
     methods: list[str] = field(default_factory=lambda: list(ALL_METHODS), metadata={"help": "methods to run"})
-    seeds: list[int] = field(default_factory=lambda: [0], metadata={"help": "training seeds (mean and spread)"})
+    seeds: list[int] = field(
+        default_factory=lambda: [0], metadata={"help": "training seeds (mean and spread)", "aliases": ("seed",)}
+    )
     eval_people: int = field(default=200, metadata={"help": "people evaluated per test split (0 = all)"})
     data: DataConfig = field(default_factory=DataConfig)
     model: BackboneConfig = field(default_factory=BackboneConfig)

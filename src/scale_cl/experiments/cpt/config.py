@@ -66,7 +66,7 @@ class EvalConfig:
 class CptConfig:
     """Every setting of one continual pre-training run (all its methods)."""
 
-    preset: str = field(default="smollm2", metadata={"help": f"starting point of every setting: one of {PRESETS}"})
+    preset: str = field(default="smollm2", metadata={"help": "starting point of every setting", "choices": PRESETS})
     model: str = field(
         default=SMOLLM2,
         metadata={

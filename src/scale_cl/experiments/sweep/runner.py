@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from scale_cl.cli.options import apply_overrides, nest
+from scale_cl.experiments.overrides import apply_overrides, nest
 from scale_cl.experiments.run_folder import claim_output_folder
 from scale_cl.experiments.sweep.experiments import CONFIG_FILE
 from scale_cl.files import write_json

@@ -1,0 +1,81 @@
+"""``scale-cl bench`` (and ``python -m scale_cl.bench``): the settings are `BenchConfig`'s, plus the output folder."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from scale_cl.bench.config import BenchConfig
+from scale_cl.bench.shapes import SHAPES
+from scale_cl.cli.command import Command, command_parser
+
+DESCRIPTION = (
+    "Time every method of scale_cl.prepare on random-weight models of real shapes, in one process run with the "
+    "methods interleaved (so machine drift hits all alike): training throughput, peak training memory (a fresh "
+    "process per method), trainable parameters, forward FLOPs per token of the model as run, inference "
+    "(forward and generate() tokens/s) and the one-off cost of upscale (wall time and peak memory, SVD "
+    "included). Writes OUT/results.md and OUT/results.json with ratios against fft of the same base model, the "
+    "machine, torch version and date, and the issue-5 targets met or missed. Runs on the GPU in bf16 when "
+    "there is one (--device auto).\n\nshapes:\n"
+    + "\n".join(f"  {name:9s} {shape.description}" for name, shape in SHAPES.items())
+)
+EPILOG = (
+    "examples:\n"
+    "  scale-cl bench --shapes smollm2 llama-1b --out outputs/bench\n"
+    "  scale-cl bench --shapes tiny --seq 64 --rounds 2 --skip_memory          # a smoke run, seconds\n"
+    "  scale-cl bench --shapes smollm2 --methods fft lora scale_adapt --skip_inference --skip_upscale"
+)
+
+
+@dataclass
+class BenchCommand:
+    """``scale-cl bench``: what to measure (`BenchConfig`) and where the results go."""
+
+    out: str = field(
+        default="outputs/bench", metadata={"help": "output folder for results.md and results.json", "metavar": "DIR"}
+    )
+    command: str | None = field(
+        default=None, metadata={"help": "how the run was started, recorded in the results", "cli": False}
+    )
+    bench: BenchConfig = field(default_factory=BenchConfig, metadata={"inline": True})
+
+
+def _command_line() -> str:
+    """How this run was started, for the record: ``scale-cl bench ...`` or ``python -m scale_cl.bench ...``."""
+    argv = sys.argv
+    if argv and Path(argv[0]).name == "scale-cl":
+        return shlex.join(["scale-cl", *argv[1:]])
+    if argv and argv[0].endswith(("scale_cl/bench/__main__.py", "-m")):
+        return shlex.join(["python", "-m", "scale_cl.bench", *argv[1:]])
+    return shlex.join(["scale-cl", "bench", *argv[1:]])
+
+
+def run(settings: BenchCommand) -> int:
+    from scale_cl.bench.runner import run_bench
+
+    out = Path(settings.out)
+    run_bench(settings.bench, out, command=settings.command or _command_line())
+    print((out / "results.md").read_text())
+    print(f"[bench] wrote {out / 'results.md'} and {out / 'results.json'}")
+    return 0
+
+
+COMMAND = Command(
+    name="bench",
+    help="time every method: training throughput, memory, FLOPs, inference, upscale cost (issue 5)",
+    description=DESCRIPTION,
+    epilog=EPILOG,
+    settings=BenchCommand,
+    run=run,
+    config_example="{shapes: [tiny, smollm2], rounds: 9, skip_memory: true}",
+)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m scale_cl.bench``: the same command without the ``scale-cl`` entry point."""
+    args = command_parser(COMMAND, "python -m scale_cl.bench").parse_args(argv)
+    if argv is None:
+        return args.func(args)
+    return args.func(args, command=shlex.join(["scale-cl", "bench", *argv]))

@@ -1,0 +1,129 @@
+"""A ``scale-cl`` subcommand: a settings dataclass and the function that runs it, registered one way.
+
+Every subcommand is declared as a `Command`; its options come from its settings dataclass
+(`scale_cl.cli.options.add_dataclass_options`), and every one takes ``--config FILE.yaml``. The
+settings are resolved in one order for all: the defaults (a preset's, where the command has
+presets), then the YAML file, then the command-line options. Bad input exits with status 2: the
+parser's own errors, and a ``ValueError`` / ``FileNotFoundError`` raised while the settings are
+resolved or the command runs, printed as ``<prog>: error: <message>``. A training run whose loss
+becomes NaN/inf (`NonFiniteLossError`, naming the last good checkpoint) exits with status 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+from scale_cl.cli.options import HelpFormatter, add_dataclass_options
+from scale_cl.experiments.overrides import apply_overrides, nest, read_yaml
+
+SPELLING = (
+    "Options are spelt as their settings are named (--lr_scales, --section.field); the same names with dashes "
+    "(--lr-scales) are accepted too."
+)
+
+
+@dataclass(frozen=True)
+class Command:
+    """One subcommand.
+
+    ``settings()`` gives the default settings (the dataclass whose fields are the options); with
+    ``presets``, ``settings(name)`` gives preset ``name``'s, chosen by the settings' ``preset``
+    option or YAML key. ``run(settings)`` runs the command and returns its exit status. A command
+    with ``subcommands`` only groups them (``scale-cl sweep bio``).
+    """
+
+    name: str
+    help: str
+    description: str
+    settings: Callable[..., Any] | None = None
+    run: Callable[[Any], int] | None = None
+    presets: bool = False
+    epilog: str | None = None
+    usage: str | None = None
+    config_example: str = ""
+    subcommands: tuple[Command, ...] = ()
+
+
+class Runner:
+    """What a parsed command line calls (``args.func(args)``): resolve the settings, then run the command."""
+
+    def __init__(self, command: Command, prog: str, dests: list[str]) -> None:
+        self.command, self.prog, self.dests = command, prog, tuple(dests)
+
+    def settings(self, args: argparse.Namespace) -> Any:
+        """The command's settings: the defaults (or the preset's), then ``--config``'s YAML, then the options."""
+        options = nest((d, getattr(args, d)) for d in self.dests if hasattr(args, d))
+        from_yaml = read_yaml(args.config) if getattr(args, "config", None) else {}
+        preset = (options.get("preset") or from_yaml.get("preset")) if self.command.presets else None
+        assert self.command.settings is not None
+        defaults = self.command.settings(preset) if preset else self.command.settings()
+        return apply_overrides(apply_overrides(defaults, from_yaml), options)
+
+    def __call__(self, args: argparse.Namespace, **fixed: Any) -> int:
+        """Run the command; ``fixed``: settings the program sets itself (fields that are not options)."""
+        assert self.command.run is not None
+        from scale_cl.train.checkpointing import NonFiniteLossError
+
+        try:
+            return self.command.run(replace(self.settings(args), **fixed))
+        except (ValueError, FileNotFoundError) as err:
+            print(f"{self.prog}: error: {err}", file=sys.stderr)
+            return 2
+        except NonFiniteLossError as err:  # training diverged: the settings were valid, the run failed
+            print(f"{self.prog}: error: {err}", file=sys.stderr)
+            return 1
+
+
+def configure(parser: argparse.ArgumentParser, command: Command) -> argparse.ArgumentParser:
+    """Give ``parser`` the options of ``command`` (or its subcommands) and what runs it."""
+    if command.subcommands:
+        choices = parser.add_subparsers(dest=command.name, required=True)
+        for sub in command.subcommands:
+            add_command(choices, sub)
+        return parser
+    assert command.settings is not None and command.run is not None, command.name
+    parser.add_argument(
+        "--config",
+        metavar="FILE.yaml",
+        help="YAML file of settings, applied before the options given here (the same names; a section "
+        f"is a mapping){', e.g. ' + command.config_example if command.config_example else ''}",
+    )
+    dests = add_dataclass_options(parser, command.settings())
+    parser.set_defaults(func=Runner(command, parser.prog, dests))
+    return parser
+
+
+def add_command(commands: argparse._SubParsersAction, command: Command) -> argparse.ArgumentParser:
+    """Register ``command`` on the ``add_subparsers()`` object of a parser."""
+    parser = commands.add_parser(
+        command.name,
+        help=command.help,
+        description=command.description,
+        epilog=_epilog(command),
+        usage=command.usage,
+        formatter_class=HelpFormatter,
+    )
+    return configure(parser, command)
+
+
+def _epilog(command: Command) -> str | None:
+    """The command's epilog (examples), and for a command with options, how they are spelt."""
+    if command.subcommands:
+        return command.epilog
+    return f"{command.epilog}\n\n{SPELLING}" if command.epilog else SPELLING
+
+
+def command_parser(command: Command, prog: str) -> argparse.ArgumentParser:
+    """A parser of ``command`` alone (``python -m scale_cl.bench``)."""
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description=command.description,
+        epilog=_epilog(command),
+        usage=None if command.usage is None else command.usage.replace(f"scale-cl {command.name}", prog, 1),
+        formatter_class=HelpFormatter,
+    )
+    return configure(parser, command)

@@ -1,0 +1,116 @@
+"""``scale-cl bio`` and ``scale-cl cpt``: an experiment's settings (preset, then YAML, then options) and its folder."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from scale_cl.cli.command import Command
+from scale_cl.experiments.bio.config import BioConfig
+from scale_cl.experiments.bio.config import preset as bio_preset
+from scale_cl.experiments.cpt.config import CptConfig
+from scale_cl.experiments.cpt.config import preset as cpt_preset
+
+
+@dataclass
+class BioCommand:
+    """``scale-cl bio``: the benchmark's settings (`BioConfig`) and its output folder."""
+
+    out: str | None = field(
+        default=None,
+        metadata={"help": "output folder (default: outputs/bio-<preset>)", "type": str, "metavar": "DIR"},
+    )
+    bio: BioConfig = field(default_factory=lambda: bio_preset("small"), metadata={"inline": True})
+
+
+def bio_settings(preset: str = "small") -> BioCommand:
+    return BioCommand(bio=bio_preset(preset))
+
+
+def run_bio_command(settings: BioCommand) -> int:
+    from scale_cl.experiments.bio.pipeline import run_bio
+
+    out = Path(settings.out or f"outputs/bio-{settings.bio.preset}")
+    results = run_bio(settings.bio, out)
+    print((out / "results.md").read_text())
+    print(f"[bio] wrote {out / 'results.md'}, {out / 'results.json'} and {out / 'accuracy.png'}")
+    return 0 if results["methods"] else 1
+
+
+BIO = Command(
+    name="bio",
+    help="the biography continual-learning benchmark (paper Fig. 8): every method, figure and table",
+    description=(
+        "Pre-train a GPT-NeoX model on synthetic biographies (stage 1), fine-tune QA of Task 0 (stage 2), "
+        "then, for every method, fine-tune QA of Task 1 while measuring Task 0 and Task 1 with hard "
+        "first-token accuracy (stage 3). Stages 1-2 are cached and shared by the methods; a re-run "
+        "resumes and skips what is done. Settings come from --preset, then --config (YAML, same nesting "
+        "as the options), then the options below. Defaults shown are the small preset's."
+    ),
+    epilog=(
+        "examples:\n"
+        "  scale-cl bio                                   # small preset, all seven methods, one seed\n"
+        "  scale-cl bio --seeds 0 1 2                     # mean and spread over seeds\n"
+        "  scale-cl bio --methods fft scale_route --task1.scale_route_lr 3e-4 --out outputs/try\n"
+        "  scale-cl bio --preset paper --config my.yaml   # Pythia-160M, 200k people (for a GPU)"
+    ),
+    usage="scale-cl bio [--preset micro|small|paper] [--methods M ...] [--seed S ...] [--out DIR] [options]",
+    settings=bio_settings,
+    presets=True,
+    run=run_bio_command,
+    config_example="{task1: {lr: 1e-4}, methods: [fft, scale_route]}",
+)
+
+
+@dataclass
+class CptCommand:
+    """``scale-cl cpt``: the run's settings (`CptConfig`) and its output folder."""
+
+    out: str | None = field(
+        default=None,
+        metadata={"help": "output folder (default: outputs/cpt-<preset>)", "type": str, "metavar": "DIR"},
+    )
+    cpt: CptConfig = field(default_factory=lambda: cpt_preset("smollm2"), metadata={"inline": True})
+
+
+def cpt_settings(preset: str = "smollm2") -> CptCommand:
+    return CptCommand(cpt=cpt_preset(preset))
+
+
+def run_cpt_command(settings: CptCommand) -> int:
+    from scale_cl.experiments.cpt.pipeline import process_state, run_cpt
+
+    out = Path(settings.out or f"outputs/cpt-{settings.cpt.preset}")
+    results = run_cpt(settings.cpt, out)
+    if process_state().is_main_process:
+        print((out / "results.md").read_text())
+        print(f"[cpt] wrote {out / 'results.md'}, {out / 'results.json'}, {out / 'perplexity.png'}")
+    return 0 if results["methods"] else 1
+
+
+CPT = Command(
+    name="cpt",
+    help="continual pre-training of a causal LM on new-domain text with every method (paper Fig. 4, 9)",
+    description=(
+        "Continually pre-train a base model (hub id, local folder, .gguf file, or 'smollm2') on new-domain "
+        "text with each method, measuring learning perplexity (held-out new-domain split), forgetting "
+        "perplexity (each old-domain set), representation drift and SCALE-Route's routing share every "
+        "--eval.every steps. Writes metrics.jsonl per method, results.md/json and figures. Re-running the "
+        "same command resumes from the last checkpoint. Runs under torchrun / accelerate launch (DDP). "
+        "Settings come from --preset, then --config (YAML), then the options below. Defaults shown are "
+        "the smollm2 preset's."
+    ),
+    epilog=(
+        "examples:\n"
+        "  scale-cl cpt --data.train 'ko/*.jsonl' --data.old_eval en=en_eval.jsonl\n"
+        "  scale-cl cpt --model meta-llama/Llama-3.2-1B --preset paper --data.train hf:user/korean-corpus \\\n"
+        "               --data.old_eval en=hf:user/english-eval::validation --data.streaming --train.max_steps 2000\n"
+        "  scale-cl cpt --model path/to/model.gguf --methods fft scale_route --train.scale_route_lr 3e-4"
+    ),
+    usage="scale-cl cpt --data.train FILE... [--data.old_eval NAME=FILE...] [--preset smollm2|paper] "
+    "[--model M] [--methods M ...] [--out DIR] [options]",
+    settings=cpt_settings,
+    presets=True,
+    run=run_cpt_command,
+    config_example="{data: {train: [ko/*.jsonl]}, train: {max_steps: 50}}",
+)

@@ -1,0 +1,178 @@
+"""``scale-cl sweep bio|cpt``: the grid, the ablation axes and the target beside the experiment's own settings."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from scale_cl.cli.command import Command
+from scale_cl.experiments.bio.config import BioConfig
+from scale_cl.experiments.bio.config import preset as bio_preset
+from scale_cl.experiments.cpt.config import CptConfig
+from scale_cl.experiments.cpt.config import preset as cpt_preset
+from scale_cl.experiments.sweep.runner import DEFAULT_LR_SCALES, Axis, SweepSettings
+from scale_cl.methods import REGISTRY
+
+
+def _concerned() -> str:
+    """Which methods each method setting concerns, from the method registry."""
+    return "; ".join(f"{name}: {' '.join(spec.settings)}" for name, spec in REGISTRY.items() if spec.settings)
+
+
+@dataclass
+class SweepOptions:
+    """What the sweep varies and the level the methods are compared at (the experiment's own settings follow)."""
+
+    out: str | None = field(
+        default=None,
+        metadata={
+            "help": "output folder (default: outputs/sweep-<experiment>-<preset>)",
+            "type": str,
+            "metavar": "DIR",
+        },
+    )
+    lr_scales: tuple[float, ...] = field(
+        default=DEFAULT_LR_SCALES,
+        metadata={"help": "multiples of each method's preset learning rate to run", "metavar": "X"},
+    )
+    axis: list[list[str]] = field(
+        default_factory=list,
+        metadata={
+            "help": "an ablation beside the learning rate: a setting and its values, e.g. --axis "
+            "options.scale.preserve_layers 2 4 6; repeatable; settings that vary together are joined by commas, "
+            "and so are their values (--axis options.scale.w21_init,options.scale.w22_init svd,zero random,random); "
+            "a tuple setting's items are joined by + (attn+ffn). Each value is swept over the same rates, for the "
+            f"methods the setting concerns ({_concerned()}; a setting outside options: every method)",
+            "action": "append",
+            "nargs": "+",
+            "metavar": ("SETTING", "VALUE"),
+            "show_default": False,
+        },
+    )
+    reference: str = field(
+        default="fft",
+        metadata={"help": "the method whose learning at its preset rate is the matched-learning target"},
+    )
+    target: float | None = field(
+        default=None,
+        metadata={
+            "help": "the learning level to compare methods at, instead of --reference's (an accuracy in [0, 1] for "
+            "bio, a perplexity for cpt)",
+            "type": float,
+        },
+    )
+
+    def sweep_settings(self) -> SweepSettings:
+        axes = tuple(Axis(str(values[0]), tuple(map(str, values[1:]))) for values in self.axis)  # YAML: numbers too
+        for axis in axes:
+            if not axis.values:
+                raise ValueError(f"--axis {axis.setting} needs at least one value, e.g. --axis {axis.setting} 1 2 3")
+        return SweepSettings(lr_scales=tuple(self.lr_scales), axes=axes, reference=self.reference, target=self.target)
+
+
+@dataclass
+class CptSweepOptions(SweepOptions):
+    """What the sweep varies and the level the methods are compared at (the experiment's own settings follow)."""
+
+    save_models: bool = field(
+        default=False,
+        metadata={"help": "keep every run's trained model (false: only its metrics; a model per run is many GB)"},
+    )
+
+
+@dataclass
+class BioSweep:
+    """``scale-cl sweep bio``: the sweep's options and the biography benchmark's settings."""
+
+    sweep: SweepOptions = field(default_factory=SweepOptions, metadata={"inline": True, "group": "sweep settings"})
+    bio: BioConfig = field(default_factory=lambda: bio_preset("micro"), metadata={"inline": True})
+
+
+@dataclass
+class CptSweep:
+    """``scale-cl sweep cpt``: the sweep's options and continual pre-training's settings."""
+
+    sweep: CptSweepOptions = field(
+        default_factory=CptSweepOptions, metadata={"inline": True, "group": "sweep settings"}
+    )
+    cpt: CptConfig = field(default_factory=lambda: cpt_preset("smollm2"), metadata={"inline": True})
+
+
+def _run(name: str, experiment: Any, options: SweepOptions) -> int:
+    from scale_cl.experiments.sweep.report import write_report
+    from scale_cl.experiments.sweep.runner import run_sweep
+
+    settings = options.sweep_settings()
+    out = Path(options.out or f"outputs/sweep-{name}-{experiment.cfg.preset}")
+    result = run_sweep(experiment, settings, out)
+    if not experiment.is_main_process:
+        return 0
+    write_report(experiment, settings, result, out)
+    print((out / "results.md").read_text())
+    print(f"[sweep] wrote {out / 'results.md'}, {out / 'results.json'}, {out / 'landscape.png'}")
+    return 0
+
+
+def run_bio_sweep(settings: BioSweep) -> int:
+    from scale_cl.experiments.sweep.experiments import BioExperiment
+
+    return _run("bio", BioExperiment(settings.bio), settings.sweep)
+
+
+def run_cpt_sweep(settings: CptSweep) -> int:
+    from scale_cl.experiments.sweep.experiments import CptExperiment
+
+    return _run("cpt", CptExperiment(settings.cpt, save_models=settings.sweep.save_models), settings.sweep)
+
+
+DESCRIPTION = (
+    "Run one experiment with every method over a grid of learning rates (multiples of each method's preset "
+    "rate), and optionally ablation axes beside it, then compare the methods at matched learning: each "
+    "method's forgetting where it reaches the learning level of --reference at its preset rate (or --target), "
+    "read off its sweep by interpolation in log learning rate (paper Table 1 and Fig. 2). Data, tokenisation, "
+    "bio's stage-1/2 models and the step-0 evaluation are computed once; re-running the same command resumes "
+    "and never recomputes a finished run. Writes results.md/json, landscape.png and ablation-*.png."
+)
+
+COMMAND = Command(
+    name="sweep",
+    help="learning-rate sweeps of bio or cpt: stability-plasticity landscape and matched-learning comparison",
+    description=DESCRIPTION,
+    epilog="scale-cl sweep bio --help and scale-cl sweep cpt --help list every option.",
+    subcommands=(
+        Command(
+            name="bio",
+            help="sweep the biography benchmark (default preset: micro)",
+            description=DESCRIPTION + "\n\nExperiment options are `scale-cl bio`'s; defaults shown are the micro "
+            "preset's. --config's YAML may hold both the sweep's settings and the experiment's.",
+            epilog=(
+                "examples:\n"
+                "  scale-cl sweep bio                                     # micro preset, all methods, 5 rates each\n"
+                "  scale-cl sweep bio --preset small --axis options.scale.preserve_layers 1 2 "
+                "--out outputs/sweep-bio-small\n"
+                "  scale-cl sweep bio --preset small --target 0.9 --out outputs/sweep-bio-small   # re-read"
+            ),
+            settings=lambda preset="micro": BioSweep(bio=bio_preset(preset)),
+            presets=True,
+            run=run_bio_sweep,
+            config_example="{lr_scales: [0.5, 1, 2], task1: {max_steps: 100}}",
+        ),
+        Command(
+            name="cpt",
+            help="sweep continual pre-training (default preset: smollm2)",
+            description=DESCRIPTION + "\n\nExperiment options are `scale-cl cpt`'s; defaults shown are the smollm2 "
+            "preset's. --config's YAML may hold both the sweep's settings and the experiment's.",
+            epilog=(
+                "examples:\n"
+                "  scale-cl sweep cpt --data.train 'ko/*.jsonl' --data.old_eval en=en.jsonl "
+                "--methods fft lora scale_route \\\n"
+                "                     --lr_scales 0.5 1 2 --train.max_steps 100"
+            ),
+            settings=lambda preset="smollm2": CptSweep(cpt=cpt_preset(preset)),
+            presets=True,
+            run=run_cpt_sweep,
+            config_example="{lr_scales: [0.3, 1, 3], data: {train: [ko/*.jsonl]}}",
+        ),
+    ),
+)

@@ -1,0 +1,76 @@
+"""Settings as nested dataclasses: apply nested overrides (a YAML file's, a command line's, a sweep point's).
+
+Used by the command line (`scale_cl.cli.options`) and by the sweep, which re-applies a point's
+settings to the experiment's; an unknown key is an error naming the known ones.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import fields, is_dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+def nest(dotted_values: Iterable[tuple[str, Any]]) -> dict[str, Any]:
+    """``[("a.b", 1)]`` as ``{"a": {"b": 1}}``."""
+    nested: dict[str, Any] = {}
+    for dotted, value in dotted_values:
+        *sections, leaf = dotted.split(".")
+        node = nested
+        for section in sections:
+            node = node.setdefault(section, {})
+        node[leaf] = value
+    return nested
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(Path(path).read_text()) or {}
+    except (OSError, yaml.YAMLError) as err:
+        raise ValueError(f"cannot read the config file {path}: {err}") from err
+    if not isinstance(data, dict):
+        raise ValueError(f"{path} must hold a mapping of settings, got {type(data).__name__}")
+    return data
+
+
+def _names(config: Any) -> set[str]:
+    """The setting names known at this level of ``config``: its fields and, through inline fields, theirs."""
+    names = set()
+    for f in fields(config):
+        names |= _names(getattr(config, f.name)) if f.metadata.get("inline") else {f.name}
+    return names
+
+
+def apply_overrides(config: Any, overrides: dict[str, Any], where: str = "") -> Any:
+    """A copy of the dataclass ``config`` with nested ``overrides`` applied; unknown keys are errors.
+
+    A key that is not a field of ``config`` goes to the inline field (see the module docstring) that knows it.
+    """
+    known = {f.name: f for f in fields(config)}
+    inline = [f.name for f in fields(config) if f.metadata.get("inline")]
+    changes: dict[str, Any] = {}
+    routed: dict[str, dict[str, Any]] = {}
+    for key, value in overrides.items():
+        if key not in known or key in inline:
+            owner = next((n for n in inline if key in _names(getattr(config, n))), None)
+            if owner is None:
+                raise ValueError(f"unknown setting '{where}{key}'; known here: {', '.join(sorted(_names(config)))}")
+            routed.setdefault(owner, {})[key] = value
+            continue
+        current = getattr(config, key)
+        if is_dataclass(current):
+            if not isinstance(value, dict):
+                raise ValueError(f"setting {where}{key} is a section; give it a mapping, got {value!r}")
+            changes[key] = apply_overrides(current, value, f"{where}{key}.")
+        elif isinstance(current, dict):  # a mapping setting: the given keys replace those of the preset
+            if not isinstance(value, dict):
+                raise ValueError(f"setting {where}{key} is a mapping; give it KEY: VALUE pairs, got {value!r}")
+            changes[key] = {**current, **value}
+        else:
+            changes[key] = value
+    for owner, values in routed.items():
+        changes[owner] = apply_overrides(changes.get(owner, getattr(config, owner)), values, where)
+    return replace(config, **changes)
