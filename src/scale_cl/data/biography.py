@@ -546,22 +546,36 @@ def biography_sentences(person: Person, rng: random.Random) -> list[tuple[str, s
     return [(attribute, render(rng.choice(TEMPLATES[attribute]), person, attribute)) for attribute in order]
 
 
-def biographies(person: Person, count: int = 5, seed: int = 0) -> list[str]:
+def biographies(person: Person, count: int = 5, seed: int = 0, distinct: bool = False) -> list[str]:
     """``count`` biographies of ``person``, each with its own order and templates.
 
     The RNG is seeded by (seed, person.index): a person's text does not depend on who else is
-    generated, and the first k of ``count`` biographies do not depend on ``count``.
+    generated, and the first k of ``count`` biographies do not depend on ``count`` (without
+    ``distinct``). ``distinct=True`` is the original benchmark's recipe: the biographies of one person
+    use different templates for every attribute (sampled without replacement) and different sentence
+    orders, so no two repeat a sentence.
     """
     if count < 0:
         raise ValueError(f"count must be >= 0, got {count}")
     rng = random.Random(f"scale-cl/bio/{seed}/{person.index}")
-    return [" ".join(sentence for _, sentence in biography_sentences(person, rng)) for _ in range(count)]
+    if not distinct:
+        return [" ".join(sentence for _, sentence in biography_sentences(person, rng)) for _ in range(count)]
+    fewest = min(len(TEMPLATES[a]) for a in ATTRIBUTES)
+    if count > fewest:
+        raise ValueError(f"{count} biographies with distinct templates need at least {count} templates per attribute")
+    templates = {a: rng.sample(TEMPLATES[a], count) for a in ATTRIBUTES}
+    orders: list[list[str]] = []
+    while len(orders) < count:
+        order = rng.sample(ATTRIBUTES, len(ATTRIBUTES))
+        if order not in orders:
+            orders.append(order)
+    return [" ".join(render(templates[a][k], person, a) for a in order) for k, order in enumerate(orders)]
 
 
-def biography_corpus(people: Iterable[Person], count: int = 5, seed: int = 0) -> Iterator[str]:
-    """Every biography of ``people``, person by person (the pre-training text)."""
+def biography_corpus(people: Iterable[Person], count: int = 5, seed: int = 0, distinct: bool = False) -> Iterator[str]:
+    """Every biography of ``people``, person by person (the pre-training text); see `biographies`."""
     for person in people:
-        yield from biographies(person, count, seed)
+        yield from biographies(person, count, seed, distinct)
 
 
 # ---------------------------------------------------------------------------------------------

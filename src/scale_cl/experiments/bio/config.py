@@ -17,6 +17,7 @@ from scale_cl.methods import check_methods
 from scale_cl.train.trainer import StageConfig
 
 PRESETS = ("micro", "small", "paper")
+PACKINGS = ("person", "shuffled")
 
 
 @dataclass
@@ -30,6 +31,22 @@ class DataConfig:
         default_factory=lambda: list(ATTRIBUTES), metadata={"help": "attributes asked about in Task 0 and Task 1 QA"}
     )
     vocab_size: int = field(default=3072, metadata={"help": "vocabulary of the byte-level BPE trained on the data"})
+    packing: str = field(
+        default="person",
+        metadata={
+            "help": "pre-training blocks: 'person' (person by person, packed once) or 'shuffled' (the original "
+            "benchmark's: every biography in one global random order, packed afresh every epoch)",
+            "choices": PACKINGS,
+        },
+    )
+    distinct_templates: bool = field(
+        default=False,
+        metadata={"help": "a person's biographies use different templates and sentence orders (the original's)"},
+    )
+
+    def __post_init__(self) -> None:
+        if self.packing not in PACKINGS:
+            raise ValueError(f"data.packing must be one of {PACKINGS}, got {self.packing!r}")
 
 
 @dataclass

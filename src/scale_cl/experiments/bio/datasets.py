@@ -11,19 +11,51 @@ IGNORE = -100
 
 
 class PackedText(Dataset):
-    """Documents joined with EOS and cut into fixed-length blocks (the last partial block is dropped)."""
+    """Documents joined with EOS and cut into fixed-length blocks (the last partial block is dropped).
 
-    def __init__(self, documents: Sequence[list[int]], eos_id: int, block: int) -> None:
-        stream = [token for doc in documents for token in (*doc, eos_id)]
-        self.blocks = [stream[i : i + block] for i in range(0, len(stream) - block + 1, block)]
-        if not self.blocks:
-            raise ValueError(f"not enough text for one block of {block} tokens ({len(stream)} tokens)")
+    ``shuffle_seed=None`` packs the documents once, in the order given. With a seed, it packs them
+    as the original biography benchmark does (zzz47zzz/spurious-forgetting): all documents in one
+    global random order, drawn afresh for every epoch from ``(shuffle_seed, epoch)`` (the Trainer
+    calls `set_epoch`), so a block mixes biographies of different people and no two epochs share a
+    packing. The number of blocks is the same in every epoch (it depends only on the token count).
+    """
+
+    def __init__(
+        self, documents: Sequence[list[int]], eos_id: int, block: int, shuffle_seed: int | None = None
+    ) -> None:
+        docs = [torch.tensor([*doc, eos_id], dtype=torch.int64) for doc in documents]
+        self.lengths = torch.tensor([len(doc) for doc in docs])
+        self.stream = torch.cat(docs) if docs else torch.zeros(0, dtype=torch.int64)
+        self.starts = torch.cumsum(self.lengths, 0) - self.lengths
+        self.block, self.shuffle_seed = block, shuffle_seed
+        self.count = len(self.stream) // block
+        if not self.count:
+            raise ValueError(f"not enough text for one block of {block} tokens ({len(self.stream)} tokens)")
+        self.set_epoch(0)
+
+    def document_order(self, epoch: int) -> torch.Tensor:
+        """The order in which epoch ``epoch`` packs the documents (indices into the documents given)."""
+        if self.shuffle_seed is None:
+            return torch.arange(len(self.lengths))
+        generator = torch.Generator().manual_seed(self.shuffle_seed * 1_000_003 + epoch)
+        return torch.randperm(len(self.lengths), generator=generator)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Pack the documents in epoch ``epoch``'s order (nothing changes without a shuffle seed)."""
+        if self.shuffle_seed is None and hasattr(self, "blocks"):
+            return
+        order = self.document_order(epoch)
+        stream = torch.cat(
+            [self.stream[s : s + n] for s, n in zip(self.starts[order], self.lengths[order], strict=True)]
+        )
+        self.blocks = stream[: self.count * self.block].view(self.count, self.block)
 
     def __len__(self) -> int:
-        return len(self.blocks)
+        return self.count
 
     def __getitem__(self, index: int) -> dict[str, list[int]]:
-        return {"input_ids": self.blocks[index], "labels": self.blocks[index]}
+        block = self.blocks[index].tolist()
+        return {"input_ids": block, "labels": block}
 
 
 class AnswerOnlyQA(Dataset):

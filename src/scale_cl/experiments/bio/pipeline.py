@@ -94,7 +94,8 @@ def build_data(cfg: BioConfig, out: Path) -> BioData:
     spec = bio_spec(cfg.data.pools, people=cfg.data.people)
     people = generate_people(spec, cfg.data.seed)
     ranges = splits(len(people))
-    texts = list(biography_corpus((people[i] for i in ranges["pretrain"]), seed=cfg.data.seed))
+    pretrain_people = (people[i] for i in ranges["pretrain"])
+    texts = list(biography_corpus(pretrain_people, seed=cfg.data.seed, distinct=cfg.data.distinct_templates))
     tok_dir = out / "cache" / f"tokenizer-{_key(_text_settings(cfg))}"
     if tok_dir.is_dir():
         tokenizer = PreTrainedTokenizerFast.from_pretrained(tok_dir)
@@ -123,7 +124,12 @@ def build_data(cfg: BioConfig, out: Path) -> BioData:
 
     return BioData(
         tokenizer=tokenizer,
-        pretrain=PackedText([encode(t) for t in texts], eos, cfg.model.max_seq_len),
+        pretrain=PackedText(
+            [encode(t) for t in texts],
+            eos,
+            cfg.model.max_seq_len,
+            shuffle_seed=cfg.data.seed if cfg.data.packing == "shuffled" else None,
+        ),
         task0_train=AnswerOnlyQA(qa_pairs(ranges["task0_train"]), eos),
         task1_train=AnswerOnlyQA(qa_pairs(ranges["task1"]), eos),
         task0_test=examples(ranges["task0_test"]),
