@@ -13,7 +13,7 @@ import pytest
 import torch
 from transformers import default_data_collator
 
-from scale_cl.cli.options import add_dataclass_options, nested_overrides
+from scale_cl.cli.options import add_dataclass_options
 from scale_cl.data import corpus as corpus_module
 from scale_cl.data.corpus import (
     CorpusConfig,
@@ -32,6 +32,7 @@ from scale_cl.data.corpus import (
     split_documents,
 )
 from scale_cl.data.tokenizer import train_bpe_tokenizer
+from scale_cl.experiments.overrides import nest
 
 DOCS = [
     "The first document talks about rivers and mountains.",
@@ -469,5 +470,5 @@ def test_config_fields_become_command_line_options():
     args = parser.parse_args(
         ["--corpus.train", "a.jsonl", "data/*.txt", "--corpus.seq_len", "128", "--corpus.streaming", "true"]
     )
-    config = CorpusConfig(**nested_overrides(args)["corpus"])
+    config = CorpusConfig(**nest(vars(args).items())["corpus"])
     assert config.train == ["a.jsonl", "data/*.txt"] and config.seq_len == 128 and config.streaming is True

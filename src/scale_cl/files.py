@@ -16,6 +16,16 @@ from pathlib import Path
 from typing import Any
 
 
+def _read_umask() -> int:
+    """The process's umask (read once: setting it, the only way to read it, is process-wide)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+_UMASK = _read_umask()
+
+
 def atomic_write(path: str | os.PathLike, write: Callable[[str], Any]) -> Path:
     """Call ``write(tmp_path)`` on a temporary file beside ``path``, then rename it to ``path``.
 
@@ -26,18 +36,12 @@ def atomic_write(path: str | os.PathLike, write: Callable[[str], Any]) -> Path:
     os.close(fd)
     try:
         write(tmp)
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes the file private (0600); give it the usual mode
+        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes the file private (0600); give it the usual mode
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
     return path
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 def write_text(path: str | os.PathLike, text: str) -> Path:

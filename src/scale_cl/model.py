@@ -16,13 +16,8 @@ from scale_cl.arch import decoder_layers
 from scale_cl.config import ScaleConfig, check_method, scale_config_of
 from scale_cl.io import save
 from scale_cl.layers import ScaleEmbedding, ScaleLinear, SplitInput
-from scale_cl.route import RouteState, reorder_cache
+from scale_cl.route import reorder_cache
 from scale_cl.summary import ParamSummary, parameter_summary
-
-
-def route_state(model: nn.Module) -> RouteState:
-    """The model's `RouteState` (created by `upscale`)."""
-    return model.scale_route
 
 
 def set_method(model: nn.Module, method: str) -> nn.Module:
@@ -47,7 +42,7 @@ def set_method(model: nn.Module, method: str) -> nn.Module:
             if isinstance(module, ScaleLinear):
                 module.use_w12 = module.collaborative and method != "preserve"
     stacked_from = cfg.preserve_layers if cfg.preserve_layers < len(layers) else None
-    route_state(model).switch(method == "route", cfg.route_tau, stacked_from)
+    model.scale_route.switch(method == "route", cfg.route_tau, stacked_from)  # created by `upscale`
 
     for param in model.parameters():
         param.requires_grad_(False)
@@ -85,7 +80,7 @@ class ScaleModelMixin:
             save(self, save_directory, full=full, state_dict=kwargs.get("state_dict"))
 
     def _reorder_cache(self, past_key_values: Any, beam_idx: torch.Tensor) -> Any:
-        return reorder_cache(route_state(self), past_key_values, beam_idx)
+        return reorder_cache(self.scale_route, past_key_values, beam_idx)
 
     def scale_summary(self) -> ParamSummary:
         return parameter_summary(self)

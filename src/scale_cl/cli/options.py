@@ -39,8 +39,6 @@ import textwrap
 from dataclasses import Field, fields, is_dataclass
 from typing import Any
 
-from scale_cl.experiments.overrides import nest
-
 
 class HelpFormatter(argparse.HelpFormatter):
     """Wraps the unindented lines of descriptions and epilogs; keeps line breaks and indented lines (examples)."""
@@ -225,8 +223,3 @@ def _add_mapping_options(parser: Any, name: str, metadata: Any, kwargs: dict[str
             metavar=value_type.__name__.upper(),
             help=f"the same as --{name} {key}=VALUE",
         )
-
-
-def nested_overrides(args: argparse.Namespace, skip: tuple[str, ...] = ()) -> dict[str, Any]:
-    """``{"a.b": 1}``-style parsed options as ``{"a": {"b": 1}}``."""
-    return nest((k, v) for k, v in vars(args).items() if k not in skip and not k.startswith("_"))
