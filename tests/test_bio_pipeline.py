@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 
@@ -18,6 +19,13 @@ from scale_cl.train.checkpointing import NonFiniteLossError, complete_checkpoint
 
 def micro(**overrides) -> BioConfig:
     return apply_overrides(preset("micro"), overrides)
+
+
+def expected_steps(cfg: BioConfig) -> list[int]:
+    """Step 0, the early schedule, the sparse one and the last step (written out, not via PeriodicEval)."""
+    t = cfg.task1
+    early = set(range(0, t.early_eval_until + 1, t.early_eval_every)) if t.early_eval_every else set()
+    return sorted(early | set(range(0, t.max_steps + 1, t.eval_every)) | {t.max_steps})
 
 
 @pytest.fixture(scope="module")
@@ -38,20 +46,21 @@ def test_micro_run_writes_figure_tables_and_curves_for_every_method(finished):
         assert f"| {method} |" in table
         curve = result["runs"][0]["curve"]
         steps = [record["step"] for record in curve]
-        assert steps[0] == 0 and steps[-1] == cfg.task1.max_steps
-        assert steps == sorted(set(steps))
+        assert steps == expected_steps(cfg)
         for record in curve:
-            for task in ("task0", "task1"):
+            for task in ("task0", "task0_trained", "task1"):
                 assert 0.0 <= record[task]["overall"] <= 1.0
                 assert {"birth_date", "birth_city", "university", "major", "employer", "employer_city"} <= set(
                     record[task]
                 )
         assert result["trainable"] > 0
         assert result["task0_min"]["mean"] <= result["task0_start"]["mean"]
+        assert result["task0_trained_min"]["mean"] <= result["task0_trained_start"]["mean"]
     # Every method starts from the same Task-0 model and preserves its function at step 0, so the
     # step-0 accuracies agree; fft trains everything, the others less.
     starts = {m: r["runs"][0]["curve"][0] for m, r in saved["methods"].items()}
     assert len({json.dumps(s["task0"], sort_keys=True) for s in starts.values()}) == 1
+    assert len({json.dumps(s["task0_trained"], sort_keys=True) for s in starts.values()}) == 1
     assert len({json.dumps(s["task1"], sort_keys=True) for s in starts.values()}) == 1
     counts = {m: r["trainable"] for m, r in saved["methods"].items()}
     assert counts["fft"] == max(counts.values())
@@ -144,6 +153,8 @@ def test_interrupted_stage_cache_is_not_taken_as_finished(tmp_path, monkeypatch)
         ({"task1": {"method_lr": {"dreambooth": 1e-3}}}, "unknown method 'dreambooth'"),
         ({"task1": {"method_lr": {"fft": -1.0}}}, "learning rate of fft must be positive"),
         ({"options": {"lora_rank": "big"}}, "lora_rank"),
+        ({"data": {"qa_people": 31}}, r"data.qa_people must be between 0 \(all\) and data.people // 4 = 30"),
+        ({"task1": {"early_eval_every": -5}}, "early_eval_every"),
     ],
 )
 def test_bad_settings_are_refused_before_anything_is_written(tmp_path, overrides, message):
@@ -286,7 +297,7 @@ def test_killed_task1_run_resumes_from_its_checkpoint_bitwise(tmp_path, monkeypa
         assert a.keys() == b.keys() and all(torch.equal(a[n], b[n]) for n in a), f"{method}: weights differ"
     assert not run_dir.exists(), "a finished method's checkpoints are deleted"
     steps = [json.loads(line)["step"] for line in (out / "seed-0" / "lora.jsonl").read_text().splitlines()]
-    assert steps == [0, 2, 4], "records after the checkpoint are made once"
+    assert steps == expected_steps(cfg), "records after the checkpoint are made once"
 
 
 @pytest.mark.slow
@@ -302,4 +313,107 @@ def test_task1_nan_after_a_checkpoint_names_it_and_a_rerun_resumes(tmp_path, mon
     assert [p.name for p in complete_checkpoints(checkpoint.parent)] == ["checkpoint-2"]
     _task1_runs(monkeypatch)
     results = pipeline.run_bio(cfg, out)
-    assert [r["step"] for r in results["methods"]["scale_route"]["runs"][0]["curve"]] == [0, 2, 4]
+    assert [r["step"] for r in results["methods"]["scale_route"]["runs"][0]["curve"]] == expected_steps(cfg)
+
+
+class LookupModel(torch.nn.Module):
+    """A hand-built 'model' that answers exactly the prompts it was given (others: token 0)."""
+
+    def __init__(self, answers: dict[tuple[int, ...], int], vocab: int) -> None:
+        super().__init__()
+        self.answers, self.vocab = answers, vocab
+        self.anchor = torch.nn.Parameter(torch.zeros(1))
+
+    def forward(self, input_ids, attention_mask, logits_to_keep=1):
+        logits = torch.zeros(len(input_ids), 1, self.vocab)
+        for row, (ids, mask) in enumerate(zip(input_ids, attention_mask, strict=True)):
+            logits[row, -1, self.answers.get(tuple(ids[mask.bool()].tolist()), 0)] = 1.0
+        return type("Output", (), {"logits": logits})()
+
+
+def test_both_task0_views_read_the_people_they_name():
+    """Task 0 held-out and QA-trained are scored on their own people: a model that knows only the
+    QA-trained people's answers scores 100% on that view, 0% held-out; one that knows held-out
+    birth dates only scores 1/2 there (two attributes asked)."""
+    from scale_cl.eval.first_token import QAExample
+
+    def people(first: int, count: int) -> list[QAExample]:
+        return [
+            QAExample((first + p, 100 + index), answer_token=10 + index, attribute=attribute)
+            for p in range(count)
+            for index, attribute in enumerate(("birth_date", "major"))
+        ]
+
+    trained, held_out, task1 = people(200, 4), people(300, 5), people(400, 3)
+    tokenizer = type("Tokenizer", (), {"pad_token_id": 1})()
+    data = pipeline.BioData(tokenizer, None, None, None, held_out, trained, task1, task0_completion=[])
+    knows_trained = LookupModel({e.prompt_ids: e.answer_token for e in trained}, vocab=32)
+    scores = pipeline.evaluate_tasks(knows_trained, data)
+    assert scores["task0_trained"] == {"overall": 1.0, "birth_date": 1.0, "major": 1.0}
+    assert scores["task0"]["overall"] == 0.0 and scores["task1"]["overall"] == 0.0
+    dates = {e.prompt_ids: e.answer_token for e in held_out if e.attribute == "birth_date"}
+    scores = pipeline.evaluate_tasks(LookupModel(dates, vocab=32), data)
+    assert scores["task0"] == {"overall": 0.5, "birth_date": 1.0, "major": 0.0}
+    assert scores["task0_trained"]["overall"] == 0.0
+
+
+def test_early_evaluation_schedule_is_dense_first_then_sparse():
+    from types import SimpleNamespace
+
+    from scale_cl.train.callbacks import PeriodicEval
+
+    tracker = PeriodicEval(lambda model: {"x": 1.0}, every=50, early_every=5, early_until=20)
+    state = SimpleNamespace(is_world_process_zero=True, global_step=0)
+    tracker.on_train_begin(None, state, None, model="model")
+    for step in range(1, 121):
+        state.global_step = step
+        tracker.on_step_end(None, state, None, model="model")
+    tracker.on_train_end(None, state, None, model="model")
+    assert [r["step"] for r in tracker.records] == [0, 5, 10, 15, 20, 50, 100, 120]
+    without = PeriodicEval(lambda model: {}, every=50)
+    assert [s for s in range(121) if without.is_eval_step(s)] == [0, 50, 100]
+    with pytest.raises(ValueError, match="early_every"):
+        PeriodicEval(lambda model: {}, every=50, early_every=-1)
+
+
+def test_qa_people_trains_task0_qa_on_fewer_people_and_shares_stage_1(tmp_path, monkeypatch):
+    """``data.qa_people`` shrinks only stage 2's people (and the QA-trained view with it): stage 1 is
+    reused from a shared cache, the held-out people stay the same."""
+    cache = tmp_path / "cache"
+    full = micro(methods=["fft"])
+    few = apply_overrides(full, {"data": {"qa_people": 5}})
+    data, fewer = pipeline.build_data(full, cache), pipeline.build_data(few, cache)
+    assert len(data.task0_train) == 30 * 6 and len(fewer.task0_train) == 5 * 6
+    assert fewer.task0_trained == data.task0_trained[: 5 * 6] and fewer.task0_test == data.task0_test
+    dir1, dir2 = pipeline.stage_models(full, data, 0, cache)
+    trained_sizes = []
+    real_run_stage = pipeline.run_stage
+
+    def counting_run_stage(model, dataset, *args, **kwargs):
+        trained_sizes.append(len(dataset))
+        return real_run_stage(model, dataset, *args, **kwargs)
+
+    monkeypatch.setattr(pipeline, "run_stage", counting_run_stage)
+    few_dir1, few_dir2 = pipeline.stage_models(few, fewer, 0, cache)
+    assert few_dir1 == dir1 and few_dir2 != dir2 and trained_sizes == [5 * 6]
+
+
+def test_scale_initialisation_is_seeded_by_the_run_seed():
+    """``--seeds 0 1 2`` varies SCALE's random and randomised-SVD initialisers, not only the data order."""
+    from transformers import GPTNeoXForCausalLM
+
+    from scale_cl.methods import prepare
+
+    cfg = micro()
+    assert [cfg.options.prepare_options("scale_route", s)["scale"].seed for s in (0, 2)] == [0, 2]
+    base = pipeline.backbone_config(cfg, vocab_size=64, bos_token_id=0, eos_token_id=0, pad_token_id=1)
+
+    def new_weights(seed: int) -> dict[str, torch.Tensor]:
+        torch.manual_seed(0)
+        model = GPTNeoXForCausalLM(copy.deepcopy(base))  # upscale widens the model's config in place
+        model = prepare(model, "scale_route", **cfg.options.prepare_options("scale_route", seed))
+        return {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+
+    first, again, other = new_weights(0), new_weights(0), new_weights(1)
+    assert all(torch.equal(first[n], again[n]) for n in first)
+    assert any(not torch.equal(first[n], other[n]) for n in first)

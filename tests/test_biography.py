@@ -20,6 +20,7 @@ from scale_cl.data import (
     biographies,
     biography_corpus,
     build_pools,
+    completion_probes,
     generate_people,
     prompt_answer_boundary_ok,
     qa_items,
@@ -326,3 +327,20 @@ def test_tokenizer_survives_save_and_load(micro_tokenizer, micro_people, tmp_pat
         for item in qa_items(person):
             assert loaded(item.text)["input_ids"] == micro_tokenizer(item.text)["input_ids"]
             assert prompt_answer_boundary_ok(loaded, item.prompt, item.answer)
+
+
+@pytest.mark.parametrize("distinct", [False, True])
+def test_completion_probes_cut_a_sentence_the_person_was_read_in(micro_people, distinct):
+    """Each probe is its person's name, then the words before the value in one of their biographies'
+    sentences, and the value: prompt + answer is text the pre-training read."""
+    covered = 0
+    for person in micro_people[:40]:
+        text = " ".join(biographies(person, 5, seed=3, distinct=distinct))
+        probes = completion_probes(person, 5, seed=3, distinct=distinct)
+        assert len({p.attribute for p in probes}) == len(probes)
+        for probe in probes:
+            assert person.full_name in probe.prompt
+            assert probe.answer == " " + person.attribute(probe.attribute)
+            assert probe.prompt + probe.answer in text and not probe.prompt.endswith(" ")
+        covered += len(probes)
+    assert covered >= 0.9 * 40 * len(ATTRIBUTES)  # nearly every attribute has a name-first sentence

@@ -20,6 +20,15 @@ class BioCommand:
         default=None,
         metadata={"help": "output folder (default: outputs/bio-<preset>)", "type": str, "metavar": "DIR"},
     )
+    cache: str | None = field(
+        default=None,
+        metadata={
+            "help": "folder of the tokenizer and stage-1/2 models (default: <out>/cache); runs that differ only "
+            "in Task-1 settings (rates, methods, schedule) can share one, one run at a time",
+            "type": str,
+            "metavar": "DIR",
+        },
+    )
     bio: BioConfig = field(default_factory=lambda: bio_preset("small"), metadata={"inline": True})
 
 
@@ -31,7 +40,7 @@ def run_bio_command(settings: BioCommand) -> int:
     from scale_cl.experiments.bio.pipeline import run_bio
 
     out = Path(settings.out or f"outputs/bio-{settings.bio.preset}")
-    results = run_bio(settings.bio, out)
+    results = run_bio(settings.bio, out, Path(settings.cache) if settings.cache else None)
     print((out / "results.md").read_text())
     print(f"[bio] wrote {out / 'results.md'}, {out / 'results.json'} and {out / 'accuracy.png'}")
     return 0 if results["methods"] else 1

@@ -539,11 +539,30 @@ def render(template: str, person: Person, attribute: str) -> str:
     return template.format(name=person.full_name, value=person.attribute(attribute))
 
 
-def biography_sentences(person: Person, rng: random.Random) -> list[tuple[str, str]]:
-    """One biography as (attribute, sentence) pairs: the six attributes in a random order."""
-    order = list(ATTRIBUTES)
-    rng.shuffle(order)
-    return [(attribute, render(rng.choice(TEMPLATES[attribute]), person, attribute)) for attribute in order]
+def biography_plans(
+    person: Person, count: int = 5, seed: int = 0, distinct: bool = False
+) -> list[list[tuple[str, str]]]:
+    """The (attribute, template) of every sentence of ``person``'s ``count`` biographies (see `biographies`)."""
+    if count < 0:
+        raise ValueError(f"count must be >= 0, got {count}")
+    rng = random.Random(f"scale-cl/bio/{seed}/{person.index}")
+    if not distinct:
+        plans = []
+        for _ in range(count):
+            order = list(ATTRIBUTES)
+            rng.shuffle(order)
+            plans.append([(attribute, rng.choice(TEMPLATES[attribute])) for attribute in order])
+        return plans
+    fewest = min(len(TEMPLATES[a]) for a in ATTRIBUTES)
+    if count > fewest:
+        raise ValueError(f"{count} biographies with distinct templates need at least {count} templates per attribute")
+    templates = {a: rng.sample(TEMPLATES[a], count) for a in ATTRIBUTES}
+    orders: list[list[str]] = []
+    while len(orders) < count:
+        order = rng.sample(ATTRIBUTES, len(ATTRIBUTES))
+        if order not in orders:
+            orders.append(order)
+    return [[(a, templates[a][k]) for a in order] for k, order in enumerate(orders)]
 
 
 def biographies(person: Person, count: int = 5, seed: int = 0, distinct: bool = False) -> list[str]:
@@ -555,21 +574,27 @@ def biographies(person: Person, count: int = 5, seed: int = 0, distinct: bool = 
     use different templates for every attribute (sampled without replacement) and different sentence
     orders, so no two repeat a sentence.
     """
-    if count < 0:
-        raise ValueError(f"count must be >= 0, got {count}")
-    rng = random.Random(f"scale-cl/bio/{seed}/{person.index}")
-    if not distinct:
-        return [" ".join(sentence for _, sentence in biography_sentences(person, rng)) for _ in range(count)]
-    fewest = min(len(TEMPLATES[a]) for a in ATTRIBUTES)
-    if count > fewest:
-        raise ValueError(f"{count} biographies with distinct templates need at least {count} templates per attribute")
-    templates = {a: rng.sample(TEMPLATES[a], count) for a in ATTRIBUTES}
-    orders: list[list[str]] = []
-    while len(orders) < count:
-        order = rng.sample(ATTRIBUTES, len(ATTRIBUTES))
-        if order not in orders:
-            orders.append(order)
-    return [" ".join(render(templates[a][k], person, a) for a in order) for k, order in enumerate(orders)]
+    plans = biography_plans(person, count, seed, distinct)
+    return [" ".join(render(template, person, a) for a, template in plan) for plan in plans]
+
+
+def completion_probes(person: Person, count: int = 5, seed: int = 0, distinct: bool = False) -> list[QAItem]:
+    """Each attribute's value as the continuation of a sentence the person's biographies contain.
+
+    The probe of an attribute is the first of its sentences (in the person's biographies) that names
+    the person before the value, cut just before the value: "Ana Bel was born on" -> " March 4,
+    1987". Answering it measures whether pre-training stored the fact in the form it was read, the
+    ceiling of what QA can extract. Attributes with no such sentence are left out.
+    """
+    probes: dict[str, QAItem] = {}
+    for plan in biography_plans(person, count, seed, distinct):
+        for attribute, template in plan:
+            cut = template.find("{value}")
+            if attribute in probes or cut <= template.find("{name}") or template[cut - 1] != " ":
+                continue
+            prompt = template[: cut - 1].format(name=person.full_name)
+            probes[attribute] = QAItem(person.index, attribute, prompt, " " + person.attribute(attribute))
+    return [probes[a] for a in ATTRIBUTES if a in probes]
 
 
 def biography_corpus(people: Iterable[Person], count: int = 5, seed: int = 0, distinct: bool = False) -> Iterator[str]:

@@ -31,8 +31,15 @@ class DataConfig:
         default_factory=lambda: list(ATTRIBUTES), metadata={"help": "attributes asked about in Task 0 and Task 1 QA"}
     )
     vocab_size: int = field(default=3072, metadata={"help": "vocabulary of the byte-level BPE trained on the data"})
+    qa_people: int = field(
+        default=0,
+        metadata={
+            "help": "train Task-0 QA (stage 2) on only the first this many of its N/4 people (0 = all); the "
+            "held-out people stay the same, so this measures extraction against QA-trained people"
+        },
+    )
     packing: str = field(
-        default="person",
+        default="shuffled",
         metadata={
             "help": "pre-training blocks: 'person' (person by person, packed once) or 'shuffled' (the original "
             "benchmark's: every biography in one global random order, packed afresh every epoch)",
@@ -40,13 +47,18 @@ class DataConfig:
         },
     )
     distinct_templates: bool = field(
-        default=False,
+        default=True,
         metadata={"help": "a person's biographies use different templates and sentence orders (the original's)"},
     )
 
     def __post_init__(self) -> None:
         if self.packing not in PACKINGS:
             raise ValueError(f"data.packing must be one of {PACKINGS}, got {self.packing!r}")
+        if not 0 <= self.qa_people <= self.people // 4:
+            raise ValueError(
+                f"data.qa_people must be between 0 (all) and data.people // 4 = {self.people // 4}, "
+                f"got {self.qa_people}"
+            )
 
 
 @dataclass
@@ -63,9 +75,25 @@ class BackboneConfig:
 
 @dataclass
 class Task1Config(MethodStageConfig):
-    """Task 1 (new people's QA): one learning rate per method, and the evaluation interval."""
+    """Task 1 (new people's QA): one learning rate per method, and the evaluation schedule."""
 
     eval_every: int = field(default=20, metadata={"help": "evaluate Task 0 and Task 1 every this many steps"})
+    early_eval_every: int = field(
+        default=5,
+        metadata={
+            "help": "also evaluate every this many steps up to task1.early_eval_until, where the early "
+            "collapse of Task 0 happens (0 = no early schedule)"
+        },
+    )
+    early_eval_until: int = field(default=200, metadata={"help": "last step of the early evaluation schedule"})
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.eval_every <= 0 or self.early_eval_every < 0 or self.early_eval_until < 0:
+            raise ValueError(
+                "task1.eval_every must be positive and task1.early_eval_every / task1.early_eval_until "
+                f"non-negative, got {self.eval_every} / {self.early_eval_every} / {self.early_eval_until}"
+            )
 
 
 @dataclass
@@ -111,7 +139,9 @@ def preset(name: str) -> BioConfig:
             model=BackboneConfig(hidden_size=32, layers=2, heads=2, intermediate_size=64, max_seq_len=128),
             pretrain=StageConfig(lr=3e-3, epochs=2, batch_size=16),
             task0=StageConfig(lr=1e-3, epochs=1, batch_size=16),
-            task1=Task1Config(lr=1e-3, max_steps=4, batch_size=16, eval_every=2),
+            task1=Task1Config(
+                lr=1e-3, max_steps=4, batch_size=16, eval_every=2, early_eval_every=1, early_eval_until=2
+            ),
             options=MethodSettings(scale=_scale(hidden_up=16, ffn_up=16), freeze_layers=1),
         )
     if name == "small":
@@ -155,7 +185,7 @@ def preset(name: str) -> BioConfig:
                 lr=5e-6,
                 epochs=10,
                 batch_size=48,
-                eval_every=200,
+                eval_every=1000,
                 method_lr={"scale_route": 5e-5, "llama_pro": 5e-5},
             ),
             options=MethodSettings(scale=_scale(hidden_up=128, ffn_up=128), freeze_layers=3, llama_pro_blocks="4"),

@@ -2,11 +2,15 @@
 
 Stage 1 pre-trains a GPT-NeoX model from scratch on the biographies of people [0, N/2); stage 2
 fine-tunes QA of Task 0 (people [0, N/4), loss on the answer only); stage 3 applies a method and
-fine-tunes QA of Task 1 (new people [N/2, 6N/10)) while Task 0 (people [N/4, N/2), whose QA was
-never trained) and Task 1 are evaluated every few steps with hard first-token accuracy.
+fine-tunes QA of Task 1 (new people [N/2, 6N/10)) while Task 0 and Task 1 are evaluated every few
+steps with hard first-token accuracy. Task 0 is read two ways: the paper's, on people [N/4, N/2)
+whose QA was never trained (knowledge *extracted* from the biographies), and on the QA-trained
+people [0, N/4) (``task0_trained``: memorised QA, near 100% at the start), so that forgetting can be
+read even where extraction is weak.
 
-Stages 1-2 are computed once per (settings, seed) and cached under ``<out>/cache/<stage>-<key>``,
-where the key hashes every setting the stage depends on; each method's stage-3 result is written
+Stages 1-2 are computed once per (settings, seed) and cached under ``<cache>/<stage>-<key>``
+(default cache: ``<out>/cache``), where the key hashes every setting the stage depends on, so runs
+of other Task-1 settings can share one cache folder (one run at a time); each method's stage-3 result is written
 to ``<out>/seed-<s>/<method>.json``. Everything is written to a temporary name and renamed into
 place, so a killed run leaves no half-written stage and a re-run skips what is done.
 
@@ -36,6 +40,7 @@ from scale_cl.data import (
     answer_first_token,
     bio_spec,
     biography_corpus,
+    completion_probes,
     generate_people,
     qa_items,
     splits,
@@ -73,8 +78,8 @@ def _save_folder(directory: Path, save: Callable[[Path], Any]) -> None:
 
 
 def _text_settings(cfg: BioConfig) -> dict[str, Any]:
-    """The data settings the biographies and the tokenizer depend on (not which QA is asked)."""
-    return {k: v for k, v in asdict(cfg.data).items() if k != "attributes"}
+    """The data settings the biographies and the tokenizer depend on (not which QA is asked or trained)."""
+    return {k: v for k, v in asdict(cfg.data).items() if k not in ("attributes", "qa_people")}
 
 
 @dataclass
@@ -86,17 +91,21 @@ class BioData:
     task0_train: AnswerOnlyQA
     task1_train: AnswerOnlyQA
     task0_test: list[QAExample]
+    task0_trained: list[QAExample]
     task1_test: list[QAExample]
+    task0_completion: list[QAExample]
 
 
-def build_data(cfg: BioConfig, out: Path) -> BioData:
-    """Generate the people, train (or reuse) the tokenizer, and tokenise every split."""
+def build_data(cfg: BioConfig, cache: Path) -> BioData:
+    """Generate the people, train (or reuse, from ``cache``) the tokenizer, and tokenise every split."""
     spec = bio_spec(cfg.data.pools, people=cfg.data.people)
     people = generate_people(spec, cfg.data.seed)
     ranges = splits(len(people))
+    if cfg.data.qa_people:
+        ranges["task0_train"] = ranges["task0_train"][: cfg.data.qa_people]
     pretrain_people = (people[i] for i in ranges["pretrain"])
     texts = list(biography_corpus(pretrain_people, seed=cfg.data.seed, distinct=cfg.data.distinct_templates))
-    tok_dir = out / "cache" / f"tokenizer-{_key(_text_settings(cfg))}"
+    tok_dir = cache / f"tokenizer-{_key(_text_settings(cfg))}"
     if tok_dir.is_dir():
         tokenizer = PreTrainedTokenizerFast.from_pretrained(tok_dir)
     else:
@@ -114,13 +123,16 @@ def build_data(cfg: BioConfig, out: Path) -> BioData:
     def qa_pairs(people_range: range) -> list[tuple[list[int], list[int]]]:
         return [(encode(q.prompt), encode(q.answer)) for q in questions(people_range)]
 
-    def examples(people_range: range) -> list[QAExample]:
+    def examples(people_range: range, probe: Callable[[Any], list] | None = None) -> list[QAExample]:
         if cfg.eval_people:
             people_range = people_range[: cfg.eval_people]
-        return [
-            QAExample(tuple(encode(q.prompt)), answer_first_token(tokenizer, q.answer), q.attribute)
-            for q in questions(people_range)
-        ]
+        items = questions(people_range)
+        if probe is not None:
+            items = [q for i in people_range for q in probe(people[i]) if q.attribute in cfg.data.attributes]
+        return [QAExample(tuple(encode(q.prompt)), answer_first_token(tokenizer, q.answer), q.attribute) for q in items]
+
+    def completion(person: Any) -> list:
+        return completion_probes(person, seed=cfg.data.seed, distinct=cfg.data.distinct_templates)
 
     return BioData(
         tokenizer=tokenizer,
@@ -133,7 +145,9 @@ def build_data(cfg: BioConfig, out: Path) -> BioData:
         task0_train=AnswerOnlyQA(qa_pairs(ranges["task0_train"]), eos),
         task1_train=AnswerOnlyQA(qa_pairs(ranges["task1"]), eos),
         task0_test=examples(ranges["task0_test"]),
+        task0_trained=examples(ranges["task0_train"]),
         task1_test=examples(ranges["task1"]),
+        task0_completion=examples(ranges["task0_test"], completion),
     )
 
 
@@ -175,38 +189,63 @@ def _cached_stage(directory: Path, build: Callable[[], GPTNeoXForCausalLM]) -> G
 
 
 def evaluate_tasks(model: torch.nn.Module, data: BioData) -> dict[str, dict[str, float]]:
+    """Accuracy on Task 0 (held-out people, the paper's view), Task 0's QA-trained people and Task 1."""
     pad = data.tokenizer.pad_token_id
     return {
         "task0": first_token_accuracy(model, data.task0_test, pad),
+        "task0_trained": first_token_accuracy(model, data.task0_trained, pad),
         "task1": first_token_accuracy(model, data.task1_test, pad),
     }
 
 
-def stage_models(cfg: BioConfig, data: BioData, seed: int, out: Path) -> tuple[Path, Path]:
-    """Stages 1 and 2 (cached): the pre-trained model and the Task-0 model's directories."""
+def stage_models(cfg: BioConfig, data: BioData, seed: int, cache: Path) -> tuple[Path, Path]:
+    """Stages 1 and 2 (cached in ``cache``): the pre-trained model and the Task-0 model's directories."""
     collator = PadCollator(data.tokenizer.pad_token_id)
     key1 = _key(_text_settings(cfg), asdict(cfg.model), asdict(cfg.pretrain), seed)
-    dir1 = out / "cache" / f"stage1-{key1}"
-    key2 = _key(key1, asdict(cfg.task0), cfg.data.attributes, seed)
-    dir2 = out / "cache" / f"stage2-{key2}"
+    dir1 = cache / f"stage1-{key1}"
+    key2 = _key(key1, asdict(cfg.task0), cfg.data.attributes, cfg.data.qa_people or None, seed)
+    dir2 = cache / f"stage2-{key2}"
     if (dir2 / "model.safetensors").is_file():
         return dir1, dir2
 
     def pretrain() -> GPTNeoXForCausalLM:
         print(f"[bio] stage 1 (seed {seed}): pre-training on {len(data.pretrain)} blocks of biographies")
         model = new_backbone(cfg, data.tokenizer, seed)
-        run_stage(model, data.pretrain, collator, cfg.pretrain, out / "trainer", seed)
+        run_stage(model, data.pretrain, collator, cfg.pretrain, cache / "trainer", seed)
         return model
 
     base = _cached_stage(dir1, pretrain)
 
     def task0() -> GPTNeoXForCausalLM:
         print(f"[bio] stage 2 (seed {seed}): Task 0 QA on {len(data.task0_train)} questions")
-        run_stage(base, data.task0_train, collator, cfg.task0, out / "trainer", seed)
+        run_stage(base, data.task0_train, collator, cfg.task0, cache / "trainer", seed)
         return base
 
     _cached_stage(dir2, task0)
     return dir1, dir2
+
+
+def stage_accuracies(data: BioData, seed: int, stage_dirs: tuple[Path, Path], out: Path) -> dict[str, Any]:
+    """What stage 1 stored and stage 2 extracted, for the report (cached in ``<out>/seed-<s>/stages.json``).
+
+    For the pre-trained and the Task-0 model: biography completion of the held-out Task-0 people (the
+    facts as read in pre-training, the ceiling of extraction), and QA accuracy on them and on the
+    QA-trained people.
+    """
+    path = out / f"seed-{seed}" / "stages.json"
+    if path.is_file():
+        return json.loads(path.read_text())
+    pad = data.tokenizer.pad_token_id
+    result = {}
+    for stage, directory in zip(("pretrained", "task0_model"), stage_dirs, strict=True):
+        model = GPTNeoXForCausalLM.from_pretrained(directory)
+        result[stage] = {
+            "completion": first_token_accuracy(model, data.task0_completion, pad),
+            **evaluate_tasks(model, data),
+        }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_json(path, result)
+    return result
 
 
 def run_method(
@@ -246,7 +285,14 @@ def run_method(
         f"[bio] stage 3 (seed {seed}): {method}, lr {lr:g}, {trainable_parameter_count(model):,} trainable"
         + (f", resuming from {resume}" if resume else "")
     )
-    tracker = PeriodicEval(lambda m: evaluate_tasks(m, data), every=cfg.task1.eval_every, path=log, initial=initial)
+    tracker = PeriodicEval(
+        lambda m: evaluate_tasks(m, data),
+        every=cfg.task1.eval_every,
+        path=log,
+        initial=initial,
+        early_every=cfg.task1.early_eval_every,
+        early_until=cfg.task1.early_eval_until,
+    )
     minutes = CHECKPOINT_MINUTES if checkpoint_minutes is None else checkpoint_minutes
     saver = SaveAtEvaluations(cfg.task1.eval_every, minutes)
     # A checkpoint of another Task-0 model, method or rate is refused (the run folder's config.json guards the rest).
@@ -291,18 +337,24 @@ def validate(cfg: BioConfig) -> None:
     cfg.options.validate(backbone_config(cfg), cfg.methods)
 
 
-def run_bio(cfg: BioConfig, out: Path) -> dict[str, Any]:
-    """Run (or resume) the whole benchmark into ``out``; returns the collected results."""
+def run_bio(cfg: BioConfig, out: Path, cache: Path | None = None) -> dict[str, Any]:
+    """Run (or resume) the whole benchmark into ``out``; returns the collected results.
+
+    ``cache``: folder of the tokenizer and stage-1/2 models (default ``<out>/cache``).
+    """
     from scale_cl.experiments.bio.report import collect, write_report
 
     out = Path(out)
+    cache = out / "cache" if cache is None else Path(cache)
     validate(cfg)
     claim_output_folder(out, CONFIG_FILE, cfg.to_dict())
-    data = build_data(cfg, out)
+    data = build_data(cfg, cache)
     for seed in cfg.seeds:
         if all((out / f"seed-{seed}" / f"{method}.json").is_file() for method in cfg.methods):
             continue  # finished: its stage models are not needed
-        _, task0_dir = stage_models(cfg, data, seed, out)
+        stage_dirs = stage_models(cfg, data, seed, cache)
+        stage_accuracies(data, seed, stage_dirs, out)
+        task0_dir = stage_dirs[1]
         for method in cfg.methods:
             run_method(cfg, data, task0_dir, method, seed, out)
     results = collect(cfg, out)
@@ -310,4 +362,4 @@ def run_bio(cfg: BioConfig, out: Path) -> dict[str, Any]:
     return results
 
 
-__all__ = ["BioData", "build_data", "evaluate_tasks", "run_bio", "run_method", "stage_models"]
+__all__ = ["BioData", "build_data", "evaluate_tasks", "run_bio", "run_method", "stage_accuracies", "stage_models"]

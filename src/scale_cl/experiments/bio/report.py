@@ -26,14 +26,24 @@ def machine() -> dict[str, Any]:
     }
 
 
+# The Task-0 views: the paper's (held-out people, knowledge extracted from the biographies) and the
+# QA-trained people's (memorised QA). Older results without the second view show only the first.
+TASK0_VIEWS = {"task0": "Task 0 held-out", "task0_trained": "Task 0 QA-trained"}
+
+
+def task0_views(curve: list[dict]) -> list[str]:
+    """The Task-0 views a curve holds."""
+    return [view for view in TASK0_VIEWS if view in curve[0]]
+
+
 def _summary(curve: list[dict]) -> dict[str, float]:
-    task0 = [record["task0"]["overall"] for record in curve]
-    return {
-        "task0_start": task0[0],
-        "task0_min": min(task0),
-        "task0_end": task0[-1],
-        "task1_end": curve[-1]["task1"]["overall"],
-    }
+    """Start, minimum and end of each Task-0 view, and Task 1 at the end."""
+    summary: dict[str, float] = {}
+    for view in task0_views(curve):
+        values = [record[view]["overall"] for record in curve]
+        summary.update({f"{view}_start": values[0], f"{view}_min": min(values), f"{view}_end": values[-1]})
+    summary["task1_end"] = curve[-1]["task1"]["overall"]
+    return summary
 
 
 def _mean_spread(values: list[float]) -> dict[str, float]:
@@ -60,7 +70,29 @@ def collect(cfg: BioConfig, out: Path) -> dict[str, Any]:
             **{key: _mean_spread([s[key] for s in summaries]) for key in summaries[0]},
             "runs": runs,
         }
-    return {"config": cfg.to_dict(), "machine": machine(), "methods": methods}
+    stages = {
+        str(seed): json.loads(path.read_text())
+        for seed in cfg.seeds
+        if (path := out / f"seed-{seed}" / "stages.json").is_file()
+    }
+    return {"config": cfg.to_dict(), "machine": machine(), "stages": stages, "methods": methods}
+
+
+def stages_markdown(stages: dict[str, Any]) -> str:
+    """One line on what the models knew before Task 1 (mean ± spread over seeds)."""
+    if not stages:
+        return ""
+
+    def cell(stage: str, view: str) -> str:
+        return _cell(_mean_spread([s[stage][view]["overall"] for s in stages.values()]))
+
+    return (
+        f"Before Task 1: the pre-trained model completes {cell('pretrained', 'completion')}% of the held-out "
+        f"Task-0 people's facts in a sentence of their biographies (what pre-training stored); the "
+        f"Task-0 model answers {cell('task0_model', 'task0')}% of their questions (what QA extracts) and "
+        f"{cell('task0_model', 'task0_trained')}% of the QA-trained people's; it completes "
+        f"{cell('task0_model', 'completion')}% of the biography facts.\n"
+    )
 
 
 def _cell(stat: dict[str, float], percent: bool = True) -> str:
@@ -72,57 +104,82 @@ def _cell(stat: dict[str, float], percent: bool = True) -> str:
 
 def results_markdown(results: dict[str, Any]) -> str:
     m = results["machine"]
+    methods = results["methods"]
+    views = [v for v in TASK0_VIEWS if methods and all(f"{v}_start" in r for r in methods.values())]
+    header = [f"{TASK0_VIEWS[v]} {part} %" for v in views for part in ("start", "min", "end")]
     lines = [
-        "| method | Task 0 start % | Task 0 min % | Task 0 end % | Task 1 end % | trainable params | lr | wall s |",
-        "|---|---|---|---|---|---|---|---|",
+        "| method | " + " | ".join(header) + " | Task 1 end % | trainable params | lr | wall s |",
+        "|---" * (len(header) + 5) + "|",
     ]
-    for name, r in results["methods"].items():
+    for name, r in methods.items():
+        cells = [_cell(r[f"{v}_{part}"]) for v in views for part in ("start", "min", "end")]
         lines.append(
-            f"| {name} | {_cell(r['task0_start'])} | {_cell(r['task0_min'])} | {_cell(r['task0_end'])} | "
-            f"{_cell(r['task1_end'])} | {r['trainable']:,} | {r['lr']:g} | {_cell(r['seconds'], percent=False)} |"
+            f"| {name} | " + " | ".join(cells) + f" | {_cell(r['task1_end'])} | {r['trainable']:,} | {r['lr']:g} | "
+            f"{_cell(r['seconds'], percent=False)} |"
         )
     attributes = results["config"]["data"]["attributes"]
-    lines += ["", "Task 0 at the end, per attribute (%, mean over seeds):", ""]
+    lines += ["", "Task 0 (held-out people) at the end, per attribute (%, mean over seeds):", ""]
     lines.append("| method | " + " | ".join(attributes) + " |")
     lines.append("|---" * (len(attributes) + 1) + "|")
-    for name, r in results["methods"].items():
+    for name, r in methods.items():
         ends = [run["curve"][-1]["task0"] for run in r["runs"]]
         cells = [f"{100 * statistics.fmean(end[a] for end in ends):.1f}" for a in attributes]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    seeds = sorted({s for r in results["methods"].values() for s in r["seeds"]})
+    seeds = sorted({s for r in methods.values() for s in r["seeds"]})
+    if results.get("stages"):
+        lines += ["", stages_markdown(results["stages"]).rstrip()]
     lines.append("")
     lines.append(
-        f"Hard first-token accuracy; mean ± spread (population std) over seeds {seeds}. "
+        "Hard first-token accuracy. Task 0 held-out: people whose QA was never trained (the paper's view); "
+        "QA-trained: Task 0's people whose QA was trained in stage 2. "
+        f"Mean ± spread (population std) over seeds {seeds}. "
         f"Preset `{results['config']['preset']}`, {m['device']}, torch {m['torch']}, {m['date']}."
     )
     return "\n".join(lines) + "\n"
 
 
 def plot(results: dict[str, Any], path: Path) -> None:
-    """Task 0 and Task 1 accuracy against Task-1 step, one line per method (mean over seeds)."""
+    """Each Task-0 view and Task 1 against Task-1 step, one line per method (mean over seeds, band: min-max).
+
+    The x-axis is linear over the early evaluation schedule and logarithmic after it (symlog), so
+    the early collapse stays visible in a long run; every evaluation is marked.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharex=True, sharey=True)
-    for name, r in results["methods"].items():
+    methods = results["methods"]
+    views = [v for v in TASK0_VIEWS if methods and all(f"{v}_start" in r for r in methods.values())]
+    panels = [*views, "task1"]
+    titles = {**{v: f"{label} (forgetting)" for v, label in TASK0_VIEWS.items()}, "task1": "Task 1 (learning)"}
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), sharex=True, sharey=True)
+    last_step = 0
+    for name, r in methods.items():
         steps = [record["step"] for record in r["runs"][0]["curve"]]
-        for ax, task in zip(axes, ("task0", "task1"), strict=True):
+        last_step = max(last_step, steps[-1])
+        for ax, task in zip(axes, panels, strict=True):
             curves = [[rec[task]["overall"] * 100 for rec in run["curve"]] for run in r["runs"]]
             width = min(len(c) for c in curves)
             mean = [statistics.fmean(c[i] for c in curves) for i in range(width)]
-            (line,) = ax.plot(steps[:width], mean, label=name)
+            (line,) = ax.plot(steps[:width], mean, label=name, marker=".", markersize=3)
             if len(curves) > 1:
                 low = [min(c[i] for c in curves) for i in range(width)]
                 high = [max(c[i] for c in curves) for i in range(width)]
                 ax.fill_between(steps[:width], low, high, color=line.get_color(), alpha=0.15)
-    for ax, title in zip(axes, ("Task 0 (forgetting)", "Task 1 (learning)"), strict=True):
-        ax.set_title(title)
-        ax.set_xlabel("Task 1 training step")
+    task1 = results["config"]["task1"]
+    early = task1.get("early_eval_until", 0) if task1.get("early_eval_every", 0) else 0
+    for ax, panel in zip(axes, panels, strict=True):
+        label = "Task 1 training step"
+        if early and last_step > 2 * early:
+            ax.set_xscale("symlog", linthresh=early, linscale=2)
+            ax.axvline(early, color="grey", linewidth=0.5, linestyle=":")
+            label += f" (linear to {early}, log after)"
+        ax.set_title(titles[panel])
+        ax.set_xlabel(label)
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("hard first-token accuracy (%)")
-    axes[1].legend(loc="best", fontsize="small")
+    axes[-1].legend(loc="best", fontsize="small")
     fig.tight_layout()
     atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=120, format="png"))
     plt.close(fig)

@@ -37,7 +37,8 @@ def with_rate(cfg: Any, section: str, method: str, lr: float) -> Any:
 
 
 class BioExperiment:
-    """The biography benchmark: learning = Task-1 accuracy; forgetting = Task-0 accuracy at the end and its minimum."""
+    """The biography benchmark: learning = Task-1 accuracy; forgetting = Task-0 accuracy (held-out people:
+    at the end and its minimum; QA-trained people: at the end)."""
 
     name = "bio"
     rates_section = "task1"
@@ -46,6 +47,11 @@ class BioExperiment:
     panels = (
         PanelSpec("task0_end", "Task 0 at the end", Metric("Task-0 accuracy (end)", higher_is_better=True)),
         PanelSpec("task0_min", "Task 0, minimum along the run", Metric("Task-0 accuracy (min)", higher_is_better=True)),
+        PanelSpec(
+            "task0_trained_end",
+            "Task 0 QA-trained people at the end",
+            Metric("Task-0 QA-trained accuracy (end)", higher_is_better=True),
+        ),
     )
 
     def __init__(self, cfg: Any) -> None:
@@ -65,11 +71,11 @@ class BioExperiment:
 
         from scale_cl.experiments.bio.pipeline import build_data, evaluate_tasks, stage_models
 
-        self._data = build_data(self.cfg, out)
+        self._data = build_data(self.cfg, out / "cache")
         base = out / BASE_FILE
         stored = json.loads(base.read_text()) if base.is_file() else {}
         for seed in self.cfg.seeds:
-            _, self._task0_dirs[seed] = stage_models(self.cfg, self._data, seed, out)
+            _, self._task0_dirs[seed] = stage_models(self.cfg, self._data, seed, out / "cache")
             if str(seed) not in stored:
                 print(f"[sweep] step 0 (seed {seed}): evaluating the Task-0 model once for every run")
                 model = GPTNeoXForCausalLM.from_pretrained(self._task0_dirs[seed])
@@ -85,6 +91,7 @@ class BioExperiment:
             "learning": statistics.fmean(c[-1]["task1"]["overall"] for c in curves),
             "task0_end": statistics.fmean(c[-1]["task0"]["overall"] for c in curves),
             "task0_min": statistics.fmean(min(r["task0"]["overall"] for r in c) for c in curves),
+            "task0_trained_end": statistics.fmean(c[-1]["task0_trained"]["overall"] for c in curves),
         }
 
     def run(self, cfg: Any, method: str, point_dir: Path) -> dict[str, float]:
