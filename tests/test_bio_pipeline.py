@@ -417,3 +417,13 @@ def test_scale_initialisation_is_seeded_by_the_run_seed():
     first, again, other = new_weights(0), new_weights(0), new_weights(1)
     assert all(torch.equal(first[n], again[n]) for n in first)
     assert any(not torch.equal(first[n], other[n]) for n in first)
+
+
+def test_a_setting_spelt_as_int_or_float_is_one_cached_stage():
+    """``--pretrain.epochs 120`` (parsed as 120.0) and the preset's 120 must find the same cached stage 1."""
+    from dataclasses import asdict
+
+    from_cli = parse_settings(["bio", "--pretrain.epochs", "120", "--task0.lr", "1"]).bio
+    in_code = apply_overrides(preset("small"), {"pretrain": {"epochs": 120}, "task0": {"lr": 1}})
+    assert json.dumps(asdict(from_cli.pretrain)) == json.dumps(asdict(in_code.pretrain))
+    assert pipeline._key(asdict(from_cli.task0)) == pipeline._key(asdict(in_code.task0))

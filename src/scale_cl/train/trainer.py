@@ -30,6 +30,11 @@ class StageConfig:
     min_lr_ratio: float = field(default=0.1, metadata={"help": "final lr / peak lr for cosine_with_min_lr"})
 
     def __post_init__(self) -> None:
+        # 120 and 120.0 are one setting: stored as floats, so they hash (cache keys) and print alike
+        for name in ("lr", "epochs", "weight_decay", "min_lr_ratio"):
+            value = getattr(self, name)
+            if isinstance(value, int) and not isinstance(value, bool):
+                setattr(self, name, float(value))
         if self.schedule not in SCHEDULES:
             raise ValueError(f"schedule must be one of {SCHEDULES}, got {self.schedule!r}")
         if self.lr <= 0 or self.batch_size <= 0 or self.epochs <= 0 or self.max_steps < 0 or self.warmup_steps < 0:
