@@ -117,19 +117,19 @@ def build_data(cfg: BioConfig, cache: Path) -> BioData:
     def encode(text: str) -> list[int]:
         return tokenizer(text, add_special_tokens=False)["input_ids"]
 
-    def questions(people_range: range) -> list:
-        return [q for i in people_range for q in qa_items(people[i]) if q.attribute in cfg.data.attributes]
+    def questions(people_range: range, items_of: Callable[[Any], list] = qa_items) -> list:
+        return [q for i in people_range for q in items_of(people[i]) if q.attribute in cfg.data.attributes]
 
     def qa_pairs(people_range: range) -> list[tuple[list[int], list[int]]]:
         return [(encode(q.prompt), encode(q.answer)) for q in questions(people_range)]
 
-    def examples(people_range: range, probe: Callable[[Any], list] | None = None) -> list[QAExample]:
+    def examples(people_range: range, items_of: Callable[[Any], list] = qa_items) -> list[QAExample]:
         if cfg.eval_people:
             people_range = people_range[: cfg.eval_people]
-        items = questions(people_range)
-        if probe is not None:
-            items = [q for i in people_range for q in probe(people[i]) if q.attribute in cfg.data.attributes]
-        return [QAExample(tuple(encode(q.prompt)), answer_first_token(tokenizer, q.answer), q.attribute) for q in items]
+        return [
+            QAExample(tuple(encode(q.prompt)), answer_first_token(tokenizer, q.answer), q.attribute)
+            for q in questions(people_range, items_of)
+        ]
 
     def completion(person: Any) -> list:
         return completion_probes(person, seed=cfg.data.seed, distinct=cfg.data.distinct_templates)
