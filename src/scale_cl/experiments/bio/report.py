@@ -27,19 +27,14 @@ def machine() -> dict[str, Any]:
 
 
 # The Task-0 views: the paper's (held-out people, knowledge extracted from the biographies) and the
-# QA-trained people's (memorised QA). Older results without the second view show only the first.
+# QA-trained people's (memorised QA).
 TASK0_VIEWS = {"task0": "Task 0 held-out", "task0_trained": "Task 0 QA-trained"}
-
-
-def task0_views(curve: list[dict]) -> list[str]:
-    """The Task-0 views a curve holds."""
-    return [view for view in TASK0_VIEWS if view in curve[0]]
 
 
 def _summary(curve: list[dict]) -> dict[str, float]:
     """Start, minimum and end of each Task-0 view, and Task 1 at the end."""
     summary: dict[str, float] = {}
-    for view in task0_views(curve):
+    for view in TASK0_VIEWS:
         values = [record[view]["overall"] for record in curve]
         summary.update({f"{view}_start": values[0], f"{view}_min": min(values), f"{view}_end": values[-1]})
     summary["task1_end"] = curve[-1]["task1"]["overall"]
@@ -105,14 +100,13 @@ def _cell(stat: dict[str, float], percent: bool = True) -> str:
 def results_markdown(results: dict[str, Any]) -> str:
     m = results["machine"]
     methods = results["methods"]
-    views = [v for v in TASK0_VIEWS if methods and all(f"{v}_start" in r for r in methods.values())]
-    header = [f"{TASK0_VIEWS[v]} {part} %" for v in views for part in ("start", "min", "end")]
+    header = [f"{label} {part} %" for label in TASK0_VIEWS.values() for part in ("start", "min", "end")]
     lines = [
         "| method | " + " | ".join(header) + " | Task 1 end % | trainable params | lr | wall s |",
         "|---" * (len(header) + 5) + "|",
     ]
     for name, r in methods.items():
-        cells = [_cell(r[f"{v}_{part}"]) for v in views for part in ("start", "min", "end")]
+        cells = [_cell(r[f"{v}_{part}"]) for v in TASK0_VIEWS for part in ("start", "min", "end")]
         lines.append(
             f"| {name} | " + " | ".join(cells) + f" | {_cell(r['task1_end'])} | {r['trainable']:,} | {r['lr']:g} | "
             f"{_cell(r['seconds'], percent=False)} |"
@@ -150,8 +144,7 @@ def plot(results: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     methods = results["methods"]
-    views = [v for v in TASK0_VIEWS if methods and all(f"{v}_start" in r for r in methods.values())]
-    panels = [*views, "task1"]
+    panels = [*TASK0_VIEWS, "task1"]
     titles = {**{v: f"{label} (forgetting)" for v, label in TASK0_VIEWS.items()}, "task1": "Task 1 (learning)"}
     fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), sharex=True, sharey=True)
     last_step = 0
