@@ -427,3 +427,23 @@ def test_a_setting_spelt_as_int_or_float_is_one_cached_stage():
     in_code = apply_overrides(preset("small"), {"pretrain": {"epochs": 120}, "task0": {"lr": 1}})
     assert json.dumps(asdict(from_cli.pretrain)) == json.dumps(asdict(in_code.pretrain))
     assert pipeline._key(asdict(from_cli.task0)) == pipeline._key(asdict(in_code.task0))
+
+
+def test_medium_preset_is_small_twice_as_wide_and_valid():
+    """medium differs from small only where the README says (width, epochs, SCALE's added width), and
+    its stage 1 is the cache entry of ``--preset small --pretrain.epochs 60 --model.hidden_size 256
+    --model.intermediate_size 1024`` (the measured row)."""
+    from dataclasses import asdict
+
+    small, medium = preset("small"), preset("medium")
+    pipeline.validate(medium)
+    assert (medium.model.hidden_size, medium.model.intermediate_size, medium.pretrain.epochs) == (256, 1024, 60.0)
+    assert (medium.options.scale.hidden_up, medium.options.scale.ffn_up) == (128, 128)
+    assert (medium.data, medium.task0, medium.task1) == (small.data, small.task0, small.task1)
+    row = parse_settings(
+        ["bio", "--pretrain.epochs", "60", "--model.hidden_size", "256", "--model.intermediate_size", "1024"]
+    ).bio
+    assert json.dumps([asdict(row.model), asdict(row.pretrain)]) == json.dumps(
+        [asdict(medium.model), asdict(medium.pretrain)]
+    )
+    assert parse_settings(["bio", "--preset", "medium"]).bio == medium

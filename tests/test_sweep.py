@@ -231,3 +231,59 @@ def test_step_0_records_come_from_initial(tmp_path):
     tracker._record(0, "model")
     tracker._record(1, "model")
     assert [r["x"] for r in tracker.records] == [2.0, 1.0] and calls == ["model"]
+
+
+# --- the spread over seeds -----------------------------------------------------------------------
+
+
+def test_seed_readings_read_each_seeds_own_sweep_and_the_table_shows_their_spread():
+    """Seed 0 reaches Task 1 = 90% half-way (in log lr) between its 2e-4 and 4e-4 runs, keeping 30% of Task 0;
+    seed 1 never reaches it: the table's cell (read off the means) says so as '1/2 seeds'."""
+    from scale_cl.experiments.sweep.landscape import matched_markdown, matched_table
+    from scale_cl.experiments.sweep.report import panels, seed_readings
+    from scale_cl.experiments.sweep.runner import SweepResult
+
+    experiment = BioExperiment(micro(["fft"]))
+    per_seed = {"0": ([0.5, 0.8, 1.0], [0.6, 0.4, 0.2]), "1": ([0.3, 0.6, 0.85], [0.7, 0.5, 0.3])}
+    records = []
+    for i, lr in enumerate((1e-4, 2e-4, 4e-4)):
+        seeds = {
+            s: {"learning": learn[i], "task0_end": kept[i], "task0_min": kept[i], "task0_trained_end": kept[i]}
+            for s, (learn, kept) in per_seed.items()
+        }
+        means = {k: sum(m[k] for m in seeds.values()) / 2 for k in seeds["0"]}
+        records.append({"method": "fft", "lr": lr, "label": "", "overrides": {}, "metrics": means, "seeds": seeds})
+    result = SweepResult(base={"learning": 0.0, "task0_end": 0.9, "task0_min": 0.9, "task0_trained_end": 1.0})
+    result.points = records
+    readings = seed_readings(experiment, result, 0.9)
+    first = experiment.panels[0].title
+    assert readings[(first, "fft")] == [pytest.approx(0.3), None]
+    views = panels(experiment, result, 0.9)
+    assert views[0].points[0].forgetting_sd == pytest.approx(0.05)  # 0.6 and 0.7 around 0.65
+    rows = matched_table(views, ["fft"])
+    for row in rows:
+        row["seed_forgetting"] = readings[(row["panel"], row["method"])]
+    assert "(1/2 seeds)" in matched_markdown(rows)  # the means reach 90% (0.925 at 4e-4), seed 1 does not
+    rows[0]["seed_forgetting"] = [0.3, 0.5]
+    assert "± 10.0%" in matched_markdown(rows)
+
+
+@pytest.mark.slow
+def test_a_sweep_over_two_seeds_keeps_each_seeds_metrics(tmp_path):
+    cfg = micro(["fft"])
+    cfg.seeds = [0, 1]
+    experiment = BioExperiment(cfg)
+    settings = SweepSettings(lr_scales=(1.0, 4.0))
+    result = run_sweep(experiment, settings, tmp_path)
+    report = write_report(experiment, settings, result, tmp_path)
+    for record in report["points"]:
+        assert sorted(record["seeds"]) == ["0", "1"]
+        for key, mean in record["metrics"].items():
+            assert mean == pytest.approx(sum(m[key] for m in record["seeds"].values()) / 2)
+        point = next(p for p in (tmp_path / "points").iterdir() if p.name.endswith(f"lr={record['lr']:.4g}"))
+        for seed, metrics in record["seeds"].items():
+            curve = json.loads((point / f"seed-{seed}" / "fft.json").read_text())["curve"]
+            assert metrics["learning"] == curve[-1]["task1"]["overall"]
+            assert metrics["task0_min"] == min(r["task0"]["overall"] for r in curve)
+        assert json.loads((point / POINT_FILE).read_text())["seeds"] == record["seeds"]
+    assert all(len(row["seed_forgetting"]) == 2 for row in report["matched"])

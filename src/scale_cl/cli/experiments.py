@@ -63,7 +63,7 @@ BIO = Command(
         "  scale-cl bio --methods fft scale_route --task1.scale_route_lr 3e-4 --out outputs/try\n"
         "  scale-cl bio --preset paper --config my.yaml   # Pythia-160M, 200k people (for a GPU)"
     ),
-    usage="scale-cl bio [--preset micro|small|paper] [--methods M ...] [--seed S ...] [--out DIR] [options]",
+    usage="scale-cl bio [--preset micro|small|medium|paper] [--methods M ...] [--seed S ...] [--out DIR] [options]",
     settings=bio_settings,
     presets=True,
     run=run_bio_command,

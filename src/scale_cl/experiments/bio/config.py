@@ -1,4 +1,4 @@
-"""The biography benchmark's configuration: nested dataclasses and the presets micro/small/paper.
+"""The biography benchmark's configuration: nested dataclasses and the presets micro/small/medium/paper.
 
 Every leaf field is a command-line option (``--task1.lr 1e-4``) and a YAML key (``task1: {lr: ...}``);
 its ``metadata["help"]`` is the option's help text.
@@ -6,7 +6,7 @@ its ``metadata["help"]`` is the option's help text.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from scale_cl.config import ScaleConfig
@@ -16,7 +16,7 @@ from scale_cl.methods import METHOD_NAMES as ALL_METHODS
 from scale_cl.methods import check_methods
 from scale_cl.train.trainer import StageConfig
 
-PRESETS = ("micro", "small", "paper")
+PRESETS = ("micro", "small", "medium", "paper")
 PACKINGS = ("person", "shuffled")
 
 
@@ -165,6 +165,19 @@ def preset(name: str) -> BioConfig:
                 method_lr={"lora": 1e-3, "scale_preserve": 1e-3, "scale_adapt": 1e-3, "scale_route": 1e-3},
             ),
             options=MethodSettings(scale=_scale(hidden_up=64, ffn_up=64), freeze_layers=1),
+        )
+    if name == "medium":
+        # The small preset at twice the width (GPT-NeoX 256 wide, FFN 1,024, 4.4M parameters) and half the
+        # pre-training epochs: at seed 0 it stores 92% of the held-out people's facts after 60 epochs where
+        # width 128 stores 84% after 120, in about the same stage-1 time (README). SCALE adds half the width
+        # again, as in small; the Task-1 rates are small's (not re-derived at this width).
+        small = preset("small")
+        return replace(
+            small,
+            preset="medium",
+            model=replace(small.model, hidden_size=256, intermediate_size=1024),
+            pretrain=replace(small.pretrain, epochs=60.0),
+            options=replace(small.options, scale=_scale(hidden_up=128, ffn_up=128)),
         )
     if name == "paper":
         # Pythia-160M, 200k people, the original benchmark's and the paper's hyper-parameters (for a GPU).

@@ -103,6 +103,14 @@ class BioExperiment:
         ]
         return self._summary(curves)
 
+    def seed_metrics(self, method: str, point_dir: Path) -> dict[str, dict[str, float]]:
+        """Each seed's metrics of a finished point, read from its runs' files: the spread over seeds (a point's
+        own metrics are the means); empty with one seed."""
+        if len(self.cfg.seeds) < 2:
+            return {}
+        runs = {s: json.loads((point_dir / f"seed-{s}" / f"{method}.json").read_text()) for s in self.cfg.seeds}
+        return {str(s): self._summary([run["curve"]]) for s, run in runs.items()}
+
 
 class CptExperiment:
     """Continual pre-training: learning = new-domain perplexity; forgetting = perplexity of each old-domain set."""

@@ -13,6 +13,7 @@ diverged (non-finite metrics) are kept out of frontiers and interpolation.
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
@@ -67,6 +68,8 @@ class Point:
     learning: float
     forgetting: float
     setting: str = ""  # ablation axis value label, e.g. "preserve_layers=4"; "" for the plain sweep
+    learning_sd: float = 0.0  # spread over seeds (population std) where the run's values are means over seeds
+    forgetting_sd: float = 0.0
 
 
 def _finite(p: Point) -> bool:
@@ -245,8 +248,9 @@ def _log(ax: Axes, which: str) -> None:
 
 def plot_landscape(panels: Sequence[Panel], path: Path, title: str = "") -> Path:
     """One subplot per panel, learning on x and forgetting on y: each method's runs (one colour per method, each
-    annotated with its lr), its frontier as a line, the base model as a black star, the target as a dashed vertical
-    line. Axis labels say which way is better; log scale where the metric asks for it. Writes a PNG."""
+    annotated with its lr, error bars for the spread over seeds where there is one), its frontier as a line, the
+    base model as a black star, the target as a dashed vertical line. Axis labels say which way is better; log
+    scale where the metric asks for it. Writes a PNG."""
     if not panels:
         raise ValueError("no panels to plot")
     plt = _pyplot()
@@ -261,6 +265,18 @@ def plot_landscape(panels: Sequence[Panel], path: Path, title: str = "") -> Path
                 group = [p for p in runs if p.setting == setting]
                 label = f"{method} ({setting})" if setting else method
                 ax.scatter([p.learning for p in group], [p.forgetting for p in group], color=colours[method], s=25)
+                if any(p.learning_sd or p.forgetting_sd for p in group):  # spread over seeds
+                    ax.errorbar(
+                        [p.learning for p in group],
+                        [p.forgetting for p in group],
+                        xerr=[p.learning_sd for p in group],
+                        yerr=[p.forgetting_sd for p in group],
+                        fmt="none",
+                        ecolor=colours[method],
+                        alpha=0.5,
+                        capsize=2,
+                        linewidth=1,
+                    )
                 line = frontier(group, panel.learning, panel.forgetting)
                 style = "-" if not setting else ":"
                 ax.plot([p.learning for p in line], [p.forgetting for p in line], style, color=colours[method])
@@ -382,7 +398,8 @@ def matched_markdown(rows: Sequence[dict], fmt: Callable[[str, float], str] = fo
                 line += ["—", "—"]
             elif r["status"] == STATUS_OK:
                 mark = " †" if r.get("open_below") else ""
-                line += [fmt(r["forgetting"], r["matched_forgetting"]) + mark, f"{r['matched_lr']:.3g}"]
+                text = fmt(r["forgetting"], r["matched_forgetting"]) + _seed_spread(r, fmt) + mark
+                line += [text, f"{r['matched_lr']:.3g}"]
             else:
                 line += [r["status"], "—"]
         lines.append("| " + " | ".join(line) + " |")
@@ -394,7 +411,23 @@ def matched_markdown(rows: Sequence[dict], fmt: Callable[[str, float], str] = fo
         "(widen the grid downwards); '†': the lowest swept rate already reaches the target, so a lower rate may "
         "reach it too and forget less (the value is a bound; widen the grid downwards); '—': no runs.",
     ]
+    if any(len(r.get("seed_forgetting") or ()) > 1 for r in rows):
+        lines[-1] += (
+            " With several seeds the value is read off the sweep of the seeds' means; '±' is the spread (population "
+            "std) of the same reading taken off each seed's own sweep, and 'k/n seeds' says how many of them reach "
+            "the target where not all do."
+        )
     return "\n".join(lines) + "\n"
+
+
+def _seed_spread(row: Mapping, fmt: Callable[[str, float], str]) -> str:
+    """' ± sd' of a matched row's per-seed readings (and 'k/n seeds' where some seeds do not reach the target)."""
+    values = row.get("seed_forgetting") or []
+    if len(values) < 2:
+        return ""
+    reached = [v for v in values if v is not None]
+    text = f" ± {fmt(row['forgetting'], statistics.pstdev(reached))}" if len(reached) > 1 else ""
+    return text + (f" ({len(reached)}/{len(values)} seeds)" if len(reached) < len(values) else "")
 
 
 def _at_rate(points: Sequence[Point], method: str, lr: float) -> Point | None:
@@ -402,6 +435,10 @@ def _at_rate(points: Sequence[Point], method: str, lr: float) -> Point | None:
     if len(hits) > 1:
         raise ValueError(f"{method} has {len(hits)} runs at lr {lr:g} (mixed ablation settings?)")
     return hits[0] if hits else None
+
+
+def _sd(metric_name: str, sd: float) -> str:
+    return f" ± {format_value(metric_name, sd)}" if sd else ""
 
 
 def single_rate_markdown(panels: Sequence[Panel], preset_rates: Mapping[str, float]) -> str:
@@ -419,8 +456,8 @@ def single_rate_markdown(panels: Sequence[Panel], preset_rates: Mapping[str, flo
                 line += ["—", "—"]
             else:
                 line += [
-                    format_value(panel.learning.name, p.learning),
-                    format_value(panel.forgetting.name, p.forgetting),
+                    format_value(panel.learning.name, p.learning) + _sd(panel.learning.name, p.learning_sd),
+                    format_value(panel.forgetting.name, p.forgetting) + _sd(panel.forgetting.name, p.forgetting_sd),
                 ]
         lines.append("| " + " | ".join(line) + " |")
     return "\n".join(lines) + "\n"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import statistics
 import sys
 from pathlib import Path
 from typing import Any
@@ -23,8 +24,47 @@ from scale_cl.experiments.sweep.runner import SweepResult, SweepSettings
 from scale_cl.files import write_json, write_text
 
 
+def _spread(record: dict, key: str) -> float:
+    """Population std over the record's seeds of one metric (0 with one seed)."""
+    seeds = record.get("seeds") or {}
+    return statistics.pstdev(m[key] for m in seeds.values()) if len(seeds) > 1 else 0.0
+
+
 def _points(records: list[dict], key: str) -> list[Point]:
-    return [Point(r["method"], r["lr"], r["metrics"]["learning"], r["metrics"][key], r["label"]) for r in records]
+    return [
+        Point(
+            r["method"],
+            r["lr"],
+            r["metrics"]["learning"],
+            r["metrics"][key],
+            r["label"],
+            _spread(r, "learning"),
+            _spread(r, key),
+        )
+        for r in records
+    ]
+
+
+def seed_readings(experiment: Any, result: SweepResult, target: float) -> dict[tuple[str, str], list[float | None]]:
+    """Per (panel title, method), the matched-learning reading taken off each seed's own sweep (None where that
+    seed's sweep does not reach the target): the spread behind the table's reading of the seeds' means."""
+    plain = _plain(result.points)
+    seeds = sorted({seed for r in plain for seed in r.get("seeds") or {}}, key=int)
+    readings: dict[tuple[str, str], list[float | None]] = {}
+    for spec in experiment.panels:
+        for method in experiment.cfg.methods:
+            records = [r for r in plain if r["method"] == method]
+            values: list[float | None] = []
+            for seed in seeds:
+                points = [
+                    Point(method, r["lr"], r["seeds"][seed]["learning"], r["seeds"][seed][spec.key])
+                    for r in records
+                    if seed in (r.get("seeds") or {})
+                ]
+                if points:
+                    values.append(matched_forgetting(points, target, experiment.learning, spec.metric).forgetting)
+            readings[(spec.title, method)] = values
+    return readings
 
 
 def _plain(records: list[dict]) -> list[dict]:
@@ -134,6 +174,9 @@ def write_report(experiment: Any, settings: SweepSettings, result: SweepResult, 
     views = panels(experiment, result, target)
     methods = list(experiment.cfg.methods)
     rows = matched_table(views, methods)
+    spread = seed_readings(experiment, result, target)
+    for row in rows:
+        row["seed_forgetting"] = spread.get((row["panel"], row["method"]), [])
     section = getattr(experiment.cfg, experiment.rates_section)
     presets = {m: section.lr_of(m) for m in methods}
     ablations = ablation(experiment, settings, result, target)

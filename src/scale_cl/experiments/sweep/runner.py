@@ -6,8 +6,9 @@ Output folder::
                              ones; the methods, grid and axes may change: points are keyed by their settings)
     base_metrics.json        the step-0 evaluation, shared by every run
     cache/                   bio: tokenizer and stage-1/2 models; cpt: nothing
-    points/<key>/            one run each (the experiment's own files) and point.json, its metrics;
-                             point.json's presence means "done", so a re-run recomputes nothing
+    points/<key>/            one run each (the experiment's own files) and point.json, its metrics (means
+                             over seeds) and each seed's; point.json's presence means "done", so a re-run
+                             recomputes nothing
     results.md, results.json, landscape.png, ablation-<axis>.png
 """
 
@@ -190,6 +191,12 @@ class SweepResult:
     points: list[dict[str, Any]] = field(default_factory=list)  # point.json records: method, lr, scale, metrics...
 
 
+def _seed_metrics(experiment: Any, method: str, point_dir: Path) -> dict[str, dict[str, float]]:
+    """Each seed's metrics of a finished point where the experiment runs several seeds (else empty)."""
+    read = getattr(experiment, "seed_metrics", None)
+    return read(method, point_dir) if read is not None else {}
+
+
 def run_sweep(experiment: Any, settings: SweepSettings, out: Path) -> SweepResult:
     """Run (or resume) every point of the sweep into ``out``; finished points are read, never recomputed."""
     out = Path(out)
@@ -209,7 +216,10 @@ def run_sweep(experiment: Any, settings: SweepSettings, out: Path) -> SweepResul
     for index, point in enumerate(points, 1):
         path = out / "points" / point.key / POINT_FILE
         if path.is_file():
-            result.points.append(json.loads(path.read_text()))
+            record = json.loads(path.read_text())
+            if "seeds" not in record:  # written before point.json kept each seed's metrics
+                record["seeds"] = _seed_metrics(experiment, point.method, path.parent)
+            result.points.append(record)
             continue
         label = f" ({point.label})" if point.label else ""
         if main:
@@ -222,6 +232,7 @@ def run_sweep(experiment: Any, settings: SweepSettings, out: Path) -> SweepResul
             "label": point.label,
             "overrides": dict(point.overrides),
             "metrics": metrics,
+            "seeds": _seed_metrics(experiment, point.method, path.parent) if main else {},
         }
         if main:
             write_json(path, record)
