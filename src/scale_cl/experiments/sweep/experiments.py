@@ -194,3 +194,8 @@ class CptExperiment:
             cfg, s["ref"], s["corpus"], s["reference"], method, point_dir, s["initial"], save_model=self.save_models
         )
         return self._summary(result["curve"][-1]) if "curve" in result else {}  # only the main process evaluates
+
+    @staticmethod
+    def seed_metrics(method: str, point_dir: Path) -> dict[str, dict[str, float]]:
+        """A cpt run has one seed: no spread to keep."""
+        return {}

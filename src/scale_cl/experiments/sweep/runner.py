@@ -191,12 +191,6 @@ class SweepResult:
     points: list[dict[str, Any]] = field(default_factory=list)  # point.json records: method, lr, scale, metrics...
 
 
-def _seed_metrics(experiment: Any, method: str, point_dir: Path) -> dict[str, dict[str, float]]:
-    """Each seed's metrics of a finished point where the experiment runs several seeds (else empty)."""
-    read = getattr(experiment, "seed_metrics", None)
-    return read(method, point_dir) if read is not None else {}
-
-
 def run_sweep(experiment: Any, settings: SweepSettings, out: Path) -> SweepResult:
     """Run (or resume) every point of the sweep into ``out``; finished points are read, never recomputed."""
     out = Path(out)
@@ -218,7 +212,7 @@ def run_sweep(experiment: Any, settings: SweepSettings, out: Path) -> SweepResul
         if path.is_file():
             record = json.loads(path.read_text())
             if "seeds" not in record:  # written before point.json kept each seed's metrics
-                record["seeds"] = _seed_metrics(experiment, point.method, path.parent)
+                record["seeds"] = experiment.seed_metrics(point.method, path.parent)
             result.points.append(record)
             continue
         label = f" ({point.label})" if point.label else ""
@@ -232,7 +226,7 @@ def run_sweep(experiment: Any, settings: SweepSettings, out: Path) -> SweepResul
             "label": point.label,
             "overrides": dict(point.overrides),
             "metrics": metrics,
-            "seeds": _seed_metrics(experiment, point.method, path.parent) if main else {},
+            "seeds": experiment.seed_metrics(point.method, path.parent) if main else {},
         }
         if main:
             write_json(path, record)
