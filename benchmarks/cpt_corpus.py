@@ -69,6 +69,7 @@ class Corpus:
     markers: frozenset[str] = frozenset()  # if set, a paragraph needs more of these words ...
     against: frozenset[str] = frozenset()  # ... than of these (drops untranslated English and the like)
     default: bool = True  # built without --corpora
+    note: str = ""  # what the corpus is for, in SOURCES.md
 
 
 ENGLISH_WORDS = frozenset({
@@ -139,6 +140,63 @@ CORPORA = [
         heldout=False,
         markers=ENGLISH_WORDS,
         against=GERMAN_WORDS,
+    ),
+    Corpus(
+        "english-base",
+        "latin",
+        [
+            Source(
+                "debian",
+                "python3.11-doc",
+                ["*/doc/python3.11/html/*.html"],
+                "PSF-2.0 (the Python 3.11 documentation)",
+                min_chars=60,
+                min_script=0.9,
+            ),
+            Source(
+                "debian",
+                "libreoffice-help-en-us",
+                ["*/help/en-US/text/*.html"],
+                "MPL-2.0 (LibreOffice help; parts Apache-2.0)",
+                min_chars=60,
+                min_script=0.9,
+            ),
+            Source(
+                "debian",
+                "gimp-help-en",
+                ["*/help/en/*.html"],
+                "GFDL-1.2+ with no invariant sections (GIMP documentation team)",
+                min_chars=60,
+                min_script=0.9,
+            ),
+            Source(
+                "debian",
+                "installation-guide-amd64",
+                ["*/installation-guide-amd64/en/*.html"],
+                "GPL-2.0 (Debian Installation Guide)",
+                min_chars=60,
+                min_script=0.9,
+            ),
+            Source(
+                "debian",
+                "debian-reference-en",
+                ["*/debian-reference/*.en.html"],
+                "GPL-2.0+ (Debian Reference, O. Aoki)",
+                min_chars=60,
+                min_script=0.9,
+            ),
+            Source(
+                "debian",
+                "debian-faq",
+                ["*/FAQ/*.html"],
+                "Debian FAQ licence: free copying, modification and translation with the notice kept (SPI)",
+                min_chars=60,
+                min_script=0.9,
+            ),
+        ],
+        markers=ENGLISH_WORDS,
+        against=GERMAN_WORDS,
+        note="pre-training text of the clean English base (`scale-cl base`); disjoint from `english` (the handbook)",
     ),
     Corpus(
         "german",
@@ -424,7 +482,8 @@ def sources_markdown(sizes: dict[str, dict[str, tuple[int, int]]], measured: dic
     """The text of SOURCES.md: the packages, files, licences and sizes of each corpus built."""
     lines = ["# CPT corpora: sources", "", f"Built by `benchmarks/cpt_corpus.py` in {seconds:.0f} s.", ""]
     for corpus in (c for c in CORPORA if c.name in sizes):
-        lines += [f"## {corpus.name}", "", "| registry | package | version | files used | text licence | note |"]
+        lines += [f"## {corpus.name}", "", *([corpus.note, ""] if corpus.note else [])]
+        lines.append("| registry | package | version | files used | text licence | note |")
         lines.append("|---|---|---|---|---|---|")
         for s in corpus.sources:
             files = f"{s.files} files: `{'`, `'.join(s.patterns)}`"

@@ -85,7 +85,9 @@ LEAVES = dict(_leaf_parsers(build_parser()))
 
 
 def test_every_subcommand_is_built_from_its_settings():
-    assert set(LEAVES) == {("demo",), ("bio",), ("cpt",), ("eval",), ("bench",), ("sweep", "bio"), ("sweep", "cpt")}
+    assert set(LEAVES) == {
+        ("demo",), ("bio",), ("cpt",), ("base",), ("eval",), ("bench",), ("sweep", "bio"), ("sweep", "cpt")
+    }  # fmt: skip
     for path, parser in LEAVES.items():
         options = {o for a in parser._actions for o in a.option_strings}
         assert "--config" in options, path

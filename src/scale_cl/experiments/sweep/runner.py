@@ -7,8 +7,9 @@ Output folder::
     base_metrics.json        the step-0 evaluation, shared by every run
     cache/                   bio: tokenizer and stage-1/2 models; cpt: nothing
     points/<key>/            one run each (the experiment's own files) and point.json, its metrics (means
-                             over seeds) and each seed's; point.json's presence means "done", so a re-run
-                             recomputes nothing
+                             over seeds) and each seed's; point.json's presence means "done" (for cpt
+                             with --seeds: done with exactly those seeds), so a re-run recomputes nothing
+                             (cpt: a re-run with more seeds runs only the new seeds' runs)
     results.md, results.json, landscape.png, ablation-<axis>.png
 """
 
@@ -191,6 +192,16 @@ class SweepResult:
     points: list[dict[str, Any]] = field(default_factory=list)  # point.json records: method, lr, scale, metrics...
 
 
+def finished(experiment: Any, path: Path) -> dict[str, Any] | None:
+    """A point's record if it is done (with every seed the experiment asks for), else None."""
+    if not path.is_file():
+        return None
+    record = json.loads(path.read_text())
+    if "seeds" not in record:  # written before point.json kept each seed's metrics
+        record["seeds"] = experiment.seed_metrics(record["method"], path.parent)
+    return record if experiment.covers(record) else None
+
+
 def run_sweep(experiment: Any, settings: SweepSettings, out: Path) -> SweepResult:
     """Run (or resume) every point of the sweep into ``out``; finished points are read, never recomputed."""
     out = Path(out)
@@ -202,17 +213,15 @@ def run_sweep(experiment: Any, settings: SweepSettings, out: Path) -> SweepResul
     settings_dict = experiment.cfg.to_dict()
     main = experiment.is_main_process
     claim_output_folder(out, CONFIG_FILE, settings_dict, write=main)
-    done = {p.key for p in points if (out / "points" / p.key / POINT_FILE).is_file()}
+    done = {p.key for p in points if finished(experiment, out / "points" / p.key / POINT_FILE) is not None}
     if main:
         print(f"[sweep] {experiment.name}: {len(points)} runs, {len(done)} already done")
     base = experiment.prepare(out)
     result = SweepResult(base)
     for index, point in enumerate(points, 1):
         path = out / "points" / point.key / POINT_FILE
-        if path.is_file():
-            record = json.loads(path.read_text())
-            if "seeds" not in record:  # written before point.json kept each seed's metrics
-                record["seeds"] = experiment.seed_metrics(point.method, path.parent)
+        record = finished(experiment, path)
+        if record is not None:
             result.points.append(record)
             continue
         label = f" ({point.label})" if point.label else ""

@@ -1,0 +1,118 @@
+"""Settings of the clean base model: English corpus, architecture, pre-training; presets ``clean-en`` and ``micro``.
+
+Why a base of our own: the one real model available offline (SmolLM2-135M-Instruct, de-quantised
+from Q4_1) *improves* on English under any update, because training its weights repairs
+quantisation error; and a CPU budget is far too short for a 135M model to drift. A small model
+pre-trained here on English alone has neither problem, and its tokenizer (byte-level BPE trained on
+English only) makes a new script cost several tokens per character, as it does for real
+English-centric models.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from scale_cl.data.corpus import CorpusConfig
+from scale_cl.train.trainer import StageConfig
+
+PRESETS = ("clean-en", "micro")
+CORPUS = "outputs/corpora/english-base"  # written by benchmarks/cpt_corpus.py (Debian documentation packages)
+
+
+@dataclass
+class ArchitectureConfig:
+    """A Llama-family decoder as in SmolLM2 / Llama-3.2: GQA, RMSNorm, SwiGLU, RoPE, tied embeddings."""
+
+    vocab_size: int = field(default=8192, metadata={"help": "byte-level BPE vocabulary trained on the English text"})
+    hidden_size: int = field(default=192, metadata={"help": "residual stream width"})
+    layers: int = field(default=6, metadata={"help": "decoder layers"})
+    heads: int = field(default=6, metadata={"help": "query heads (head_dim = hidden_size / heads)"})
+    kv_heads: int = field(default=3, metadata={"help": "key/value heads (grouped-query attention)"})
+    intermediate_size: int = field(default=512, metadata={"help": "SwiGLU hidden width"})
+    rope_theta: float = field(default=10000.0, metadata={"help": "RoPE base"})
+
+    def __post_init__(self) -> None:
+        if min(self.vocab_size, self.hidden_size, self.layers, self.heads, self.kv_heads, self.intermediate_size) <= 0:
+            raise ValueError(f"model sizes must be positive: {self}")
+        if self.hidden_size % self.heads or self.heads % self.kv_heads:
+            raise ValueError(
+                f"model.hidden_size={self.hidden_size} must be a multiple of model.heads={self.heads}, and heads "
+                f"a multiple of model.kv_heads={self.kv_heads}"
+            )
+
+
+@dataclass
+class BaseBuildConfig:
+    """Every setting of one clean base model; a folder holds one (a different setting needs another --out)."""
+
+    preset: str = field(default="clean-en", metadata={"help": "starting point of every setting", "choices": PRESETS})
+    seed: int = field(default=0, metadata={"help": "seed of the initialisation and the data order"})
+    data: CorpusConfig = field(default_factory=CorpusConfig)
+    model: ArchitectureConfig = field(default_factory=ArchitectureConfig)
+    train: StageConfig = field(default_factory=StageConfig)
+    eval_every: int = field(default=250, metadata={"help": "measure English perplexity every this many steps"})
+    save_every: int = field(default=250, metadata={"help": "write a resumable checkpoint every this many steps"})
+    tokenizer_chars: int = field(
+        default=0, metadata={"help": "train the tokenizer on this many characters of the text at most; 0 = all"}
+    )
+    min_english_share: float = field(
+        default=0.9,
+        metadata={"help": "least share of ASCII among the text's letters (refuses text that is not English)"},
+    )
+
+    def __post_init__(self) -> None:
+        if self.preset not in PRESETS:
+            raise ValueError(f"unknown preset {self.preset!r}; valid presets: {', '.join(PRESETS)}")
+        if self.train.max_steps <= 0:
+            raise ValueError("train.max_steps must be positive: pre-training is budgeted in optimizer steps")
+        if self.eval_every <= 0 or self.save_every < 0 or self.tokenizer_chars < 0:
+            raise ValueError("eval_every must be positive; save_every and tokenizer_chars 0 or more")
+        if not 0.0 <= self.min_english_share <= 1.0:
+            raise ValueError(f"min_english_share must be in [0, 1], got {self.min_english_share}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def preset(name: str) -> BaseBuildConfig:
+    """The settings of preset ``name``."""
+    if name == "clean-en":
+        # 4.0M parameters (1.6M of them the tied 8k embedding), 1,500 steps of 16 x 256 tokens (6.1M tokens,
+        # ~2.5 passes over the ~10 MB English corpus): ~25 min on the project's 2-core CPU. Validation on
+        # the corpus builder's held-out English documents, which the CPT benchmark also measures forgetting on.
+        return BaseBuildConfig(
+            preset="clean-en",
+            data=CorpusConfig(
+                train=[f"{CORPUS}/train.jsonl"],
+                old_eval=[f"en={CORPUS}/heldout.jsonl"],
+                seq_len=256,
+                heldout_fraction=0.0,
+                max_eval_sequences=64,
+            ),
+            model=ArchitectureConfig(),
+            train=StageConfig(
+                lr=3e-3,
+                max_steps=1500,
+                batch_size=16,
+                warmup_steps=100,
+                weight_decay=0.1,
+                schedule="cosine_with_min_lr",
+                min_lr_ratio=0.1,
+            ),
+            eval_every=250,
+            save_every=250,
+        )
+    if name == "micro":
+        # The same code path in seconds (tests): a tiny model on a tiny corpus.
+        return BaseBuildConfig(
+            preset="micro",
+            data=CorpusConfig(seq_len=32, heldout_fraction=0.1, max_eval_sequences=4),
+            model=ArchitectureConfig(
+                vocab_size=320, hidden_size=32, layers=2, heads=4, kv_heads=2, intermediate_size=64
+            ),
+            train=StageConfig(lr=3e-3, max_steps=12, batch_size=4, warmup_steps=2, schedule="cosine"),
+            eval_every=6,
+            save_every=6,
+        )
+    raise ValueError(f"unknown preset {name!r}; valid presets: {', '.join(PRESETS)}")
