@@ -236,14 +236,19 @@ def _pyplot():
 
 
 def _log(ax: Axes, which: str) -> None:
-    """Log scale with plain tick labels (6, 10, 20 rather than 6x10^0)."""
+    """Log scale with plain tick labels (6, 10, 20 rather than 6x10^0); minor ticks labelled only on an axis that
+    spans less than ~a decade (elsewhere their labels would overlap)."""
     from matplotlib.ticker import FuncFormatter
 
     axis = ax.xaxis if which == "x" else ax.yaxis
     (ax.set_xscale if which == "x" else ax.set_yscale)("log")
-    plain = FuncFormatter(lambda v, _: f"{v:g}")
-    axis.set_major_formatter(plain)
-    axis.set_minor_formatter(plain)
+
+    def minor(value: float, _: int) -> str:
+        low, high = sorted(axis.get_view_interval())
+        return f"{value:g}" if low > 0 and high / low < 20 else ""
+
+    axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    axis.set_minor_formatter(FuncFormatter(minor))
 
 
 def plot_landscape(panels: Sequence[Panel], path: Path, title: str = "") -> Path:
