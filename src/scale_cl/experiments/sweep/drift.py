@@ -33,7 +33,7 @@ def drift_curves(experiment: Any, records: list[dict], out: Path) -> dict[str, l
 
 
 def drift_table(curves: dict[str, list[list[dict]]]) -> list[dict[str, Any]]:
-    """Per method: step, mean, population std and minimum over seeds of the similarity at each evaluation."""
+    """Per method: step, mean and population std over seeds of the similarity at each evaluation."""
     rows = []
     for method, runs in curves.items():
         steps = sorted(set.intersection(*({r["step"] for r in run} for run in runs)))
