@@ -142,7 +142,7 @@ DESCRIPTION = (
     "method's forgetting where it reaches the learning level of --reference at its preset rate (or --target), "
     "read off its sweep by interpolation in log learning rate (paper Table 1 and Fig. 2). Data, tokenisation, "
     "bio's stage-1/2 models and the step-0 evaluation are computed once; re-running the same command resumes "
-    "and never recomputes a finished run. Writes results.md/json, landscape.png and ablation-*.png."
+    "and never recomputes a finished run. Writes results.md/json, landscape.png, ablation-*.png and (cpt) drift.png."
 )
 
 COMMAND = Command(

@@ -86,6 +86,16 @@ def tokenizer_sample(texts: list[str], max_chars: int) -> list[str]:
     return sample
 
 
+def has_one_sequence(tokenizer: PreTrainedTokenizerFast, texts: list[str], seq_len: int) -> bool:
+    """Whether the documents (each with its EOS) hold ``seq_len`` tokens; tokenises only as many as that takes."""
+    tokens = 0
+    for text in texts:
+        tokens += len(tokenizer(text, add_special_tokens=False)["input_ids"]) + 1
+        if tokens >= seq_len:
+            return True
+    return False
+
+
 def llama_config(cfg: BaseBuildConfig, tokenizer: PreTrainedTokenizerFast) -> LlamaConfig:
     arch = cfg.model
     eos = tokenizer.eos_token_id
@@ -135,10 +145,9 @@ def build_base(cfg: BaseBuildConfig, out: Path) -> Path:
     texts = read_english(cfg)
     print(f"[base] {len(texts):,} English documents, {sum(map(len, texts)):,} characters; training the tokenizer")
     tokenizer = train_bpe_tokenizer(tokenizer_sample(texts, cfg.tokenizer_chars), cfg.model.vocab_size)
-    tokens = sum(len(ids) + 1 for ids in tokenizer(texts, add_special_tokens=False)["input_ids"])  # + EOS each
-    if tokens < cfg.data.seq_len:
+    if not has_one_sequence(tokenizer, texts, cfg.data.seq_len):
         raise ValueError(
-            f"too little text in {cfg.data.train}: {tokens} tokens, fewer than one sequence of data.seq_len="
+            f"too little text in {cfg.data.train}: fewer tokens than one sequence of data.seq_len="
             f"{cfg.data.seq_len}; pass more English text"
         )
     corpus = build_corpus(cfg.data, tokenizer)  # a held-out split or evaluation set too small: an error here

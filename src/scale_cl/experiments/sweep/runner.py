@@ -213,16 +213,16 @@ def run_sweep(experiment: Any, settings: SweepSettings, out: Path) -> SweepResul
     settings_dict = experiment.cfg.to_dict()
     main = experiment.is_main_process
     claim_output_folder(out, CONFIG_FILE, settings_dict, write=main)
-    done = {p.key for p in points if finished(experiment, out / "points" / p.key / POINT_FILE) is not None}
+    done = {p.key: finished(experiment, out / "points" / p.key / POINT_FILE) for p in points}
     if main:
-        print(f"[sweep] {experiment.name}: {len(points)} runs, {len(done)} already done")
+        finished_count = sum(record is not None for record in done.values())
+        print(f"[sweep] {experiment.name}: {len(points)} runs, {finished_count} already done")
     base = experiment.prepare(out)
     result = SweepResult(base)
     for index, point in enumerate(points, 1):
         path = out / "points" / point.key / POINT_FILE
-        record = finished(experiment, path)
-        if record is not None:
-            result.points.append(record)
+        if done[point.key] is not None:
+            result.points.append(done[point.key])
             continue
         label = f" ({point.label})" if point.label else ""
         if main:
