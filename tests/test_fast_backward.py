@@ -2,8 +2,9 @@
 
 `set_method` marks the modules whose original input depends on no trainable parameter
 (``constant_input``); they detach it, so the backward pass never runs through a frozen ``W`` or a
-frozen norm there, and route computes the preserve path's original logits without gradient. The
-parameter gradients must equal those of the plain computation (every ``constant_input`` off).
+frozen norm there. Route does the same for the preserve half of its stacked batch
+(``constant_preserve_half``) and computes the preserve path's original logits without gradient.
+The parameter gradients must equal those of the plain computation (every such flag off).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ def _plain(model):
     plain = copy.deepcopy(model)
     for module in plain.modules():
         if isinstance(module, FAST_MODULES):
-            module.constant_input = False
+            module.constant_input = module.constant_preserve_half = False
     return plain
 
 
@@ -70,8 +71,13 @@ def test_constant_input_marks_exactly_the_layers_below_the_first_w12(method, con
         assert flags == {index < constant_layers}
     assert model.model.norm.constant_input is constant_head
     assert model.lm_head.constant_input is constant_head
+    # Route's stacked layers (from preserve_layers on) hold a constant preserve half; nothing else does.
+    for index, layer in enumerate(model.model.layers):
+        flags = {m.constant_preserve_half for m in layer.modules() if isinstance(m, FAST_MODULES)}
+        assert flags == {method == "route" and index >= 2}
     set_method(model, "preserve")
     assert all(m.constant_input for m in model.modules() if isinstance(m, FAST_MODULES))
+    assert not any(m.constant_preserve_half for m in model.modules() if isinstance(m, FAST_MODULES))
 
 
 @pytest.mark.parametrize("constant", [True, False])
@@ -87,6 +93,36 @@ def test_constant_input_stops_the_gradient_into_the_original_stream(constant):
     # Plain: W and W21 send gradient back into x. Fast: x is a constant, so nothing is computed for it.
     assert bool(torch.count_nonzero(into_original) == 0) is constant
     assert torch.count_nonzero(hidden.grad[..., linear.in_features :]) > 0
+
+
+@pytest.mark.parametrize("use_w12", [True, False])
+def test_route_stacked_linear_sends_no_gradient_into_the_preserve_half(use_w12):
+    """Route's stacked batch: the preserve half's original part is a constant (no gradient computed
+    into it, none saved for its frozen product); the outputs equal the plain computation's."""
+    model = upscale(
+        make_model("llama-gqa2-tied"), ScaleConfig(hidden_up=32, ffn_up=16, w21_init="random", w22_init="random")
+    )
+    randomize_new_weights(model, seed=2, w12_scale=0.3)
+    linear = model.model.layers[1].mlp.up_proj
+    linear.use_w12, linear.constant_input = use_w12, False  # a collaborative layer's: its x is not constant
+    linear.route = model.scale_route
+    model.scale_route.switch(True, 0.5, 1)
+    hidden = torch.randn(4, 5, linear.in_features + linear.in_up, generator=torch.Generator().manual_seed(4))
+
+    results = []
+    for fast in (True, False):
+        linear.constant_preserve_half = fast
+        leaf = hidden.clone().requires_grad_(True)
+        out = linear(leaf)
+        out.backward(torch.ones_like(out))
+        results.append((out.detach(), leaf.grad))
+    (out, grad), (plain_out, plain_grad) = results
+    torch.testing.assert_close(out, plain_out, atol=1e-6, rtol=1e-6)
+    d = linear.in_features
+    assert torch.count_nonzero(grad[:2, :, :d]) == 0  # the preserve half's x: a constant
+    assert torch.count_nonzero(plain_grad[:2, :, :d]) > 0  # the plain computation takes its gradient
+    torch.testing.assert_close(grad[2:], plain_grad[2:], atol=1e-6, rtol=1e-6)  # the adapt half's is unchanged
+    torch.testing.assert_close(grad[:2, :, d:], plain_grad[:2, :, d:], atol=1e-6, rtol=1e-6)
 
 
 def _mlp_the_base_way(mlp, hidden: torch.Tensor) -> torch.Tensor:

@@ -22,9 +22,14 @@ class SplitInput(nn.Module):
     ``constant_input`` (set by `set_method`) is true where ``x`` depends on no trainable parameter
     (below the first layer that uses W12): then `original` detaches it, so no gradient is taken
     through the frozen products, which is most of full fine-tuning's backward.
+
+    ``constant_preserve_half`` is its route-mode counterpart in the stacked layers: the rows are
+    ``[preserve path; adapt path]`` and W12 never reaches the preserve half, so that half's ``x``
+    is constant too (the adapt half's is not).
     """
 
     constant_input: bool = False
+    constant_preserve_half: bool = False
 
     def original(self, x: torch.Tensor) -> torch.Tensor:
         return x.detach() if self.constant_input else x
@@ -74,6 +79,8 @@ class ScaleLinear(SplitInput):
             # model's contiguous input takes: in bf16/fp16 that rounds differently (one ulp), so the
             # original stream would no longer be bitwise the base model's. (fp32 rounds the same.)
             x = x.contiguous()
+        if self.constant_preserve_half and torch.is_grad_enabled():
+            return self._project_stacked(x, x_up)
         out = F.linear(x, self.weight, self.bias)
         if self.use_w12 and self.route is not None and self.route.active:  # [preserve path; adapt path]
             half = out.shape[0] // 2
@@ -82,6 +89,19 @@ class ScaleLinear(SplitInput):
             out = out + F.linear(x_up, self.w12)
         out_up = F.linear(x, self.w21, self.bias_up) + F.linear(x_up, self.w22)
         return out, out_up
+
+    def _project_stacked(self, x: torch.Tensor, x_up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """`project` on route's stacked training batch: the preserve half's ``x`` is taken as the constant
+        it is, so autograd runs no backward through its frozen product with W (nor into it from W21),
+        and saves nothing for it. The forward arithmetic is `project`'s, one half at a time."""
+        half = x.shape[0] // 2
+        x_p, x_a = x[:half].detach(), x[half:]
+        out_a = F.linear(x_a, self.weight, self.bias)
+        if self.use_w12:
+            out_a = out_a + F.linear(x_up[half:], self.w12)
+        out = torch.cat((F.linear(x_p, self.weight, self.bias), out_a))
+        w21 = torch.cat((F.linear(x_p, self.w21, self.bias_up), F.linear(x_a, self.w21, self.bias_up)))
+        return out, w21 + F.linear(x_up, self.w22)
 
     def extra_repr(self) -> str:
         return (

@@ -32,16 +32,20 @@ def set_method(model: nn.Module, method: str) -> nn.Module:
     # The original stream is constant (depends on no trainable parameter) below the first layer
     # whose W12 is used; there, the modules skip the gradient through the frozen products.
     first_w12 = len(layers) if method == "preserve" else cfg.preserve_layers
+    # Route stacks [preserve; adapt] from the first collaborative layer on; the preserve half's
+    # original stream never meets W12, so it is constant there too.
+    stacked_from = cfg.preserve_layers if cfg.preserve_layers < len(layers) else None
     for module in model.modules():
         if isinstance(module, SplitInput):
             module.constant_input = first_w12 >= len(layers)
+            module.constant_preserve_half = False
     for index, layer in enumerate(layers):
         for module in layer.modules():
             if isinstance(module, SplitInput):
                 module.constant_input = index < first_w12
+                module.constant_preserve_half = method == "route" and stacked_from is not None and index >= stacked_from
             if isinstance(module, ScaleLinear):
                 module.use_w12 = module.collaborative and method != "preserve"
-    stacked_from = cfg.preserve_layers if cfg.preserve_layers < len(layers) else None
     model.scale_route.switch(method == "route", cfg.route_tau, stacked_from)  # created by `upscale`
 
     for param in model.parameters():
