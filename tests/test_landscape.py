@@ -203,6 +203,13 @@ def test_plot_ablation_writes_png_with_a_not_reached_method(tmp_path):
     assert is_png(path)
 
 
+def test_plot_ablation_with_no_method_reaching_the_target(tmp_path):
+    """An ablation run at one rate only (no method reaches the target): the matched panel is empty, not an error."""
+    by_method = {"adapt": {"0": (8.8, 69.0, None), "3": (11.8, 65.0, None), "5": (15.4, 53.0, None)}}
+    path = plot_ablation("preserve_layers", ["0", "3", "5"], by_method, PPL, OLD_PPL, tmp_path / "ablation.png")
+    assert is_png(path)
+
+
 def test_matched_flags_a_crossing_when_the_lowest_rate_already_reaches_the_target():
     # Learns fully at its lowest rate and collapses at the highest: the only crossing swept is on the high side;
     # a rate below the grid may reach the target with less forgetting, so the value is only a bound.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -46,6 +47,21 @@ def test_plan_crosses_methods_rates_and_axes_without_duplicates():
     assert fft == pytest.approx([0.5 * cfg.task1.lr_of("fft"), cfg.task1.lr_of("fft")])
 
 
+def test_method_lr_scales_add_rates_for_that_method_only():
+    cfg = micro(["fft", "scale_preserve"])
+    settings = SweepSettings(lr_scales=(0.5, 1.0), method_lr_scales={"scale_preserve": (1.0, 2.0)})
+    points = plan(BioExperiment(cfg), settings)
+    scales = {m: sorted(p.scale for p in points if p.method == m) for m in cfg.methods}
+    assert scales == {"fft": [0.5, 1.0], "scale_preserve": [0.5, 1.0, 2.0]}  # x1 is in both: run once
+    # A method that is not swept this time adds nothing (a script may name it for its full run).
+    lora_too = replace(settings, method_lr_scales={**settings.method_lr_scales, "lora": (3.0,)})
+    assert plan(BioExperiment(cfg), lora_too) == points
+    args = build_parser().parse_args(
+        ["sweep", "bio", "--lr-scales", "0.5", "1", "--method-lr-scales", "scale_preserve", "1.5", "2"]
+    )
+    assert args.method_lr_scales == [["scale_preserve", "1.5", "2"]]
+
+
 def test_settings_that_vary_together_form_one_axis():
     cfg = micro(["fft", "scale_preserve"])
     pair = Axis("options.scale.w21_init,options.scale.w22_init", ("svd,zero", "random,random", "zero,svd"))
@@ -69,6 +85,8 @@ def test_settings_that_vary_together_form_one_axis():
         (SweepSettings(lr_scales=(1.0,), reference="lora"), "reference method 'lora' is not swept"),
         (SweepSettings(lr_scales=(0.0, 1.0)), "must be positive"),
         (SweepSettings(lr_scales=(1.0, 1.0)), "repeat"),
+        (SweepSettings(method_lr_scales={"scale_presrve": (2.0,)}), "'scale_presrve', which is not a method"),
+        (SweepSettings(method_lr_scales={"fft": (-2.0,)}), "must be positive"),
         (SweepSettings(axes=(Axis("options.scale.route_tau", ("0.3",)),)), "none is swept"),
         (SweepSettings(axes=(Axis("options.scale.no_such_thing", ("1",)),)), "unknown setting"),
         (SweepSettings(axes=(Axis("options.scale.preserve_layers", ("two",)),)), "not a valid int"),
@@ -162,8 +180,11 @@ def test_resuming_recomputes_nothing_and_finishes_only_what_is_missing(bio_sweep
         return original(cfg, method, point_dir)
 
     fresh.run = counting
-    run_sweep(fresh, settings, copy)
+    resumed = run_sweep(fresh, settings, copy)
     assert calls == []
+    # Read back from point.json (a tuple setting's value is a JSON list there), the ablation still finds its runs.
+    tables = write_report(fresh, settings, resumed, copy)["ablations"]
+    assert tables and all(sorted(t["cells"]["scale_adapt"]) == ["attn", "attn+ffn"] for t in tables)
     redo = next((copy / "points").iterdir())
     (redo / POINT_FILE).unlink()
     shutil.rmtree(redo / "seed-0")
@@ -255,7 +276,7 @@ def test_seed_readings_read_each_seeds_own_sweep_and_the_table_shows_their_sprea
         records.append({"method": "fft", "lr": lr, "label": "", "overrides": {}, "metrics": means, "seeds": seeds})
     result = SweepResult(base={"learning": 0.0, "task0_end": 0.9, "task0_min": 0.9, "task0_trained_end": 1.0})
     result.points = records
-    readings = seed_readings(experiment, result, 0.9)
+    readings = seed_readings(experiment, result, {"0": 0.9, "1": 0.9})
     first = experiment.panels[0].title
     assert readings[(first, "fft")] == [pytest.approx(0.3), None]
     views = panels(experiment, result, 0.9)
@@ -266,6 +287,44 @@ def test_seed_readings_read_each_seeds_own_sweep_and_the_table_shows_their_sprea
     assert "(1/2 seeds)" in matched_markdown(rows)  # the means reach 90% (0.925 at 4e-4), seed 1 does not
     rows[0]["seed_forgetting"] = [0.3, 0.5]
     assert "± 10.0%" in matched_markdown(rows)
+
+
+def test_seed_readings_are_paired_with_each_seeds_own_reference_level():
+    """With the reference's learning as the target, each seed is read at its own reference run's level: the
+    reference reads exactly its own per-seed forgetting (no spread from how much the seeds learn, no seed left
+    short of the mean), another method is read where it learns as much as the reference did in that seed.
+    A given --target is one level for all seeds."""
+    from scale_cl.experiments.sweep.report import seed_readings, seed_targets
+    from scale_cl.experiments.sweep.runner import SweepResult
+
+    experiment = BioExperiment(micro(["fft", "scale_route"]))
+    keys = ("task0_end", "task0_min", "task0_trained_end")
+
+    def record(method, lr, per_seed):
+        seeds = {s: {"learning": learn, **dict.fromkeys(keys, kept)} for s, (learn, kept) in per_seed.items()}
+        means = {k: sum(m[k] for m in seeds.values()) / 2 for k in seeds["0"]}
+        return {"method": method, "lr": lr, "label": "", "overrides": {}, "metrics": means, "seeds": seeds}
+
+    # fft at its preset 1e-4: seed 0 learns 0.8, seed 1 0.9 (mean 0.85); each below the other's level.
+    fft = [
+        record("fft", 1e-4, {"0": (0.8, 0.5), "1": (0.9, 0.3)}),
+        record("fft", 4e-4, {"0": (1.0, 0.1), "1": (1.0, 0.1)}),
+    ]
+    route = [
+        record("scale_route", 1e-4, {"0": (0.7, 0.8), "1": (0.7, 0.8)}),
+        record("scale_route", 4e-4, {"0": (0.9, 0.6), "1": (0.9, 0.6)}),
+    ]
+    result = SweepResult(base={"learning": 0.0, **dict.fromkeys(keys, 0.9)})
+    result.points = fft + route
+    target = fft[0]["metrics"]["learning"]  # the reference at its preset rate: the seeds' mean, 0.85
+    targets = seed_targets(SweepSettings(lr_scales=(1.0, 4.0)), result, target)
+    assert targets == {"0": 0.8, "1": 0.9}
+    readings = seed_readings(experiment, result, targets)
+    first = experiment.panels[0].title
+    assert readings[(first, "fft")] == [pytest.approx(0.5), pytest.approx(0.3)]
+    assert readings[(first, "scale_route")] == [pytest.approx(0.7), pytest.approx(0.6)]  # half-way, and at 4e-4
+    given = seed_targets(SweepSettings(lr_scales=(1.0, 4.0), target=0.85), result, 0.85)
+    assert given == {"0": 0.85, "1": 0.85}
 
 
 @pytest.mark.slow

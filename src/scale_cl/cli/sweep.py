@@ -36,6 +36,18 @@ class SweepOptions:
         default=DEFAULT_LR_SCALES,
         metadata={"help": "multiples of each method's preset learning rate to run", "metavar": "X"},
     )
+    method_lr_scales: list[list[str]] = field(
+        default_factory=list,
+        metadata={
+            "help": "more multiples for one method only, beside --lr_scales: e.g. --method_lr_scales scale_preserve "
+            "1.5 2 where that method's frontier stops short of the target; repeatable, one method each; a method "
+            "not in --methods is ignored",
+            "action": "append",
+            "nargs": "+",
+            "metavar": ("METHOD", "X"),
+            "show_default": False,
+        },
+    )
     axis: list[list[str]] = field(
         default_factory=list,
         metadata={
@@ -68,7 +80,23 @@ class SweepOptions:
         for axis in axes:
             if not axis.values:
                 raise ValueError(f"--axis {axis.setting} needs at least one value, e.g. --axis {axis.setting} 1 2 3")
-        return SweepSettings(lr_scales=tuple(self.lr_scales), axes=axes, reference=self.reference, target=self.target)
+        extra: dict[str, tuple[float, ...]] = {}
+        for method, *values in self.method_lr_scales:
+            if not values or method in extra:
+                raise ValueError(
+                    f"--method_lr_scales {method}: give its multiples once, e.g. --method_lr_scales {method} 1.5 2"
+                )
+            try:
+                extra[str(method)] = tuple(float(v) for v in values)
+            except ValueError as err:
+                raise ValueError(f"--method_lr_scales {method}: multiples must be numbers, got {values}") from err
+        return SweepSettings(
+            lr_scales=tuple(self.lr_scales),
+            axes=axes,
+            reference=self.reference,
+            target=self.target,
+            method_lr_scales=extra,
+        )
 
 
 @dataclass

@@ -330,13 +330,15 @@ def plot_ablation(
         (forgetting, "forgetting at matched learning"),
     )
     for column, (ax, (metric, subtitle)) in enumerate(zip(axes, titles, strict=True)):
+        drawn = False
         for method, cells in by_method.items():
             y = [cells[v][column] if v in cells and cells[v][column] is not None else math.nan for v in values]
             ax.plot(x, y, marker="o", label=method)
+            drawn = drawn or any(value > 0 for value in y)  # NaN compares false
         ax.set_xticks(x, list(values))
         ax.set_xlabel(axis)
         ax.set_ylabel(metric.axis_label())
-        if metric.log_scale:
+        if metric.log_scale and drawn:  # an empty panel (no method reaches the target) has nothing to scale
             _log(ax, "y")
         ax.set_title(subtitle, fontsize=10)
         ax.grid(alpha=0.3)
@@ -419,8 +421,9 @@ def matched_markdown(rows: Sequence[dict], fmt: Callable[[str, float], str] = fo
     if any(len(r.get("seed_forgetting") or ()) > 1 for r in rows):
         lines[-1] += (
             " With several seeds the value is read off the sweep of the seeds' means; '±' is the spread (population "
-            "std) of the same reading taken off each seed's own sweep, and 'k/n seeds' says how many of them reach "
-            "the target where not all do."
+            "std) of the same reading taken off each seed's own sweep (at that seed's own reference level when the "
+            "target is the reference's: paired), and 'k/n seeds' says how many of them reach the target where not "
+            "all do."
         )
     return "\n".join(lines) + "\n"
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
 import sys
@@ -47,17 +48,37 @@ def _points(records: list[dict], key: str) -> list[Point]:
     ]
 
 
-def seed_readings(experiment: Any, result: SweepResult, target: float) -> dict[tuple[str, str], list[float | None]]:
-    """Per (panel title, method), the matched-learning reading taken off each seed's own sweep (None where that
-    seed's sweep does not reach the target): the spread behind the table's reading of the seeds' means."""
+def seed_targets(settings: SweepSettings, result: SweepResult, target: float) -> dict[str, float]:
+    """Each seed's own learning level to read its sweep at.
+
+    With the reference's learning as the target, a seed is read at its own reference run's level (the
+    reference at the rate the target was taken from, in that seed): paired, so the reference reads
+    exactly its own forgetting in every seed and the spread is not inflated by how much the seeds
+    learn. A given ``--target`` is the same level for every seed.
+    """
     plain = _plain(result.points)
     seeds = sorted({seed for r in plain for seed in r.get("seeds") or {}}, key=int)
+    if settings.target is None:
+        reference = next(r for r in plain if r["method"] == settings.reference and r["metrics"]["learning"] == target)
+        own = reference.get("seeds") or {}
+        if all(seed in own for seed in seeds):
+            return {seed: own[seed]["learning"] for seed in seeds}
+    return dict.fromkeys(seeds, target)
+
+
+def seed_readings(
+    experiment: Any, result: SweepResult, targets: dict[str, float]
+) -> dict[tuple[str, str], list[float | None]]:
+    """Per (panel title, method), the matched-learning reading taken off each seed's own sweep at that seed's
+    target (`seed_targets`; None where that seed's sweep does not reach it): the spread behind the table's
+    reading of the seeds' means."""
+    plain = _plain(result.points)
     readings: dict[tuple[str, str], list[float | None]] = {}
     for spec in experiment.panels:
         for method in experiment.cfg.methods:
             records = [r for r in plain if r["method"] == method]
             values: list[float | None] = []
-            for seed in seeds:
+            for seed, target in targets.items():
                 points = [
                     Point(method, r["lr"], r["seeds"][seed]["learning"], r["seeds"][seed][spec.key])
                     for r in records
@@ -108,11 +129,12 @@ def ablation(experiment: Any, settings: SweepSettings, result: SweepResult, targ
     tables = []
     for axis in settings.axes:
         for spec in experiment.panels:
-            cells: dict[str, dict[str, tuple[float, float, float | None]]] = {}
+            cells: dict[str, dict[str, tuple[float, float, float | None, float, float]]] = {}
             status: dict[str, dict[str, str]] = {}
             for method in axis.methods(experiment.cfg.methods):
                 for value in axis.values:
-                    wanted = dict(axis.overrides(experiment.cfg, value))
+                    # as point.json stores it (a tuple setting's value is a list there)
+                    wanted = json.loads(json.dumps(dict(axis.overrides(experiment.cfg, value))))
                     records = [r for r in result.points if r["method"] == method and r["overrides"] == wanted]
                     if not records:
                         continue
@@ -123,6 +145,8 @@ def ablation(experiment: Any, settings: SweepSettings, result: SweepResult, targ
                         preset["metrics"]["learning"],
                         preset["metrics"][spec.key],
                         matched.forgetting,
+                        _spread(preset, "learning"),
+                        _spread(preset, spec.key),
                     )
                     status.setdefault(method, {})[value] = matched.status + (" †" if matched.open_below else "")
             tables.append(
@@ -143,13 +167,17 @@ def _slug(text: str) -> str:
     return "".join(c if c.isalnum() or c in "-_" else "-" for c in text).strip("-")
 
 
+def _with_spread(name: str, value: float, spread: float) -> str:
+    return format_value(name, value) + (f" ± {format_value(name, spread)}" if spread > 0 else "")
+
+
 def _ablation_markdown(table: dict[str, Any], experiment: Any, spec: Any) -> str:
     learning, forgetting = experiment.learning.name, spec.metric.name
     lines = [
         f"### Ablation: {table['axis']} ({spec.title})",
         "",
         f"Each cell: {learning} / {forgetting} at the swept rate nearest the method's preset "
-        f"(x{table['scale']:g}); {forgetting} at matched learning.",
+        f"(x{table['scale']:g}; ± the population std over seeds, with several); {forgetting} at matched learning.",
         "",
         "| method | " + " | ".join(table["values"]) + " |",
         "|---|" + "---|" * len(table["values"]),
@@ -160,10 +188,11 @@ def _ablation_markdown(table: dict[str, Any], experiment: Any, spec: Any) -> str
             if value not in cells:
                 row.append("—")
                 continue
-            learn, forget, matched = cells[value]
+            learn, forget, matched, learn_sd, forget_sd = cells[value]
             state = table["status"][method][value]
             at_target = state if matched is None else format_value(forgetting, matched) + state.removeprefix("ok")
-            row.append(f"{format_value(learning, learn)} / {format_value(forgetting, forget)}; {at_target}")
+            at_rate = f"{_with_spread(learning, learn, learn_sd)} / {_with_spread(forgetting, forget, forget_sd)}"
+            row.append(f"{at_rate}; {at_target}")
         lines.append(f"| {method} | " + " | ".join(row) + " |")
     return "\n".join(lines) + "\n"
 
@@ -176,7 +205,7 @@ def write_report(experiment: Any, settings: SweepSettings, result: SweepResult, 
     views = panels(experiment, result, target)
     methods = list(experiment.cfg.methods)
     rows = matched_table(views, methods)
-    spread = seed_readings(experiment, result, target)
+    spread = seed_readings(experiment, result, seed_targets(settings, result, target))
     for row in rows:
         row["seed_forgetting"] = spread.get((row["panel"], row["method"]), [])
     section = getattr(experiment.cfg, experiment.rates_section)
@@ -200,7 +229,12 @@ def write_report(experiment: Any, settings: SweepSettings, result: SweepResult, 
         "",
         f"Command: `scale-cl {' '.join(sys.argv[1:])}`" if sys.argv[1:] else "",
         f"Machine: {info['device']}, torch {info['torch']}, {info['date']}. "
-        f"Learning-rate scales: {', '.join(f'x{s:g}' for s in settings.lr_scales)} of each method's preset rate.",
+        f"Learning-rate scales: {', '.join(f'x{s:g}' for s in settings.lr_scales)} of each method's preset rate"
+        + "".join(
+            f"; {method} also {', '.join(f'x{s:g}' for s in scales)}"
+            for method, scales in settings.method_lr_scales.items()
+        )
+        + ".",
         "",
         f"## Matched learning: {experiment.learning.name} = {format_value(experiment.learning.name, target)}",
         "",
@@ -222,6 +256,7 @@ def write_report(experiment: Any, settings: SweepSettings, result: SweepResult, 
         "seeds": experiment.seeds,
         "sweep": {
             "lr_scales": list(settings.lr_scales),
+            "method_lr_scales": {m: list(s) for m, s in settings.method_lr_scales.items()},
             "axes": [{"setting": a.setting, "values": list(a.values)} for a in settings.axes],
             "reference": settings.reference,
             "target": settings.target,

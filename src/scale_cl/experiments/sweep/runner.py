@@ -96,12 +96,26 @@ class SweepSettings:
     axes: tuple[Axis, ...] = ()
     reference: str = "fft"  # the method whose learning at its preset rate is the default target
     target: float | None = None  # the learning level methods are compared at (default: the reference's)
+    # More multiples for some methods only: a frontier that stops short of the target is extended
+    # without running every method at the new rates.
+    method_lr_scales: dict[str, tuple[float, ...]] = field(default_factory=dict)
+
+    def scales_of(self, method: str) -> tuple[float, ...]:
+        """The multiples ``method`` runs at: the common grid and its own extra ones, in increasing order."""
+        return tuple(sorted({*self.lr_scales, *self.method_lr_scales.get(method, ())}))
 
     def validate(self, methods: list[str]) -> None:
         if not self.lr_scales or any(not (s > 0 and math.isfinite(s)) for s in self.lr_scales):
             raise ValueError(f"learning-rate scales must be positive numbers, got {list(self.lr_scales)}")
         if len(set(self.lr_scales)) != len(self.lr_scales):
             raise ValueError(f"learning-rate scales repeat: {list(self.lr_scales)}")
+        for method, scales in self.method_lr_scales.items():
+            if method not in METHOD_NAMES:  # a method that is known but not swept this time adds nothing
+                raise ValueError(
+                    f"--method_lr_scales names {method!r}, which is not a method (one of {', '.join(METHOD_NAMES)})"
+                )
+            if not scales or any(not (s > 0 and math.isfinite(s)) for s in scales):
+                raise ValueError(f"--method_lr_scales {method}: scales must be positive numbers, got {list(scales)}")
         if self.target is None and self.reference not in methods:
             raise ValueError(
                 f"the reference method {self.reference!r} is not swept: add it to --methods, name another "
@@ -164,7 +178,7 @@ def plan(experiment: Any, settings: SweepSettings) -> list[SweepPoint]:
     points: dict[str, SweepPoint] = {}
 
     def add(method: str, overrides: tuple[tuple[str, Any], ...], label: str) -> None:
-        for scale in settings.lr_scales:
+        for scale in settings.scales_of(method):
             point = SweepPoint(method, section.lr_of(method) * scale, overrides, label, scale)
             points.setdefault(point.key, point)
 
