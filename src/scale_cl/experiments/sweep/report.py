@@ -59,7 +59,8 @@ def seed_targets(settings: SweepSettings, result: SweepResult, target: float) ->
     plain = _plain(result.points)
     seeds = sorted({seed for r in plain for seed in r.get("seeds") or {}}, key=int)
     if settings.target is None:
-        reference = next(r for r in plain if r["method"] == settings.reference and r["metrics"]["learning"] == target)
+        at_target = (r for r in plain if r["method"] == settings.reference and r["metrics"]["learning"] == target)
+        reference = next(at_target, {})
         own = reference.get("seeds") or {}
         if all(seed in own for seed in seeds):
             return {seed: own[seed]["learning"] for seed in seeds}
