@@ -133,6 +133,8 @@ def test_bio_sweep_writes_the_landscape_tables_and_ablation_figures(bio_sweep):
     text = (out / "results.md").read_text()
     assert "## Matched learning" in text and "## At each method's preset rate" in text
     assert "### Ablation: options.scale.collab_modules" in text
+    # Fresh runs (held in memory, tuples) and runs read back from point.json (lists) are found alike.
+    assert all(sorted(t["cells"]["scale_adapt"]) == ["attn", "attn+ffn"] for t in report["ablations"])
     assert json.loads((out / "results.json").read_text())["target"] == report["target"]
 
 

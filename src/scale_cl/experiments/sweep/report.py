@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 import sys
@@ -23,7 +22,7 @@ from scale_cl.experiments.sweep.landscape import (
     plot_landscape,
     single_rate_markdown,
 )
-from scale_cl.experiments.sweep.runner import SweepResult, SweepSettings
+from scale_cl.experiments.sweep.runner import SweepResult, SweepSettings, stored_overrides
 from scale_cl.files import write_json, write_text
 
 
@@ -134,8 +133,7 @@ def ablation(experiment: Any, settings: SweepSettings, result: SweepResult, targ
             status: dict[str, dict[str, str]] = {}
             for method in axis.methods(experiment.cfg.methods):
                 for value in axis.values:
-                    # as point.json stores it (a tuple setting's value is a list there)
-                    wanted = json.loads(json.dumps(dict(axis.overrides(experiment.cfg, value))))
+                    wanted = stored_overrides(axis.overrides(experiment.cfg, value))
                     records = [r for r in result.points if r["method"] == method and r["overrides"] == wanted]
                     if not records:
                         continue

@@ -44,6 +44,12 @@ def concerns(setting: str, method: str) -> bool:
     return name in method_spec(method).settings
 
 
+def stored_overrides(overrides: tuple[tuple[str, Any], ...]) -> dict[str, Any]:
+    """A point's ablation settings as point.json holds them (a tuple value is a list there): the one form every
+    record has, whether just run or read back, so records and axis values compare equal."""
+    return json.loads(json.dumps(dict(overrides)))
+
+
 def format_value(value: Any) -> str:
     """A setting's value as written in point keys and labels (a tuple as ``a+b``, as on the command line)."""
     return "+".join(map(str, value)) if isinstance(value, tuple) else str(value)
@@ -247,7 +253,7 @@ def run_sweep(experiment: Any, settings: SweepSettings, out: Path) -> SweepResul
             "lr": point.lr,
             "scale": point.scale,
             "label": point.label,
-            "overrides": dict(point.overrides),
+            "overrides": stored_overrides(point.overrides),
             "metrics": metrics,
             "seeds": experiment.seed_metrics(point.method, path.parent) if main else {},
         }
