@@ -103,6 +103,19 @@ class ScaleLinear(SplitInput):
         w21 = torch.cat((F.linear(x_p, self.w21, self.bias_up), F.linear(x_a, self.w21, self.bias_up)))
         return out, w21 + F.linear(x_up, self.w22)
 
+    def merged_weight(self, with_w12: bool | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The block matrix ``[[W, W12], [W21, W22]]`` as one dense weight, and the bias ``[b; bias_up]``.
+
+        ``with_w12`` defaults to whether this linear uses W12 (`use_w12`); False gives the preserve
+        path's matrix (W12 taken as zero). A fresh tensor, detached from the parameters.
+        """
+        with_w12 = self.use_w12 if with_w12 is None else with_w12
+        with torch.no_grad():
+            w12 = self.w12 if with_w12 else torch.zeros_like(self.w12)
+            weight = torch.cat((torch.cat((self.weight, w12), dim=1), torch.cat((self.w21, self.w22), dim=1)))
+            bias = None if self.bias is None else torch.cat((self.bias, self.bias_up))
+        return weight, bias
+
     def extra_repr(self) -> str:
         return (
             f"in={self.in_features}+{self.in_up}, out={self.out_features}+{self.out_up}, "
