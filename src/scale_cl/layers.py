@@ -41,7 +41,16 @@ class ScaleLinear(SplitInput):
     The output is ``[W x + W12 x_up (+ b); W21 x + W22 x_up + bias_up]``. W12 starts at zero and is
     only computed when ``use_w12`` (set by `set_method`) is true, so a preserve layer never pays for
     it; in route mode (``route.active``) it is added to the adapt half of the stacked batch only.
+
+    Training computes the blocks apart (the frozen ones need no gradient). Inference, i.e. any
+    forward with gradients off (``generate()``, evaluation), multiplies by the block matrix as one
+    dense weight instead (`merged_weight`), built once and cached until a block changes: one product
+    instead of three or four small ones and their splits and concatenations. It equals the split
+    form to floating-point rounding, not bitwise (the sums are grouped differently); set
+    ``merge_for_inference = False`` (class or instance) for the split form everywhere.
     """
+
+    merge_for_inference: bool = True
 
     def __init__(
         self,
@@ -60,6 +69,7 @@ class ScaleLinear(SplitInput):
         self.collaborative = collaborative
         self.use_w12 = False
         self.route: RouteState | None = None  # the model's route state, handed over by `upscale`
+        self._merged: tuple | None = None  # the merged inference form, see `_inference_weights`
         self.weight = base.weight
         self.bias = base.bias
         factory = {"device": base.weight.device, "dtype": base.weight.dtype}
@@ -69,10 +79,45 @@ class ScaleLinear(SplitInput):
         self.bias_up = nn.Parameter(torch.zeros(out_up, **factory)) if base.bias is not None else None
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self.merged_inference_active():
+            return self._forward_merged(hidden)
         return torch.cat(self.project(*hidden.split((self.in_features, self.in_up), dim=-1)), dim=-1)
+
+    def merged_inference_active(self) -> bool:
+        """Whether `forward` takes the merged inference form: gradients off and ``merge_for_inference`` on."""
+        return self.merge_for_inference and not torch.is_grad_enabled()
+
+    def _forward_merged(self, hidden: torch.Tensor) -> torch.Tensor:
+        """One dense product with the cached block matrix; route's stacked batch takes two (W12 on the adapt half)."""
+        weight, bias, preserve_weight = self._inference_weights()
+        if preserve_weight is None:
+            return F.linear(hidden, weight, bias)
+        half = hidden.shape[0] // 2
+        return torch.cat((F.linear(hidden[:half], preserve_weight, bias), F.linear(hidden[half:], weight, bias)))
+
+    def _inference_weights(self) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """The merged weight, bias and (route's stacked batch only) the preserve path's weight, built once.
+
+        Rebuilt when W12's use, route mode, or any block changes: every in-place write (an optimizer
+        step, ``load_state_dict``, ``copy_``) bumps a tensor's version counter, and moving or casting
+        the model gives new storage. (A write through ``.data`` bypasses the counter: call
+        `clear_merged` after one.)
+        """
+        stacked = self.use_w12 and self.route is not None and self.route.active
+        blocks = (self.weight, self.bias, self.w12, self.w21, self.w22, self.bias_up)
+        key = (stacked, self.use_w12, *((t.data_ptr(), t._version, t.dtype) for t in blocks if t is not None))
+        if self._merged is None or self._merged[0] != key:
+            weight, bias = self.merged_weight()
+            preserve_weight = self.merged_weight(with_w12=False)[0] if stacked else None
+            self._merged = (key, weight, bias, preserve_weight)
+        return self._merged[1:]
+
+    def clear_merged(self) -> None:
+        self._merged = None
 
     def project(self, x: torch.Tensor, x_up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The output's original part and added part, from the input's two parts (`ScaleMLP` keeps them apart)."""
+        self._merged = None  # the split form runs (training): drop the inference copy and its memory
         x = self.original(x)
         if self.bias is not None and x.dtype != torch.float32:
             # A strided slice with a bias takes matmul-then-add instead of the fused addmm the base
@@ -146,6 +191,10 @@ class ScaleMLP(nn.Module):
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         gate_name, up_name, down_name, act_name = self.names
         up, down, act = getattr(self, up_name), getattr(self, down_name), getattr(self, act_name)
+        if up.merged_inference_active():  # inference: the stock MLP on the merged weights, nothing split
+            inner = up(hidden)
+            inner = act(inner) if gate_name is None else act(getattr(self, gate_name)(hidden)) * inner
+            return down(inner)
         parts = hidden.split((up.in_features, up.in_up), dim=-1)
         inner, inner_up = up.project(*parts)
         if gate_name is None:

@@ -1,0 +1,122 @@
+"""The merged inference form of a widened linear (`ScaleLinear.merged_weight`, used with gradients off).
+
+Inference multiplies by the block matrix ``[[W, W12], [W21, W22]]`` as one dense weight; training
+keeps the blocks apart. The two must compute the same function (to rounding), the cached matrix
+must follow every change of the blocks, and training must never see it.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import make_model, randomize_new_weights, upscaled_copy
+from scale_cl import set_method
+from scale_cl.layers import ScaleLinear
+from test_generate import padded_prompts
+
+
+def nontrivial(arch: str, method: str):
+    base = make_model(arch, seed=0)
+    fields = {"ffn_up": 16, "preserve_layers": 1, "w21_init": "random", "w22_init": "random", "seed": 1}
+    model = upscaled_copy(base, method, **fields).eval()
+    return randomize_new_weights(model, seed=4, w12_scale=0.3)
+
+
+def linears(model) -> list[ScaleLinear]:
+    return [m for m in model.modules() if isinstance(m, ScaleLinear)]
+
+
+def split_logits(model, ids, mask, position_ids) -> torch.Tensor:
+    """The split (training) form's logits, gradients on but unused."""
+    logits = model(ids, attention_mask=mask, position_ids=position_ids).logits
+    return logits.detach()
+
+
+@pytest.mark.parametrize("method", ["preserve", "adapt", "route"])
+def test_merged_form_equals_split_form(arch_name, method):
+    model = nontrivial(arch_name, method)
+    ids, mask = padded_prompts()
+    position_ids = (mask.cumsum(-1) - 1).clamp_min(0)
+    with torch.no_grad():
+        merged = model(ids, attention_mask=mask, position_ids=position_ids).logits
+    assert all(linear._merged is not None for linear in linears(model))  # the merged form really ran
+    split = split_logits(model, ids, mask, position_ids)
+    assert all(linear._merged is None for linear in linears(model))  # and training-mode forwards drop it
+    real = mask.bool()
+    torch.testing.assert_close(merged[real], split[real], atol=1e-5, rtol=0)
+    # Guard: W12 matters here (adapt/route), so the merged matrix's W12 block is exercised.
+    if method != "preserve":
+        with torch.no_grad():
+            preserve = set_method(model, "preserve")(ids, attention_mask=mask, position_ids=position_ids).logits
+        assert (preserve[real] - merged[real]).abs().max() > 1e-3
+
+
+def test_merged_weight_is_the_block_matrix():
+    model = nontrivial("llama-gqa2-tied", "adapt")
+    linear = next(m for m in linears(model) if m.use_w12)
+    weight, _ = linear.merged_weight()
+    d_out, d_in = linear.out_features, linear.in_features
+    assert torch.equal(weight[:d_out, :d_in], linear.weight)
+    assert torch.equal(weight[:d_out, d_in:], linear.w12)
+    assert torch.equal(weight[d_out:, :d_in], linear.w21)
+    assert torch.equal(weight[d_out:, d_in:], linear.w22)
+    assert not linear.merged_weight(with_w12=False)[0][:d_out, d_in:].any()
+
+
+def test_cache_follows_an_optimizer_step_and_a_method_switch():
+    """After training changes the blocks, or `set_method` changes W12's use, inference sees the new weights."""
+    model = nontrivial("llama-gqa2-tied", "adapt")
+    ids, mask = padded_prompts()
+    with torch.no_grad():
+        before = model(ids, attention_mask=mask).logits
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    model(ids, attention_mask=mask, labels=ids).loss.backward()
+    optimizer.step()
+    with torch.no_grad():
+        after = model(ids, attention_mask=mask).logits
+    assert (after - before).abs().max() > 1e-3
+    torch.testing.assert_close(after, split_logits(model, ids, mask, None), atol=1e-5, rtol=0)
+
+    with torch.no_grad():
+        model(ids, attention_mask=mask)  # cache the adapt matrices
+        set_method(model, "preserve")
+        preserve = model(ids, attention_mask=mask).logits
+    torch.testing.assert_close(preserve, split_logits(model, ids, mask, None), atol=1e-5, rtol=0)
+
+
+def test_cache_follows_an_in_place_write_under_no_grad():
+    model = nontrivial("llama-gqa2-tied", "adapt")
+    ids, mask = padded_prompts()
+    with torch.no_grad():
+        model(ids, attention_mask=mask)
+        for linear in linears(model):
+            linear.w22.mul_(2.0)
+        doubled = model(ids, attention_mask=mask).logits
+    torch.testing.assert_close(doubled, split_logits(model, ids, mask, None), atol=1e-5, rtol=0)
+
+
+def test_training_gradients_do_not_touch_the_merged_form():
+    """A forward with gradients on takes the split form: the same gradients whether or not a cache exists."""
+    model = nontrivial("llama-gqa2-tied", "route")
+    ids, mask = padded_prompts()
+    model(ids, attention_mask=mask, labels=ids).loss.backward()
+    reference = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad()
+    with torch.no_grad():
+        model(ids, attention_mask=mask)  # builds every cache
+    model(ids, attention_mask=mask, labels=ids).loss.backward()
+    for name, grad in reference.items():
+        assert torch.equal(model.get_parameter(name).grad, grad), name
+
+
+def test_merging_can_be_switched_off():
+    model = nontrivial("llama-gqa2-tied", "route")
+    ids, mask = padded_prompts()
+    split = split_logits(model, ids, mask, None)
+    for linear in linears(model):
+        linear.merge_for_inference = False
+    with torch.no_grad():
+        unmerged = model(ids, attention_mask=mask).logits
+    assert all(linear._merged is None for linear in linears(model))
+    assert torch.equal(unmerged, split)
