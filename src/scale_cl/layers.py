@@ -9,6 +9,9 @@ Theorem 3.1 hold exactly.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -167,6 +170,24 @@ class ScaleLinear(SplitInput):
             f"bias={self.bias is not None}, kind={self.kind}, collaborative={self.collaborative}, "
             f"use_w12={self.use_w12}"
         )
+
+
+@contextmanager
+def merged_inference(model: nn.Module, enabled: bool) -> Iterator[nn.Module]:
+    """Within the block, every `ScaleLinear` of ``model`` does (or, False, does not) take the merged
+    inference form with gradients off; restored afterwards. (FLOP counts use the split form.)"""
+    linears = [m for m in model.modules() if isinstance(m, ScaleLinear)]
+    saved = [m.__dict__.get("merge_for_inference") for m in linears]
+    for linear in linears:
+        linear.merge_for_inference = enabled
+    try:
+        yield model
+    finally:
+        for linear, value in zip(linears, saved, strict=True):
+            if value is None:
+                del linear.merge_for_inference  # back to the class's setting
+            else:
+                linear.merge_for_inference = value
 
 
 class ScaleMLP(nn.Module):
