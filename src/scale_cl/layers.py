@@ -46,11 +46,13 @@ class ScaleLinear(SplitInput):
     it; in route mode (``route.active``) it is added to the adapt half of the stacked batch only.
 
     Training computes the blocks apart (the frozen ones need no gradient). Inference, i.e. any
-    forward with gradients off (``generate()``, evaluation), multiplies by the block matrix as one
-    dense weight instead (`merged_weight`), built once and cached until a block changes: one product
-    instead of three or four small ones and their splits and concatenations. It equals the split
-    form to floating-point rounding, not bitwise (the sums are grouped differently); set
-    ``merge_for_inference = False`` (class or instance) for the split form everywhere.
+    forward with gradients off (``generate()``, evaluation), takes the merged form instead: the new
+    rows ``[W21 W22]`` as one weight, and where W12 is used the whole block matrix (`merged_weight`),
+    built once and cached until a block changes: one or two products instead of three or four small
+    ones, their sums, splits and concatenations. It equals the split form to floating-point
+    rounding, not bitwise (sums and vectorised activations are grouped differently), so the
+    original stream is the base model's to rounding there; set ``merge_for_inference = False``
+    (class or instance, or `merged_inference`) for the split form, bitwise the base model's.
     """
 
     merge_for_inference: bool = True
@@ -91,28 +93,36 @@ class ScaleLinear(SplitInput):
         return self.merge_for_inference and not torch.is_grad_enabled()
 
     def _forward_merged(self, hidden: torch.Tensor) -> torch.Tensor:
-        """One dense product with the cached block matrix; route's stacked batch takes two (W12 on the adapt half)."""
-        weight, bias, preserve_weight = self._inference_weights()
-        if preserve_weight is None:
-            return F.linear(hidden, weight, bias)
-        half = hidden.shape[0] // 2
-        return torch.cat((F.linear(hidden[:half], preserve_weight, bias), F.linear(hidden[half:], weight, bias)))
+        """The block matrix in at most two products: ``[W x; [W21 W22] h]`` where W12 is unused (no
+        zero block is read: decoding is bound by reading weights), one dense product where it is used,
+        and route's stacked batch takes one of each (W12 on the adapt half only)."""
+        bottom, full, bias = self._inference_weights()
+        if full is None:
+            return self._rows_forward(hidden, bottom)
+        if self.route is not None and self.route.active:  # [preserve path; adapt path]
+            half = hidden.shape[0] // 2
+            return torch.cat((self._rows_forward(hidden[:half], bottom), F.linear(hidden[half:], full, bias)))
+        return F.linear(hidden, full, bias)
+
+    def _rows_forward(self, hidden: torch.Tensor, bottom: torch.Tensor) -> torch.Tensor:
+        x = hidden[..., : self.in_features]
+        return torch.cat((F.linear(x, self.weight, self.bias), F.linear(hidden, bottom, self.bias_up)), dim=-1)
 
     def _inference_weights(self) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-        """The merged weight, bias and (route's stacked batch only) the preserve path's weight, built once.
+        """``[W21 W22]``, and where W12 is used the whole block matrix and its bias; built once.
 
-        Rebuilt when W12's use, route mode, or any block changes: every in-place write (an optimizer
-        step, ``load_state_dict``, ``copy_``) bumps a tensor's version counter, and moving or casting
-        the model gives new storage. (A write through ``.data`` bypasses the counter: call
+        Rebuilt when W12's use or any block changes: every in-place write (an optimizer step,
+        ``load_state_dict``, ``copy_``) bumps a tensor's version counter, and moving or casting the
+        model gives new storage. (A write through ``.data`` bypasses the counter: call
         `clear_merged` after one.)
         """
-        stacked = self.use_w12 and self.route is not None and self.route.active
         blocks = (self.weight, self.bias, self.w12, self.w21, self.w22, self.bias_up)
-        key = (stacked, self.use_w12, *((t.data_ptr(), t._version, t.dtype) for t in blocks if t is not None))
+        key = (self.use_w12, *((t.data_ptr(), t._version, t.dtype) for t in blocks if t is not None))
         if self._merged is None or self._merged[0] != key:
-            weight, bias = self.merged_weight()
-            preserve_weight = self.merged_weight(with_w12=False)[0] if stacked else None
-            self._merged = (key, weight, bias, preserve_weight)
+            with torch.no_grad():
+                bottom = torch.cat((self.w21, self.w22), dim=1)
+            full, bias = self.merged_weight() if self.use_w12 else (None, None)
+            self._merged = (key, bottom, full, bias)
         return self._merged[1:]
 
     def clear_merged(self) -> None:
@@ -120,7 +130,8 @@ class ScaleLinear(SplitInput):
 
     def project(self, x: torch.Tensor, x_up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The output's original part and added part, from the input's two parts (`ScaleMLP` keeps them apart)."""
-        self._merged = None  # the split form runs (training): drop the inference copy and its memory
+        if torch.is_grad_enabled():
+            self._merged = None  # training: drop the inference copy and its memory
         x = self.original(x)
         if self.bias is not None and x.dtype != torch.float32:
             # A strided slice with a bias takes matmul-then-add instead of the fused addmm the base
@@ -175,7 +186,7 @@ class ScaleLinear(SplitInput):
 @contextmanager
 def merged_inference(model: nn.Module, enabled: bool) -> Iterator[nn.Module]:
     """Within the block, every `ScaleLinear` of ``model`` does (or, False, does not) take the merged
-    inference form with gradients off; restored afterwards. (FLOP counts use the split form.)"""
+    inference form with gradients off; restored afterwards."""
     linears = [m for m in model.modules() if isinstance(m, ScaleLinear)]
     saved = [m.__dict__.get("merge_for_inference") for m in linears]
     for linear in linears:

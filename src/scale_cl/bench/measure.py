@@ -19,8 +19,6 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 from tqdm.auto import tqdm
 
-from scale_cl.layers import merged_inference
-
 aten = torch.ops.aten
 
 
@@ -53,15 +51,10 @@ def count_flops(fn: Callable[[], Any]) -> int:
 
 
 def forward_flops_per_token(model: nn.Module, ids: torch.Tensor) -> float:
-    """Forward FLOPs per token of ``model`` on ``ids`` (eval mode, no gradient).
-
-    A SCALE model is counted in its split form, the arithmetic its method needs (preserve never
-    multiplies by W12); inference runs the merged form, which also multiplies by W12's zero block
-    where it is unused: fewer, larger products, faster in practice (benchmarks/README.md).
-    """
+    """Forward FLOPs per token of ``model`` on ``ids`` (eval mode, no gradient)."""
     was_training = model.training
     model.eval()
-    with torch.no_grad(), merged_inference(model, False):
+    with torch.no_grad():
         flops = count_flops(lambda: model(input_ids=ids))
     model.train(was_training)
     return flops / ids.numel()
