@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from scale_cl.files import write_json
+from scale_cl.train.trainer import result_settings
 
 
 def _diff(a: dict, b: dict, prefix: str = "") -> list[str]:
@@ -22,13 +23,14 @@ def _diff(a: dict, b: dict, prefix: str = "") -> list[str]:
 def claim_output_folder(out: Path, config_file: str, settings: dict[str, Any], write: bool = True) -> None:
     """Refuse ``out`` when it holds results of other ``settings`` (the method list may differ); else record them.
 
+    Settings that change no result (``report_to``: where metrics are sent) are neither recorded nor compared.
     ``write=False`` only checks (a process other than the main one under ``torchrun``).
     """
     path = out / config_file
-    settings = json.loads(json.dumps(settings))  # as stored: tuples become lists
+    settings = result_settings(json.loads(json.dumps(settings)))  # as stored: tuples become lists
     mine = {k: v for k, v in settings.items() if k != "methods"}
     if path.is_file():
-        theirs = {k: v for k, v in json.loads(path.read_text()).items() if k != "methods"}
+        theirs = {k: v for k, v in result_settings(json.loads(path.read_text())).items() if k != "methods"}
         if theirs != mine:
             diffs = sorted(_diff(theirs, mine))
             raise ValueError(

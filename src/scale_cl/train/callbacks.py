@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import time
 from collections.abc import Callable
@@ -35,8 +34,10 @@ class PeriodicEval(TrainerCallback):
     Each record ``{"step": s, **metrics}`` is appended to ``self.records`` and, when ``path`` is
     given, to a JSONL file, so a long run can be watched while it works. With ``tokens_per_step``
     each record after step 0 also holds ``train_tokens_per_s``: training throughput since the
-    previous record, evaluation time excluded. With ``tensorboard_dir`` (and the ``tensorboard``
-    package installed) every numeric value also goes to TensorBoard.
+    previous record, evaluation time excluded. With ``report`` set (`scale_cl.train.trainer.connect_reporting`
+    sets it to ``trainer.log``) every numeric value of a record also goes to the Trainer's reporting
+    integrations (TensorBoard, W&B, MLflow...) as ``eval_<name>``, which they show as ``eval/<name>``
+    (nested names joined by ``/``: ``eval/forgetting_ppl/en``).
 
     Resuming: records after the step a run resumes from are dropped from the JSONL file (they
     were made after the checkpoint and are made again). Only the main process evaluates.
@@ -52,7 +53,6 @@ class PeriodicEval(TrainerCallback):
         every: int,
         path: Path | None = None,
         tokens_per_step: int | None = None,
-        tensorboard_dir: Path | None = None,
         initial: dict[str, Any] | None = None,
         early_every: int = 0,
         early_until: int = 0,
@@ -65,10 +65,9 @@ class PeriodicEval(TrainerCallback):
         self.evaluate, self.every, self.path = evaluate, every, path
         self.early_every, self.early_until = early_every, early_until
         self.tokens_per_step = tokens_per_step
-        self.tensorboard_dir = tensorboard_dir
         self.initial = initial
         self.records: list[dict] = []
-        self._writer: Any = None
+        self.report: Callable[[dict[str, float]], None] | None = None
         self._train_seconds, self._steps, self._mark = 0.0, 0, 0.0
 
     def is_eval_step(self, step: int) -> bool:
@@ -83,7 +82,7 @@ class PeriodicEval(TrainerCallback):
         self.records = [r for r in kept if r["step"] <= step] if step > 0 else []
         write_text(self.path, "".join(json.dumps(r) + "\n" for r in self.records))
 
-    def _record(self, step: int, model: Any) -> None:
+    def _record(self, step: int, model: Any, report: bool = True) -> None:
         if self.records and self.records[-1]["step"] == step:
             return
         record: dict[str, Any] = {"step": step}
@@ -94,20 +93,13 @@ class PeriodicEval(TrainerCallback):
         if self.path is not None:
             with open(self.path, "a") as handle:
                 handle.write(json.dumps(record) + "\n")
-        if self._writer is not None:
-            for key, value in _flatten(record).items():
-                if key != "step":
-                    self._writer.add_scalar(key, value, step)
-            self._writer.flush()
+        if report and self.report is not None:
+            self.report({f"eval_{key}": value for key, value in _flatten(record).items() if key != "step"})
         self._train_seconds, self._steps = 0.0, 0
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         if not state.is_world_process_zero:
             return
-        if self.tensorboard_dir is not None and importlib.util.find_spec("tensorboard") is not None:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self._writer = SummaryWriter(str(self.tensorboard_dir))
         self._resume(state.global_step)
         self._record(state.global_step, model)
         self._mark = time.perf_counter()
@@ -121,12 +113,16 @@ class PeriodicEval(TrainerCallback):
             self._record(state.global_step, model)
         self._mark = time.perf_counter()
 
+    def on_epoch_end(self, args, state, control, model=None, **kwargs):
+        # The last record, taken before on_train_end: the reporting integrations' own on_train_end (called
+        # before this callback's) closes their writers and runs.
+        if state.is_world_process_zero and control.should_training_stop:
+            self._record(state.global_step, model)
+
     def on_train_end(self, args, state, control, model=None, **kwargs):
         if not state.is_world_process_zero:
             return
-        self._record(state.global_step, model)
-        if self._writer is not None:
-            self._writer.close()
+        self._record(state.global_step, model, report=False)  # none if on_epoch_end took it
 
 
 class SaveAtEvaluations(TrainerCallback):

@@ -4,6 +4,7 @@ Output folder::
 
     base_config.json   the settings (a later build into this folder must use the same ones)
     metrics.jsonl      English perplexity every ``eval_every`` steps (and the training loss)
+    logs/              TensorBoard's events, with ``--train.report_to tensorboard``
     run/checkpoint-N   resumable checkpoints, deleted when the model is saved
     model/             the base: config.json, model.safetensors, tokenizer files, and clean_base.json
                        (what it was built from and measured at); clean_base.json's presence means "built"
@@ -34,7 +35,7 @@ from scale_cl.experiments.run_folder import claim_output_folder
 from scale_cl.files import sha256_of, write_json
 from scale_cl.train.callbacks import PeriodicEval
 from scale_cl.train.checkpointing import CheckpointingTrainer, complete_checkpoints
-from scale_cl.train.trainer import training_arguments
+from scale_cl.train.trainer import connect_reporting, report_to_argument, training_arguments
 
 CONFIG_FILE = "base_config.json"
 INFO_FILE = "clean_base.json"
@@ -142,6 +143,7 @@ def build_base(cfg: BaseBuildConfig, out: Path) -> Path:
         print(f"[base] {model_dir} is built; reusing it")
         return model_dir
     start = time.perf_counter()
+    report_to_argument(cfg.train.report_to)  # its backends are installed
     texts = read_english(cfg)
     print(f"[base] {len(texts):,} English documents, {sum(map(len, texts)):,} characters; training the tokenizer")
     tokenizer = train_bpe_tokenizer(tokenizer_sample(texts, cfg.tokenizer_chars), cfg.model.vocab_size)
@@ -158,8 +160,15 @@ def build_base(cfg: BaseBuildConfig, out: Path) -> Path:
     torch.manual_seed(cfg.seed)
     model = LlamaForCausalLM(llama_config(cfg, tokenizer))
     t = cfg.train
+    logging_dir = out / "logs"
     args = training_arguments(
-        t, out / "run", cfg.seed, save_every=cfg.save_every, save_total_limit=2, logging_steps=min(50, cfg.eval_every)
+        t,
+        out / "run",
+        cfg.seed,
+        save_every=cfg.save_every,
+        save_total_limit=2,
+        logging_steps=min(50, cfg.eval_every),
+        logging_dir=logging_dir,
     )
     tracker = PeriodicEval(
         english_perplexity(corpus),
@@ -175,8 +184,11 @@ def build_base(cfg: BaseBuildConfig, out: Path) -> Path:
         callbacks=[tracker],
         run_info={"base": "clean", "preset": cfg.preset, "seed": cfg.seed},
     )
+    connect_reporting(trainer, logging_dir)
     checkpoints = complete_checkpoints(out / "run")
     resume = str(checkpoints[-1]) if checkpoints else None
+    if resume is None:
+        shutil.rmtree(logging_dir, ignore_errors=True)  # a build started afresh: no events of an earlier attempt
     parameters = sum(p.numel() for p in model.parameters())
     print(
         f"[base] {parameters:,} parameters, {t.max_steps} steps of {t.batch_size} x {cfg.data.seq_len} tokens"

@@ -18,6 +18,10 @@ Every stage stops with `NonFiniteLossError` on a NaN/inf loss. A Task-1 run that
 (`CHECKPOINT_MINUTES`, e.g. the paper preset's) also writes resumable checkpoints to
 ``<out>/seed-<s>/<method>.checkpoints/`` at evaluation steps, so a killed run continues from the last
 one (bitwise the same curve on CPU); they are deleted when the method finishes.
+
+With a stage's ``report_to`` naming TensorBoard, its events go to ``<cache>/<stage>-<key>.logs`` (stages
+1-2) and ``<out>/seed-<s>/<method>.logs`` (stage 3). ``report_to`` is in no cache key: where metrics
+are sent changes no result.
 """
 
 from __future__ import annotations
@@ -53,7 +57,7 @@ from scale_cl.experiments.run_folder import claim_output_folder
 from scale_cl.files import write_json
 from scale_cl.train.callbacks import PeriodicEval, SaveAtEvaluations
 from scale_cl.train.checkpointing import complete_checkpoints
-from scale_cl.train.trainer import run_stage
+from scale_cl.train.trainer import StageConfig, report_to_argument, result_settings, run_stage
 
 CONFIG_FILE = "config.json"
 VERSION = 1  # bump when a stage's computation changes, so old caches are not reused
@@ -198,27 +202,37 @@ def evaluate_tasks(model: torch.nn.Module, data: BioData) -> dict[str, dict[str,
     }
 
 
+def stage_keys(cfg: BioConfig, seed: int) -> tuple[str, str]:
+    """The cache keys of stages 1 and 2: every setting each depends on (``report_to`` changes no result)."""
+    key1 = _key(_text_settings(cfg), asdict(cfg.model), result_settings(asdict(cfg.pretrain)), seed)
+    key2 = _key(key1, result_settings(asdict(cfg.task0)), cfg.data.attributes, cfg.data.qa_people or None, seed)
+    return key1, key2
+
+
 def stage_models(cfg: BioConfig, data: BioData, seed: int, cache: Path) -> tuple[Path, Path]:
     """Stages 1 and 2 (cached in ``cache``): the pre-trained model and the Task-0 model's directories."""
     collator = PadCollator(data.tokenizer.pad_token_id)
-    key1 = _key(_text_settings(cfg), asdict(cfg.model), asdict(cfg.pretrain), seed)
-    dir1 = cache / f"stage1-{key1}"
-    key2 = _key(key1, asdict(cfg.task0), cfg.data.attributes, cfg.data.qa_people or None, seed)
-    dir2 = cache / f"stage2-{key2}"
+    key1, key2 = stage_keys(cfg, seed)
+    dir1, dir2 = cache / f"stage1-{key1}", cache / f"stage2-{key2}"
     if (dir2 / "model.safetensors").is_file():
         return dir1, dir2
+
+    def train(model: GPTNeoXForCausalLM, dataset: Any, stage: StageConfig, directory: Path) -> None:
+        logs = directory.with_name(directory.name + ".logs")
+        shutil.rmtree(logs, ignore_errors=True)  # a stage always trains from its start
+        run_stage(model, dataset, collator, stage, cache / "trainer", seed, logging_dir=logs)
 
     def pretrain() -> GPTNeoXForCausalLM:
         print(f"[bio] stage 1 (seed {seed}): pre-training on {len(data.pretrain)} blocks of biographies")
         model = new_backbone(cfg, data.tokenizer, seed)
-        run_stage(model, data.pretrain, collator, cfg.pretrain, cache / "trainer", seed)
+        train(model, data.pretrain, cfg.pretrain, dir1)
         return model
 
     base = _cached_stage(dir1, pretrain)
 
     def task0() -> GPTNeoXForCausalLM:
         print(f"[bio] stage 2 (seed {seed}): Task 0 QA on {len(data.task0_train)} questions")
-        run_stage(base, data.task0_train, collator, cfg.task0, cache / "trainer", seed)
+        train(base, data.task0_train, cfg.task0, dir2)
         return base
 
     _cached_stage(dir2, task0)
@@ -276,11 +290,12 @@ def run_method(
     lr = cfg.task1.lr_of(method)
     stage = replace(cfg.task1, lr=lr)
     log = result_path.with_suffix(".jsonl")
-    run_dir = result_path.with_suffix(".checkpoints")
+    run_dir, logging_dir = result_path.with_suffix(".checkpoints"), result_path.with_suffix(".logs")
     checkpoints = complete_checkpoints(run_dir)
     resume = checkpoints[-1] if checkpoints else None
     if resume is None:
         log.unlink(missing_ok=True)
+        shutil.rmtree(logging_dir, ignore_errors=True)
     print(
         f"[bio] stage 3 (seed {seed}): {method}, lr {lr:g}, {trainable_parameter_count(model):,} trainable"
         + (f", resuming from {resume}" if resume else "")
@@ -310,6 +325,7 @@ def run_method(
         run_info=run_info,
         resume_from=resume,
         save_total_limit=CHECKPOINTS_KEPT,
+        logging_dir=logging_dir,
     )
     result = {
         "method": method,
@@ -335,6 +351,8 @@ def validate(cfg: BioConfig) -> None:
     if m.hidden_size % m.heads:
         raise ValueError(f"model.hidden_size={m.hidden_size} must be a multiple of model.heads={m.heads}")
     cfg.options.validate(backbone_config(cfg), cfg.methods)
+    for stage in (cfg.pretrain, cfg.task0, cfg.task1):
+        report_to_argument(stage.report_to)  # its backends are installed
 
 
 def run_bio(cfg: BioConfig, out: Path, cache: Path | None = None) -> dict[str, Any]:
@@ -362,4 +380,13 @@ def run_bio(cfg: BioConfig, out: Path, cache: Path | None = None) -> dict[str, A
     return results
 
 
-__all__ = ["BioData", "build_data", "evaluate_tasks", "run_bio", "run_method", "stage_accuracies", "stage_models"]
+__all__ = [
+    "BioData",
+    "build_data",
+    "evaluate_tasks",
+    "run_bio",
+    "run_method",
+    "stage_accuracies",
+    "stage_keys",
+    "stage_models",
+]

@@ -7,6 +7,7 @@ Output folder::
     <method>/run/checkpoint-N  resumable checkpoints (trainable weights + optimizer/scheduler/RNG),
                                deleted when the method finishes
     <method>/metrics.jsonl     one record per evaluation (see `evaluate_method`)
+    <method>/logs/             TensorBoard's events, with ``--train.report_to tensorboard``
     <method>/model/            the trained model (`scale_cl.models.save_trained`), for ``scale-cl eval``
     <method>/result.json       the finished method's summary; its presence means "done"
     results.json, results.md, perplexity.png, representation.png
@@ -42,6 +43,7 @@ from scale_cl.files import atomic_write, write_json
 from scale_cl.models import BaseModelRef, load_base, save_trained
 from scale_cl.train.callbacks import PeriodicEval
 from scale_cl.train.checkpointing import CheckpointingTrainer, complete_checkpoints
+from scale_cl.train.trainer import connect_reporting, report_to_argument
 from scale_cl.train.trainer import training_arguments as stage_training_arguments
 
 CONFIG_FILE = "cpt_config.json"
@@ -61,6 +63,7 @@ def process_state() -> PartialState:
 def validate(cfg: CptConfig, base_config: Any) -> None:
     """Raise a ValueError for settings that cannot work with this base model, before anything is written."""
     cfg.options.validate(base_config, cfg.methods)
+    report_to_argument(cfg.train.report_to)  # its backends are installed
     world = process_state().num_processes
     t = cfg.train
     if t.batch_size % (t.micro_batch_size * world):
@@ -84,7 +87,9 @@ def use_bf16(cfg: CptConfig) -> bool:
     return precision == "bf16" or (precision == "auto" and cuda and torch.cuda.is_bf16_supported())
 
 
-def training_arguments(cfg: CptConfig, method: str, run_dir: Path, steps: int) -> TrainingArguments:
+def training_arguments(
+    cfg: CptConfig, method: str, run_dir: Path, steps: int, logging_dir: Path | None = None
+) -> TrainingArguments:
     """cpt's settings for the shared builder: ``batch_size`` split into per-process micro-batches and accumulation."""
     t = cfg.train
     world = process_state().num_processes
@@ -102,6 +107,7 @@ def training_arguments(cfg: CptConfig, method: str, run_dir: Path, steps: int) -
         activation_checkpointing=t.gradient_checkpointing,
         bf16=use_bf16(cfg),
         logging_steps=max(1, min(cfg.eval.every, 50)),
+        logging_dir=logging_dir,
     )
 
 
@@ -177,9 +183,9 @@ def run_method(
     base, tokenizer = load_base(ref)
     original_width = base.config.hidden_size
     model = prepare(base, method, **cfg.options.prepare_options(method, cfg.seed))
-    run_dir = method_dir / "run"
+    run_dir, logging_dir = method_dir / "run", method_dir / "logs"
     steps = total_steps(cfg, corpus)
-    args = training_arguments(cfg, method, run_dir, steps)
+    args = training_arguments(cfg, method, run_dir, steps, logging_dir)
     lr = args.learning_rate
     tokens_per_step = cfg.train.batch_size * cfg.data.seq_len
     tracker = PeriodicEval(
@@ -187,7 +193,6 @@ def run_method(
         every=cfg.eval.every,
         path=method_dir / "metrics.jsonl",
         tokens_per_step=tokens_per_step,
-        tensorboard_dir=method_dir / "tensorboard",
         initial=None if initial is None else {**initial, "trainable": trainable_parameter_count(model)},
     )
     run_info = {"method": method, "lr": lr, "base": asdict(ref), "steps": steps, "seed": cfg.seed}
@@ -199,10 +204,13 @@ def run_method(
         callbacks=[tracker],
         run_info=run_info,
     )
+    connect_reporting(trainer, logging_dir)
     checkpoints = complete_checkpoints(run_dir)
     resume = str(checkpoints[-1]) if checkpoints else None
-    trainable = trainable_parameter_count(model)
     state = process_state()
+    if resume is None and state.is_main_process:
+        shutil.rmtree(logging_dir, ignore_errors=True)  # a run started afresh: no events of an earlier attempt
+    trainable = trainable_parameter_count(model)
     if state.is_main_process:
         print(
             f"[cpt] {method}: lr {lr:g}, {trainable:,} trainable, {steps} steps"

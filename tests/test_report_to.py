@@ -1,0 +1,126 @@
+"""``report_to``: the Trainer's loss and the run's own metrics go to a logging backend (TensorBoard here), the
+backend is checked before anything is written, and it is no part of any setting that identifies a run."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from conftest import tiny_config
+from scale_cl.experiments.bio.config import preset as bio_preset
+from scale_cl.experiments.bio.pipeline import stage_keys
+from scale_cl.experiments.cpt.pipeline import run_cpt
+from scale_cl.experiments.run_folder import claim_output_folder
+from scale_cl.train import trainer as trainer_module
+from scale_cl.train.callbacks import _flatten
+from scale_cl.train.trainer import StageConfig
+
+EVENTS = "events.out.tfevents.*"
+
+
+def _tiny_run(workspace: Path, out: Path, report_to: list[str]) -> dict:
+    cfg = tiny_config(workspace, ["scale_route"])
+    return run_cpt(replace(cfg, train=replace(cfg.train, report_to=report_to)), out)
+
+
+def _scalars(folder: Path) -> dict[str, dict[int, float]]:
+    """Every scalar TensorBoard holds in ``folder``: tag -> {step: value}."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    accumulator = EventAccumulator(str(folder))
+    accumulator.Reload()
+    return {tag: {e.step: e.value for e in accumulator.Scalars(tag)} for tag in accumulator.Tags()["scalars"]}
+
+
+def test_tensorboard_gets_the_loss_and_the_runs_own_metrics(workspace, tmp_path):
+    pytest.importorskip("tensorboard")
+    results = _tiny_run(workspace, tmp_path / "run", ["tensorboard"])
+    logs = tmp_path / "run" / "scale_route" / "logs"
+    assert list(logs.glob(EVENTS)), "the events are in the method's logs/ folder"
+    assert not list((tmp_path / "run").glob(f"scale_route/run/**/{EVENTS}"))
+    scalars = _scalars(logs)
+    assert set(scalars["train/loss"]) == {3, 6}  # logging_steps = eval.every = 3
+    assert {"train/learning_rate", "train/grad_norm"} <= set(scalars)
+    curve = results["methods"]["scale_route"]["curve"]
+    assert curve == [json.loads(line) for line in (tmp_path / "run" / "scale_route" / "metrics.jsonl").open()]
+    for record in curve:
+        for name, value in _flatten(record).items():
+            if name != "step":
+                assert scalars[f"eval/{name}"][record["step"]] == pytest.approx(value, rel=1e-6), name
+    assert {"eval/learning_ppl", "eval/forgetting_ppl/toy", "eval/route_preserve_share/toy"} <= set(scalars)
+    assert set(scalars["eval/learning_ppl"]) == {0, 3, 6}  # step 0 and the last step too
+    assert (tmp_path / "run" / "cpt_config.json").is_file()
+    assert "report_to" not in json.loads((tmp_path / "run" / "cpt_config.json").read_text())["train"]
+
+
+def test_default_none_writes_no_events(workspace, tmp_path):
+    assert StageConfig().report_to == ["none"]
+    _tiny_run(workspace, tmp_path / "run", ["none"])
+    assert (tmp_path / "run" / "scale_route" / "result.json").is_file()
+    assert not list((tmp_path / "run").rglob(EVENTS)) and not (tmp_path / "run" / "scale_route" / "logs").exists()
+
+
+def test_unknown_backend_is_refused_with_the_valid_names(workspace, tmp_path, capsys):
+    with pytest.raises(ValueError, match=r"unknown backend 'tensorbord'; valid: .*tensorboard.*wandb"):
+        StageConfig(report_to=["tensorbord"])
+    for mixed in (["none", "tensorboard"], ["all", "wandb"], ["tensorboard", "tensorboard"]):
+        with pytest.raises(ValueError, match="alone"):
+            StageConfig(report_to=mixed)
+    from scale_cl.cli import main
+
+    out = tmp_path / "out"
+    argv = ["cpt", "--model", str(workspace / "base"), "--out", str(out), "--data.train", str(workspace / "new.jsonl")]
+    assert main([*argv, "--train.report_to", "tensorbord"]) == 2
+    assert "unknown backend 'tensorbord'" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_backend_not_installed_is_refused_before_anything_is_written(workspace, tmp_path, monkeypatch):
+    monkeypatch.setattr(trainer_module, "backend_installed", lambda module: module != "mlflow")
+    with pytest.raises(ValueError, match="'mlflow' needs a package that is not installed: pip install mlflow"):
+        _tiny_run(workspace, tmp_path / "out", ["mlflow"])
+    assert not (tmp_path / "out").exists()
+
+
+def test_wandb_runs_offline_unless_the_user_said_otherwise(tmp_path, monkeypatch):
+    monkeypatch.setattr(trainer_module, "backend_installed", lambda module: True)
+    monkeypatch.setenv("WANDB_MODE", "")  # records the environment as it was, so that it is restored afterwards
+    monkeypatch.delenv("WANDB_MODE")
+    args = trainer_module.training_arguments(StageConfig(report_to=["wandb"]), tmp_path, 0)
+    assert args.report_to == ["wandb"]
+    assert os.environ["WANDB_MODE"] == "offline"
+    monkeypatch.setenv("WANDB_MODE", "online")
+    trainer_module.training_arguments(StageConfig(report_to=["wandb"]), tmp_path, 0)
+    assert os.environ["WANDB_MODE"] == "online"
+
+
+def test_report_to_is_no_part_of_a_runs_identity(tmp_path):
+    """Cache keys (bio's stages 1-2) and the settings a run folder is claimed with ignore where metrics are sent."""
+    plain = bio_preset("micro")
+    logged = replace(
+        plain,
+        pretrain=replace(plain.pretrain, report_to=["tensorboard"]),
+        task0=replace(plain.task0, report_to=["all"]),
+        task1=replace(plain.task1, report_to=["tensorboard"]),
+    )
+    assert stage_keys(logged, 0) == stage_keys(plain, 0)
+    assert stage_keys(replace(plain, pretrain=replace(plain.pretrain, lr=1e-2)), 0)[0] != stage_keys(plain, 0)[0]
+    claim_output_folder(tmp_path, "config.json", plain.to_dict())
+    claim_output_folder(tmp_path, "config.json", logged.to_dict())  # the same run: accepted
+    with pytest.raises(ValueError, match=r"differs in: task1\.lr"):
+        claim_output_folder(tmp_path, "config.json", replace(logged, task1=replace(logged.task1, lr=1.0)).to_dict())
+
+
+def test_report_to_parses_on_every_training_command():
+    from scale_cl.cli import parse_settings
+
+    assert parse_settings(["cpt", "--train.report_to", "tensorboard"]).cpt.train.report_to == ["tensorboard"]
+    assert parse_settings(["cpt"]).cpt.train.report_to == ["none"]
+    bio = parse_settings(["bio", "--task1.report_to", "tensorboard", "--pretrain.report-to", "all"]).bio
+    assert (bio.task1.report_to, bio.pretrain.report_to, bio.task0.report_to) == (["tensorboard"], ["all"], ["none"])
+    assert parse_settings(["base", "--train.report_to", "tensorboard"]).base.train.report_to == ["tensorboard"]
+    assert parse_settings(["sweep", "cpt", "--train.report_to", "tensorboard"]).cpt.train.report_to == ["tensorboard"]
