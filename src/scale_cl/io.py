@@ -10,7 +10,8 @@ A checkpoint directory holds:
   and shape of every saved tensor, and the SHA-256 of every weight file (checked on load, so a
   file damaged after saving is refused rather than loaded with wrong values);
 * ``scale_model.safetensors``: every parameter SCALE added (``w12``/``w21``/``w22``/``bias_up``/
-  ``weight_up``), under the names the upscaled model uses;
+  ``weight_up``), and an extended vocabulary's new token rows (``weight_new``, `scale_cl.vocab`), under
+  the names the upscaled model uses;
 * ``base_model.safetensors``: only for ``full=True``, the frozen base weights, so that loading
   needs no other file.
 
@@ -33,13 +34,14 @@ from transformers import PreTrainedModel
 
 from scale_cl.config import scale_config_of
 from scale_cl.files import atomic_write, sha256_of
+from scale_cl.vocab.grow import EXTENSION_KEY
 
 FORMAT = "scale-cl"
 VERSION = 1
 CONFIG_NAME = "scale_config.json"
 WEIGHTS_NAME = "scale_model.safetensors"
 BASE_WEIGHTS_NAME = "base_model.safetensors"
-NEW_PARAM_NAMES = ("w12", "w21", "w22", "bias_up", "weight_up")
+NEW_PARAM_NAMES = ("w12", "w21", "w22", "bias_up", "weight_up", "weight_new")
 
 
 def is_new_parameter(name: str) -> bool:
@@ -84,11 +86,13 @@ def save(
 
     directory = Path(save_directory)
     directory.mkdir(parents=True, exist_ok=True)
+    base, vocab = _unextended(base, model)
     meta = {
         "format": FORMAT,
         "version": VERSION,
         "scale_config": cfg.to_dict(),
         "base_model": base,
+        **({"vocab": vocab} if vocab else {}),
         "full": full,
         "tensors": {n: list(t.shape) for n, t in new.items()},
         "sha256": {},
@@ -103,6 +107,21 @@ def save(
         (directory / BASE_WEIGHTS_NAME).unlink(missing_ok=True)
     atomic_write(directory / CONFIG_NAME, lambda p: Path(p).write_text(json.dumps(meta, indent=2)))
     return directory
+
+
+def _unextended(base: dict[str, Any], model: nn.Module) -> tuple[dict[str, Any], dict[str, int] | None]:
+    """The base record as the base model was before a vocabulary extension, and the extension's sizes.
+
+    Loading rebuilds the base from that record (or from the base model it names) and then grows it by
+    ``new_rows`` (`scale_cl.vocab.grow_embeddings`), whichever order extension and upscaling came in.
+    """
+    embedding = model.get_input_embeddings()
+    new = getattr(embedding, "weight_new", None)
+    if new is None:
+        return base, None
+    rows = embedding.weight.shape[0]
+    config = {k: v for k, v in base["config"].items() if k != EXTENSION_KEY}
+    return {**base, "config": {**config, "vocab_size": rows}}, {"base_rows": rows, "new_rows": new.shape[0]}
 
 
 def read_meta(directory: str | os.PathLike) -> dict[str, Any]:

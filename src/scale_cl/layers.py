@@ -282,18 +282,33 @@ class SplitNorm(SplitInput):
 
 
 class ScaleEmbedding(nn.Module):
-    """Token -> ``[E[token]; E_up[token]]``; ``E`` frozen (and possibly tied to the LM head)."""
+    """Token -> ``[E[token]; E_up[token]]``; ``E`` frozen (and possibly tied to the LM head).
+
+    With an extended vocabulary (`scale_cl.vocab`) ``E`` is ``[weight; weight_new]``: the original
+    rows frozen, the new tokens' rows ``weight_new`` trainable (taken over from the base model's
+    `scale_cl.vocab.VocabEmbedding`, or added by `scale_cl.vocab.grow_embeddings`); None otherwise.
+    """
 
     def __init__(self, base: nn.Embedding, weight_up: torch.Tensor) -> None:
         super().__init__()
         self.weight = base.weight
+        self.register_parameter("weight_new", getattr(base, "weight_new", None))
         self.padding_idx = base.padding_idx
         self.num_embeddings = base.num_embeddings
         self.embedding_dim = base.embedding_dim + weight_up.shape[1]
         self.weight_up = nn.Parameter(weight_up.to(device=base.weight.device, dtype=base.weight.dtype))
 
+    @staticmethod
+    def lookup(input_ids: torch.Tensor, weight: torch.Tensor, new: torch.Tensor | None, padding_idx: int | None):
+        """``[weight; new][input_ids]`` without concatenating the tables; an original id reads ``weight`` bitwise."""
+        if new is None:
+            return F.embedding(input_ids, weight, padding_idx)
+        is_new = input_ids >= weight.shape[0]
+        old = F.embedding(input_ids.masked_fill(is_new, 0), weight, padding_idx)
+        return torch.where(is_new.unsqueeze(-1), F.embedding((input_ids - weight.shape[0]).clamp(min=0), new), old)
+
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        x = F.embedding(input_ids, self.weight, self.padding_idx)
+        x = self.lookup(input_ids, self.weight, self.weight_new, self.padding_idx)
         x_up = F.embedding(input_ids, self.weight_up, self.padding_idx)
         return torch.cat((x, x_up), dim=-1)
 
@@ -306,6 +321,12 @@ class ScaleHead(SplitInput):
 
     In route mode (``route.active``) the head also combines the two paths with Eq. 5 (see
     `scale_cl.route`) and records its routing decision in ``route.last_mask``.
+
+    With an extended vocabulary (`scale_cl.vocab`) ``W_out`` is ``[weight; weight_new]`` (the new
+    tokens' rows trainable, the embedding's own when tied) and ``W_out_up`` has a row per token, new
+    ones included. The original vocabulary's logits are computed as before and the new tokens'
+    appended; route decides from the original vocabulary's logits alone, so a token routes as it
+    would without the extension.
     """
 
     def __init__(self, base: nn.Linear, hidden_up: int) -> None:
@@ -315,6 +336,7 @@ class ScaleHead(SplitInput):
         self.hidden_size, self.hidden_up = base.in_features, hidden_up
         self.weight = base.weight
         self.bias = base.bias
+        self.register_parameter("weight_new", getattr(base, "weight_new", None))
         factory = {"device": base.weight.device, "dtype": base.weight.dtype}
         self.weight_up = nn.Parameter(torch.zeros(base.out_features, hidden_up, **factory))
         self.route: RouteState | None = None  # the model's route state, handed over by `upscale`
@@ -322,7 +344,28 @@ class ScaleHead(SplitInput):
     def parts(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The original-part logits ``Z`` and the added part ``Z_up``."""
         x, x_up = hidden.split((self.hidden_size, self.hidden_up), dim=-1)
-        return F.linear(self.original(x), self.weight, self.bias), F.linear(x_up, self.weight_up)
+        x = self.original(x)
+        z = F.linear(x, self.weight, self.bias)
+        if self.weight_new is not None:
+            z = torch.cat((z, F.linear(x, self.weight_new)), dim=-1)
+        return z, F.linear(x_up, self.weight_up)
+
+    def _route_extended(self, x: torch.Tensor, x_up: torch.Tensor, tau: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """Eq. 5 over every column, new tokens included, routed on the original vocabulary's logits alone.
+
+        Unlike `route_logits` (which takes the preserve path's logits as constants), the preserve path keeps
+        its gradient: with an extended vocabulary the new rows train, and both paths depend on them. The
+        original columns equal `route_logits`' bitwise (``(Z_p + Z_a) / 2`` is ``Z_a / 2 + Z_p / 2`` exactly).
+        """
+        half = x.shape[0] // 2
+        x_p, x_a = x[:half], x[half:]
+        z_p, z_a = F.linear(x_p, self.weight, self.bias), F.linear(x_a, self.weight, self.bias)
+        routed = route_mask(z_p, z_a, tau)
+        keep = routed[..., None]
+        z_p = torch.cat((z_p, F.linear(x_p, self.weight_new)), dim=-1)
+        z_a = torch.cat((z_a, F.linear(x_a, self.weight_new)), dim=-1)
+        z = torch.where(keep, (z_p + z_a) / 2, z_a)
+        return z + F.linear(torch.where(keep, x_up[:half], x_up[half:]), self.weight_up), routed
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         route = self.route
@@ -334,7 +377,10 @@ class ScaleHead(SplitInput):
             route.last_mask = route_mask(z, z, route.tau)
             return z + z_up
         x, x_up = hidden.split((self.hidden_size, self.hidden_up), dim=-1)
-        logits, route.last_mask = route_logits(x, x_up, self.weight, self.bias, self.weight_up, route.tau)
+        if self.weight_new is None:
+            logits, route.last_mask = route_logits(x, x_up, self.weight, self.bias, self.weight_up, route.tau)
+            return logits
+        logits, route.last_mask = self._route_extended(x, x_up, route.tau)
         return logits
 
     def extra_repr(self) -> str:

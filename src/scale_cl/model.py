@@ -31,9 +31,11 @@ def set_method(model: nn.Module, method: str) -> nn.Module:
     layers = decoder_layers(model)
     # The original stream is constant (depends on no trainable parameter) below the first layer
     # whose W12 is used; there, the modules skip the gradient through the frozen products.
-    first_w12 = len(layers) if method == "preserve" else cfg.preserve_layers
+    # An extended vocabulary's new embedding rows train (`scale_cl.vocab`): the stream depends on them from the start.
+    new_rows = getattr(model.get_input_embeddings(), "weight_new", None) is not None
+    first_w12 = 0 if new_rows else len(layers) if method == "preserve" else cfg.preserve_layers
     # Route stacks [preserve; adapt] from the first collaborative layer on; the preserve half's
-    # original stream never meets W12, so it is constant there too.
+    # original stream never meets W12, so it is constant there too (unless new rows feed it).
     stacked_from = cfg.preserve_layers if cfg.preserve_layers < len(layers) else None
     for module in model.modules():
         if isinstance(module, SplitInput):
@@ -43,7 +45,8 @@ def set_method(model: nn.Module, method: str) -> nn.Module:
         for module in layer.modules():
             if isinstance(module, SplitInput):
                 module.constant_input = index < first_w12
-                module.constant_preserve_half = method == "route" and stacked_from is not None and index >= stacked_from
+                stacked = stacked_from is not None and index >= stacked_from
+                module.constant_preserve_half = method == "route" and stacked and not new_rows
             if isinstance(module, ScaleLinear):
                 module.use_w12 = module.collaborative and method != "preserve"
     model.scale_route.switch(method == "route", cfg.route_tau, stacked_from)  # created by `upscale`

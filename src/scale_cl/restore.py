@@ -27,6 +27,7 @@ from scale_cl.io import (
 from scale_cl.model import set_method
 from scale_cl.provenance import weight_fingerprint
 from scale_cl.upscale import upscale
+from scale_cl.vocab import grow_embeddings
 
 # Base config fields whose mismatch makes a checkpoint unusable.
 _SHAPE_FIELDS = (
@@ -122,6 +123,8 @@ def load(
             "check_base_weights=False to accept the difference."
         )
 
+    if meta.get("vocab"):  # an extended vocabulary: the new rows' values come with the new weights below
+        grow_embeddings(model, meta["vocab"]["new_rows"])
     # The saved values replace the initialisers, so skip the SVD.
     model = upscale(model, ScaleConfig.from_dict({**cfg.to_dict(), "w21_init": "zero", "w22_init": "zero"}))
     params = dict(model.named_parameters())

@@ -5,6 +5,7 @@ from __future__ import annotations
 from torch import nn
 
 from scale_cl.arch import spec_for
+from scale_cl.vocab import new_row_parameters, split_vocab
 
 
 def prepare_freeze(model: nn.Module, *, layers: int = 3) -> nn.Module:
@@ -17,6 +18,8 @@ def prepare_freeze(model: nn.Module, *, layers: int = 3) -> nn.Module:
     matching parameter names, so ``layers=2`` freezes layers 0 and 1 and leaves 10, 11, ... alone.
     A tied LM head *is* the embedding's weight, so with tied embeddings the head is frozen too.
     ``layers=0`` freezes only the embedding; more than the model's number of layers is an error.
+    With an extended vocabulary (`scale_cl.vocab`) only the original rows are the frozen embedding:
+    the new tokens' rows (``weight_new``) train.
     """
     if isinstance(layers, bool) or not isinstance(layers, int):
         raise ValueError(f"freeze: layers must be an int (how many bottom decoder layers to freeze), got {layers!r}")
@@ -24,7 +27,9 @@ def prepare_freeze(model: nn.Module, *, layers: int = 3) -> nn.Module:
     decoder = getattr(model, spec.backbone).layers
     if not 0 <= layers <= len(decoder):
         raise ValueError(f"freeze: layers={layers} must be between 0 and the model's {len(decoder)} decoder layers")
+    split_vocab(model)
     frozen = {id(p) for p in model.get_input_embeddings().parameters()}
+    frozen -= {id(p) for p in new_row_parameters(model)}
     for layer in decoder[:layers]:
         frozen.update(id(p) for p in layer.parameters())
     for param in model.parameters():

@@ -23,6 +23,7 @@ from scale_cl.methods.matching import (
     match_llama_pro_blocks,
     scale_trainable_count,
 )
+from scale_cl.vocab import new_row_parameters, split_vocab
 
 
 def residual_outputs(spec: ArchSpec) -> list[str]:
@@ -53,6 +54,7 @@ def prepare_llama_pro(
     gets its source block's type), and every attention's ``layer_idx`` (0 .. L+N-1 in order, the
     KV-cache slots), and records ``config.llama_pro = {"base_layers", "blocks", "inserted"}`` with
     the indices of the new blocks in the expanded model. The copies share the model's config object.
+    With an extended vocabulary (`scale_cl.vocab`) the new tokens' rows (``weight_new``) train too.
     """
     spec = spec_for(model)
     backbone = getattr(model, spec.backbone)
@@ -75,8 +77,11 @@ def prepare_llama_pro(
             f"(one copy after every L/N blocks); valid values: {valid}"
         )
 
+    split_vocab(model)
     for param in model.parameters():
         param.requires_grad_(False)
+    for param in new_row_parameters(model):
+        param.requires_grad_(True)
     sources = set(llama_pro_sources(num_layers, blocks))
     configs = {id(c): c for c in (model.config, getattr(backbone, "config", None)) if c is not None}
     layer_types = getattr(model.config, "layer_types", None)

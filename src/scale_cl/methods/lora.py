@@ -8,6 +8,7 @@ from torch import nn
 
 from scale_cl.config import ScaleConfig
 from scale_cl.methods.matching import match_lora_rank, scale_trainable_count
+from scale_cl.vocab import merge_vocab, new_token_ids
 
 
 def prepare_lora(
@@ -30,6 +31,10 @@ def prepare_lora(
     no rank is within 10%). ``alpha=None`` means ``2 * rank`` (a common choice that keeps the
     update scale ``alpha / rank = 2`` fixed across ranks; the paper does not state its alpha).
     PEFT initialises ``B = 0``, so the model computes the base model's logits until it trains.
+
+    With an extended vocabulary (`scale_cl.vocab`) the new tokens' embedding rows (and an untied head's)
+    train through PEFT's own trainable tokens (``trainable_token_indices``; PEFT ties a tied head), the
+    original rows stay frozen, and PEFT saves the new rows with the adapter.
     """
     from peft import LoraConfig, get_peft_model
 
@@ -63,5 +68,20 @@ def prepare_lora(
         target_modules=target_modules,
         bias="none",
         task_type="CAUSAL_LM",
+        trainable_token_indices=_new_token_indices(model),
     )
     return get_peft_model(model, config)
+
+
+def _new_token_indices(model: nn.Module) -> dict[str, list[int]] | None:
+    """PEFT's ``trainable_token_indices`` of an extended vocabulary: embedding (and untied head) -> new ids."""
+    ids = new_token_ids(model)
+    if not ids:
+        return None
+    merge_vocab(model)  # PEFT wraps a plain nn.Embedding / nn.Linear of all rows
+    names = {module: name for name, module in model.named_modules()}
+    embedding, head = model.get_input_embeddings(), model.get_output_embeddings()
+    indices = {names[embedding]: ids}
+    if head is not None and head.weight is not embedding.weight:
+        indices[names[head]] = ids
+    return indices

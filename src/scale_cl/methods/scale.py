@@ -10,6 +10,7 @@ from torch import nn
 from scale_cl.config import ScaleConfig
 from scale_cl.methods import SCALE_METHOD_NAMES, method_spec
 from scale_cl.upscale import upscale
+from scale_cl.vocab import split_vocab
 
 # the ScaleConfig fields accepted as options (the method comes from the method name)
 SCALE_FIELDS = tuple(f.name for f in fields(ScaleConfig) if f.name != "method")
@@ -26,7 +27,8 @@ def prepare_scale(model: nn.Module, method: str, **options: Any) -> nn.Module:
     Options: ``scale=ScaleConfig(...)`` (its ``method`` is replaced by the method name), and/or
     ScaleConfig fields as keywords (``hidden_up=..., ffn_up=..., preserve_layers=...``), which
     override the fields of ``scale`` when both are given. Without ``scale``, ``hidden_up`` and
-    ``ffn_up`` are required (as in ScaleConfig: no silent default width).
+    ``ffn_up`` are required (as in ScaleConfig: no silent default width). An extended vocabulary's new
+    rows (`scale_cl.vocab`) train beside SCALE's new parameters; its original rows stay frozen.
     """
     spec = method_spec(method)
     if not spec.is_scale:
@@ -48,4 +50,4 @@ def prepare_scale(model: nn.Module, method: str, **options: Any) -> nn.Module:
         cfg = replace(scale, method=spec.scale_method, **options)
     else:
         raise ValueError(f"{method}: scale must be a ScaleConfig, got {type(scale).__name__}")
-    return upscale(model, cfg)
+    return upscale(split_vocab(model), cfg)

@@ -1,0 +1,78 @@
+"""Vocabulary extension for a new language or domain: new tokens in the tokenizer, new rows in the model.
+
+::
+
+    from scale_cl.vocab import extend_vocab
+    model, tokenizer, added = extend_vocab(model, tokenizer, new_domain_texts, count=2000)
+    model = prepare(model, "scale_route", ...)        # or any method; upscale-then-extend works too
+
+`extend_tokenizer` learns ``count`` BPE merges on top of the base tokenizer's own segmentation of
+the new-domain text and appends them (lowest priority) with the ids ``V .. V+N-1`` (``V``: the
+model's embedding rows); `grow_embeddings` appends ``N`` rows to the embedding and LM head as
+separate parameters (``weight_new``), initialised as the mean of the rows of each new token's base
+pieces. Every method keeps what it freezes frozen: SCALE, Freeze and LLaMA Pro keep the original
+rows frozen and train ``weight_new``; LoRA trains the new rows through PEFT's trainable tokens;
+full fine-tuning trains everything.
+
+What is exact, before training (tested on every architecture):
+
+* ids below ``V`` read the original embedding rows bitwise, so on text the extended tokenizer
+  splits as before (old-domain text where no new merge fires) a SCALE model's original stream is
+  the base model's, and its logits over the original vocabulary (``logits[..., :V]``) are the base
+  model's (Theorem 3.1 with the extension);
+* the original rows stay bitwise unchanged under training for SCALE, Freeze, LLaMA Pro and LoRA.
+
+What is not: the softmax spans ``V + N`` tokens, so every original token's log-probability drops by
+the same per-position amount ``log(1 + sum_new exp(z_new) / sum_old exp(z_old))``, and text where a
+new merge fires is split into different (fewer) tokens, so its perplexity is over another sequence.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from torch import nn
+
+from scale_cl.vocab.grow import (
+    EXTENSION_KEY,
+    extension_record,
+    grow_embeddings,
+    merge_vocab,
+    new_row_parameters,
+    new_token_ids,
+    split_vocab,
+    vocab_rows,
+)
+from scale_cl.vocab.layers import VocabEmbedding, VocabHead
+from scale_cl.vocab.tokenizer import VocabExtension, extend_tokenizer
+
+
+def extend_vocab(
+    model: nn.Module, tokenizer: Any, texts: Iterable[str], count: int, min_frequency: int = 2
+) -> tuple[nn.Module, Any, VocabExtension]:
+    """Extend ``tokenizer`` with ``count`` tokens learned from ``texts`` and grow ``model`` for them.
+
+    Returns (model grown in place, a new tokenizer, what was added). Every check (a tokenizer that
+    cannot be extended, ids that would collide, more tokens than the text supports) runs before the
+    model is touched; ``tokenizer`` itself is never changed.
+    """
+    extended, added = extend_tokenizer(tokenizer, texts, count, vocab_rows(model), min_frequency)
+    return grow_embeddings(model, added), extended, added
+
+
+__all__ = [
+    "EXTENSION_KEY",
+    "VocabEmbedding",
+    "VocabExtension",
+    "VocabHead",
+    "extend_tokenizer",
+    "extend_vocab",
+    "extension_record",
+    "grow_embeddings",
+    "merge_vocab",
+    "new_row_parameters",
+    "new_token_ids",
+    "split_vocab",
+    "vocab_rows",
+]

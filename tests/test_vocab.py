@@ -1,0 +1,310 @@
+"""Vocabulary extension (`scale_cl.vocab`): the tokenizer learns new tokens from new-domain text, the model grows
+rows for them on every architecture and under every method, original rows stay frozen where the method freezes
+the original, SCALE stays exact over the original vocabulary, and saved models keep the new rows."""
+
+from __future__ import annotations
+
+import copy
+import json
+import sys
+
+import pytest
+import torch
+
+from conftest import (
+    SYLLABLES,
+    VOCAB,
+    WORDS,
+    _documents,
+    make_model,
+    tiny_scale_config,
+    token_batch,
+)
+from scale_cl import load, upscale
+from scale_cl.data.tokenizer import train_bpe_tokenizer
+from scale_cl.layers import ScaleHead
+from scale_cl.methods import METHOD_NAMES, prepare
+from scale_cl.vocab import (
+    EXTENSION_KEY,
+    VocabEmbedding,
+    VocabExtension,
+    VocabHead,
+    extend_tokenizer,
+    extend_vocab,
+    grow_embeddings,
+    merge_vocab,
+    split_vocab,
+    vocab_rows,
+)
+
+N = 5  # new tokens of the synthetic extension
+ATOL = 1e-5  # as tests/test_preservation.py: SCALE's merged inference form rounds differently, not bitwise
+SCALE_METHODS = ("scale_preserve", "scale_adapt", "scale_route")
+FREEZES_ORIGINAL = {"freeze", "llama_pro", "lora", *SCALE_METHODS}
+
+
+def synthetic_extension(count: int = N, first_id: int = VOCAB) -> VocabExtension:
+    """New tokens for a tiny random model (no tokenizer): token k is made of the base ids k+1 and k+2."""
+    return VocabExtension(first_id, tuple(f"new{k}" for k in range(count)), tuple((k + 1, k + 2) for k in range(count)))
+
+
+def batch_with_new_ids(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """A padded batch whose every row holds new ids as inputs and as labels."""
+    ids, mask = token_batch(True, seed, rows=3, length=9, pads=(4,))
+    ids[:, -3:] = torch.tensor([VOCAB, VOCAB + 2, VOCAB + N - 1])
+    return ids, mask
+
+
+def method_options(method: str, base) -> dict:
+    if method in SCALE_METHODS:
+        return {"scale": tiny_scale_config(base, preserve_layers=1)}
+    return {"lora": {"rank": 2}, "freeze": {"layers": 1}, "llama_pro": {"blocks": 1}}.get(method, {})
+
+
+def run(model, ids, mask, **kwargs):
+    with torch.no_grad():
+        return model(input_ids=ids, attention_mask=mask, output_hidden_states=True, **kwargs)
+
+
+def tables(model, width: int, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The embedding and LM-head rows the model computes with (``rows x width`` each), read through its modules,
+    so a wrapper (PEFT's trainable tokens, the split layers) shows the values it uses."""
+    with torch.no_grad():
+        embedding = model.get_input_embeddings()(torch.arange(rows))[..., :width]
+        head = model.get_output_embeddings()
+        eye = torch.eye(width)
+        if isinstance(head, ScaleHead):
+            logits = head.parts(torch.cat((eye, torch.zeros(width, head.hidden_up)), dim=-1))[0]
+        else:
+            logits = head(eye)
+    return embedding.clone(), logits.T.clone()
+
+
+# --------------------------------------------------------------------------------------------
+# Growing the model
+
+
+def test_grow_plain_model_keeps_original_logits_bitwise(arch_name):
+    base = make_model(arch_name)
+    model = grow_embeddings(copy.deepcopy(base), synthetic_extension())
+    assert isinstance(model.get_input_embeddings(), VocabEmbedding)
+    assert isinstance(model.get_output_embeddings(), VocabHead)
+    assert model.config.vocab_size == VOCAB + N and vocab_rows(model) == VOCAB + N
+    assert getattr(model.config, EXTENSION_KEY) == {"base_rows": VOCAB, "new_rows": N}
+    embedding, head = model.get_input_embeddings(), model.get_output_embeddings()
+    assert embedding.weight is base.get_input_embeddings().weight or torch.equal(
+        embedding.weight, base.get_input_embeddings().weight
+    )
+    if base.config.tie_word_embeddings:
+        assert head.weight is embedding.weight and head.weight_new is embedding.weight_new
+    # a new row starts as the mean of its pieces' rows
+    expected = base.get_input_embeddings().weight[[1, 2]].mean(0)
+    torch.testing.assert_close(embedding.weight_new[0], expected)
+    ids, mask = token_batch()
+    out, ref = run(model, ids, mask), run(base, ids, mask)
+    assert out.logits.shape[-1] == VOCAB + N
+    assert torch.equal(out.logits[..., :VOCAB], ref.logits)
+    assert all(torch.equal(a, b) for a, b in zip(out.hidden_states, ref.hidden_states, strict=True))
+    new_ids, _ = batch_with_new_ids()
+    assert torch.isfinite(run(model, new_ids, mask).logits).all()
+
+
+@pytest.mark.parametrize("order", ["extend-then-upscale", "upscale-then-extend"])
+@pytest.mark.parametrize("method", ["preserve", "adapt", "route"])
+def test_scale_exact_over_the_original_vocabulary(arch_name, method, order):
+    """Theorem 3.1 with an extended vocabulary: on original ids the original stream is the base model's and the
+    logits over the original vocabulary are the base model's (the softmax, over V + N tokens, is not)."""
+    base = make_model(arch_name)
+    cfg = tiny_scale_config(base, method, preserve_layers=1, w21_init="random", w22_init="random")
+    model = copy.deepcopy(base)
+    if order == "extend-then-upscale":
+        model = upscale(grow_embeddings(model, synthetic_extension()), cfg)
+    else:
+        model = grow_embeddings(upscale(model, cfg), synthetic_extension())
+    assert model.config.vocab_size == VOCAB + N
+    ids, mask = token_batch()
+    out, ref = run(model, ids, mask), run(base, ids, mask)
+    d, rows = base.config.hidden_size, ids.shape[0]
+    assert out.logits.shape[-1] == VOCAB + N
+    torch.testing.assert_close(out.logits[..., :VOCAB], ref.logits, atol=ATOL, rtol=0)
+    for mine, theirs in zip(out.hidden_states, ref.hidden_states, strict=True):
+        torch.testing.assert_close(mine[:rows, ..., :d], theirs, atol=ATOL, rtol=0)
+    # log p over V + N tokens = the base's log p minus one per-position normaliser
+    shift = torch.log_softmax(ref.logits, -1) - torch.log_softmax(out.logits, -1)[..., :VOCAB]
+    normaliser = torch.logsumexp(out.logits, -1) - torch.logsumexp(out.logits[..., :VOCAB], -1)
+    torch.testing.assert_close(shift, normaliser[..., None].expand_as(shift), atol=1e-4, rtol=0)
+    assert (normaliser > 0).all()
+
+
+def test_grow_checks_its_input():
+    model = make_model("llama-gqa2-tied")
+    with pytest.raises(ValueError, match="start at 90, but the model has 96"):
+        grow_embeddings(model, synthetic_extension(first_id=90))
+    with pytest.raises(ValueError, match="positive int"):
+        grow_embeddings(model, 0)
+    assert vocab_rows(model) == VOCAB and not hasattr(model.config, EXTENSION_KEY)
+
+
+def test_grow_twice_and_by_count():
+    base = make_model("llama-mha-untied")
+    model = grow_embeddings(copy.deepcopy(base), synthetic_extension())
+    grow_embeddings(model, 3)  # rows without pieces: the mean of the original rows
+    assert getattr(model.config, EXTENSION_KEY) == {"base_rows": VOCAB, "new_rows": N + 3}
+    head = model.get_output_embeddings()
+    assert head.weight_new.shape[0] == N + 3
+    torch.testing.assert_close(head.weight_new[-1], base.lm_head.weight.mean(0))
+
+
+# --------------------------------------------------------------------------------------------
+# Training under every method: original rows frozen where the method freezes the original, new rows train
+
+
+@pytest.mark.parametrize("method", METHOD_NAMES)
+def test_training_keeps_original_rows_and_trains_new_rows(arch_name, method):
+    base = make_model(arch_name)
+    model = prepare(grow_embeddings(copy.deepcopy(base), synthetic_extension()), method, **method_options(method, base))
+    d, rows = base.config.hidden_size, VOCAB + N
+    embedding_before, head_before = tables(model, d, rows)
+    ids, mask = batch_with_new_ids()
+    model.train()
+    # every parameter goes to the optimizer, with weight decay: only autograd keeps the frozen rows out
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
+    for _ in range(3):
+        optimizer.zero_grad(set_to_none=True)
+        loss = model(input_ids=ids, attention_mask=mask, labels=ids.masked_fill(mask == 0, -100)).loss
+        assert torch.isfinite(loss)
+        loss.backward()
+        optimizer.step()
+    model.eval()
+    embedding_after, head_after = tables(model, d, rows)
+    assert not torch.equal(embedding_after[VOCAB:], embedding_before[VOCAB:]), "new embedding rows did not train"
+    assert not torch.equal(head_after[VOCAB:], head_before[VOCAB:]), "new LM-head rows did not train"
+    if method in FREEZES_ORIGINAL:
+        assert torch.equal(embedding_after[:VOCAB], embedding_before[:VOCAB]), "original embedding rows changed"
+    # Freeze trains an untied LM head (everything above its frozen layers); the others keep it
+    keeps_head = method in FREEZES_ORIGINAL and (method != "freeze" or base.config.tie_word_embeddings)
+    if keeps_head:
+        assert torch.equal(head_after[:VOCAB], head_before[:VOCAB]), "original LM-head rows changed"
+
+
+@pytest.mark.parametrize("method", ["scale_preserve", "scale_route"])
+def test_scale_new_embedding_rows_get_their_full_gradient(method):
+    """The new rows feed the original stream, so it is no longer constant: the gradient reaches them through the
+    frozen layers (and, in route mode, through both paths) exactly as autograd computes it without shortcuts."""
+    base = make_model("llama-gqa2-tied")
+    model = prepare(grow_embeddings(copy.deepcopy(base), synthetic_extension()), method, **method_options(method, base))
+    ids, mask = batch_with_new_ids()
+    labels = ids.masked_fill(mask == 0, -100)
+    model.train()
+    model(input_ids=ids, attention_mask=mask, labels=labels).loss.backward()
+    fast = model.get_input_embeddings().weight_new.grad.clone()
+    model.zero_grad(set_to_none=True)
+    from scale_cl.layers import SplitInput
+
+    for module in model.modules():  # the reference: no constant-stream shortcut anywhere
+        if isinstance(module, SplitInput):
+            module.constant_input = module.constant_preserve_half = False
+    model(input_ids=ids, attention_mask=mask, labels=labels).loss.backward()
+    reference = model.get_input_embeddings().weight_new.grad
+    assert fast.abs().sum() > 0
+    torch.testing.assert_close(fast, reference, atol=1e-6, rtol=1e-5)
+
+
+# --------------------------------------------------------------------------------------------
+# Saving and loading keep the new rows
+
+
+def trained_a_little(model, steps: int = 2):
+    ids, mask = batch_with_new_ids(seed=3)
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    model.train()
+    for _ in range(steps):
+        optimizer.zero_grad()
+        model(input_ids=ids, attention_mask=mask, labels=ids).loss.backward()
+        optimizer.step()
+    return model.eval()
+
+
+@pytest.mark.parametrize("full", [False, True], ids=["new-weights", "full"])
+@pytest.mark.parametrize("order", ["extend-then-upscale", "upscale-then-extend"])
+@pytest.mark.parametrize("arch", ["llama-gqa2-tied", "neox-sequential-rot1.0"])
+def test_scale_checkpoint_round_trip_keeps_new_rows(arch, order, full, tmp_path):
+    base = make_model(arch)
+    cfg = tiny_scale_config(base, "route", preserve_layers=1)
+    model = copy.deepcopy(base)
+    if order == "extend-then-upscale":
+        model = upscale(grow_embeddings(model, synthetic_extension()), cfg)
+    else:
+        model = grow_embeddings(upscale(model, cfg), synthetic_extension())
+    model = trained_a_little(model)
+    model.save_pretrained(tmp_path, full=full)
+    meta = json.loads((tmp_path / "scale_config.json").read_text())
+    assert meta["vocab"] == {"base_rows": VOCAB, "new_rows": N}
+    assert meta["base_model"]["config"]["vocab_size"] == VOCAB
+    assert any(name.endswith("weight_new") for name in meta["tensors"])
+    loaded = load(tmp_path, base_model=None if full else copy.deepcopy(base))
+    ids, mask = batch_with_new_ids(seed=5)
+    assert torch.equal(run(loaded, ids, mask).logits, run(model, ids, mask).logits)
+    assert loaded.get_input_embeddings().weight_new.requires_grad
+    assert not loaded.get_input_embeddings().weight.requires_grad
+
+
+@pytest.mark.parametrize("arch", ["llama-gqa2-tied", "llama-mha-untied"])
+def test_plain_model_saves_as_an_ordinary_checkpoint(arch, tmp_path):
+    """A Freeze model with an extended vocabulary saves one embedding of V + N rows, reloads with transformers alone,
+    and `split_vocab` gives it its frozen original rows back."""
+    from transformers import AutoModelForCausalLM
+
+    base = make_model(arch)
+    model = trained_a_little(prepare(grow_embeddings(copy.deepcopy(base), synthetic_extension()), "freeze", layers=1))
+    state = model.state_dict()
+    assert state["model.embed_tokens.weight"].shape[0] == VOCAB + N
+    assert not any(name.endswith("weight_new") for name in state)
+    model.save_pretrained(tmp_path)
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    assert getattr(loaded.config, EXTENSION_KEY) == {"base_rows": VOCAB, "new_rows": N}
+    reloaded = loaded.state_dict()
+    assert all(torch.equal(value, reloaded[name]) for name, value in state.items())
+    ids, mask = batch_with_new_ids(seed=5)
+    expected = run(model, ids, mask)
+    # one head of V + N rows rounds its products differently from two heads of V and N rows (BLAS blocking)
+    torch.testing.assert_close(run(loaded, ids, mask).logits, expected.logits, atol=ATOL, rtol=0)
+    prepare(loaded, "freeze", layers=1)  # splits again: the original rows frozen, the new ones trainable
+    embedding = loaded.get_input_embeddings()
+    assert isinstance(embedding, VocabEmbedding) and embedding.weight.shape[0] == VOCAB
+    assert not embedding.weight.requires_grad and embedding.weight_new.requires_grad
+    assert torch.equal(run(loaded, ids, mask).logits, expected.logits)
+    # and a state dict of either form loads back
+    loaded.load_state_dict(model.state_dict())
+    assert torch.equal(run(loaded, ids, mask).logits, expected.logits)
+
+
+def test_lora_adapter_round_trip_keeps_new_rows(tmp_path):
+    from peft import PeftModel
+
+    base = make_model("llama-mha-untied")
+    extended = grow_embeddings(copy.deepcopy(base), synthetic_extension())
+    model = trained_a_little(prepare(copy.deepcopy(extended), "lora", rank=2))
+    model.save_pretrained(tmp_path)
+    loaded = PeftModel.from_pretrained(merge_vocab(copy.deepcopy(extended)), tmp_path).eval()
+    ids, mask = batch_with_new_ids(seed=5)
+    assert torch.equal(run(loaded, ids, mask).logits, run(model, ids, mask).logits)
+    assert not torch.equal(run(loaded, ids, mask).logits, run(extended, ids, mask).logits)
+
+
+def test_trainer_checkpoint_holds_the_new_rows(tmp_path):
+    from transformers import TrainingArguments
+
+    from scale_cl.train.checkpointing import CheckpointingTrainer, load_trainable
+
+    base = make_model("llama-gqa2-tied")
+    options = method_options("scale_preserve", base)
+    model = trained_a_little(
+        prepare(grow_embeddings(copy.deepcopy(base), synthetic_extension()), "scale_preserve", **options)
+    )
+    args = TrainingArguments(output_dir=str(tmp_path / "run"), use_cpu=True, report_to=[])
+    CheckpointingTrainer(model=model, args=args)._save(str(tmp_path / "checkpoint"))
+    fresh = prepare(grow_embeddings(copy.deepcopy(base), synthetic_extension()), "scale_preserve", **options)
+    load_trainable(fresh, tmp_path / "checkpoint")
+    ids, mask = batch_with_new_ids(seed=5)
+    assert torch.equal(run(fresh.eval(), ids, mask).logits, run(model, ids, mask).logits)
