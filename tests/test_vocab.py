@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import copy
 import json
-import sys
 
 import pytest
 import torch
@@ -33,7 +32,6 @@ from scale_cl.vocab import (
     extend_vocab,
     grow_embeddings,
     merge_vocab,
-    split_vocab,
     vocab_rows,
 )
 
@@ -308,3 +306,155 @@ def test_trainer_checkpoint_holds_the_new_rows(tmp_path):
     load_trainable(fresh, tmp_path / "checkpoint")
     ids, mask = batch_with_new_ids(seed=5)
     assert torch.equal(run(fresh.eval(), ids, mask).logits, run(model, ids, mask).logits)
+
+
+# --------------------------------------------------------------------------------------------
+# The tokenizer: an English-only base learns a syllable language
+
+
+@pytest.fixture(scope="module")
+def domains() -> tuple[list[str], list[str], list[str]]:
+    """(new-domain training text, new-domain held-out text, old-domain text)."""
+    new = _documents(0, 200, SYLLABLES, "")
+    return new[:160], new[160:], _documents(1, 40, WORDS, " ")
+
+
+@pytest.fixture(scope="module")
+def english(domains):
+    return train_bpe_tokenizer(domains[2], vocab_size=300)
+
+
+def ids_of(tokenizer, text: str) -> list[int]:
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def tokens_per_character(tokenizer, texts: list[str]) -> float:
+    return sum(len(ids_of(tokenizer, t)) for t in texts) / sum(map(len, texts))
+
+
+def test_extension_compresses_the_new_domain_and_keeps_the_old_one(english, domains, tmp_path):
+    from transformers import AutoTokenizer
+
+    train, heldout, old = domains
+    size = len(english)
+    extended, added = extend_tokenizer(english, train, 48)
+    assert len(english) == size, "the base tokenizer is not changed"
+    assert len(extended) == size + 48 and added.ids == list(range(size, size + 48))
+    assert tokens_per_character(extended, heldout) < 0.6 * tokens_per_character(english, heldout)
+    assert all(ids_of(extended, t) == ids_of(english, t) for t in old), "old-domain text splits as before"
+    assert set(added.ids) & {i for t in heldout for i in ids_of(extended, t)}, "new tokens fire on held-out text"
+    assert all(extended.decode(ids_of(extended, t)) == t for t in heldout)
+    for token, pieces in zip(added.tokens, added.pieces, strict=True):  # a new token is the text of its pieces
+        assert "".join(english.convert_ids_to_tokens(list(pieces))) == token and len(pieces) >= 2
+    assert extended.eos_token == english.eos_token and extended.eos_token_id == english.eos_token_id
+    extended.save_pretrained(tmp_path)
+    reloaded = AutoTokenizer.from_pretrained(tmp_path)
+    assert all(ids_of(reloaded, t) == ids_of(extended, t) for t in heldout + old)
+
+
+def test_new_ids_follow_a_padded_embedding(english, domains):
+    """A model may have more rows than its tokenizer has tokens (Qwen2, Pythia): new ids start at its row count."""
+    from transformers import LlamaForCausalLM
+
+    from conftest import tiny_llama_config
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(tiny_llama_config(vocab_size=len(english) + 4, tie_word_embeddings=True))
+    model, extended, added = extend_vocab(model, english, domains[0], 8)
+    assert added.first_id == len(english) + 4 and vocab_rows(model) == len(english) + 12
+    ids = torch.tensor([ids_of(extended, domains[1][0])])
+    assert ids.max() >= added.first_id
+    assert torch.isfinite(model(input_ids=ids, labels=ids).loss)
+
+
+def test_bad_extensions_are_refused_and_change_nothing(english, domains):
+    from tokenizers import Tokenizer, models
+    from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
+
+    from conftest import tiny_llama_config
+
+    model = LlamaForCausalLM(tiny_llama_config(vocab_size=len(english), tie_word_embeddings=True))
+    small = make_model("llama-gqa2-tied")
+    before = english.backend_tokenizer.to_str()
+    with pytest.raises(ValueError, match=r"supports only \d+ new tokens .* not 100000"):
+        extend_vocab(model, english, domains[0], 100_000)
+    with pytest.raises(ValueError, match="already uses"):  # the tokenizer's 298 ids do not fit the model's 96 rows
+        extend_vocab(small, english, domains[0], 8)
+    with pytest.raises(ValueError, match="positive number"):
+        extend_tokenizer(english, domains[0], 0)
+    wordpiece = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordPiece({"[UNK]": 0}, unk_token="[UNK]")))
+    with pytest.raises(ValueError, match="only BPE tokenizers"):
+        extend_tokenizer(wordpiece, domains[0], 8)
+    assert english.backend_tokenizer.to_str() == before
+    for untouched in (model, small):
+        assert not hasattr(untouched.config, EXTENSION_KEY)
+        assert isinstance(untouched.get_input_embeddings(), torch.nn.Embedding)
+    assert vocab_rows(model) == len(english) and vocab_rows(small) == VOCAB
+
+
+# --------------------------------------------------------------------------------------------
+# scale-cl cpt --data.extend_vocab
+
+
+def test_extend_vocab_option_is_parsed_and_checked():
+    from scale_cl.cli import parse_settings
+
+    cfg = parse_settings(["cpt", "--data.extend_vocab", "16", "--data.train", "x.jsonl"]).cpt
+    assert cfg.data.extend_vocab == 16 and cfg.data.train == ["x.jsonl"]
+    assert parse_settings(["cpt"]).cpt.data.extend_vocab == 0
+    from scale_cl.experiments.cpt.config import CptDataConfig
+
+    with pytest.raises(ValueError, match=r"data\.extend_vocab"):
+        CptDataConfig(extend_vocab=-1)
+
+
+def test_cpt_extend_vocab_larger_than_the_text_fails_before_anything_is_written(workspace, tmp_path):
+    from dataclasses import replace
+
+    from conftest import tiny_config
+    from scale_cl.experiments.cpt.pipeline import run_cpt
+
+    cfg = tiny_config(workspace, ["freeze"])
+    cfg = replace(cfg, data=replace(cfg.data, extend_vocab=100_000))
+    with pytest.raises(ValueError, match=r"data.extend_vocab=100000: the new-domain text supports only"):
+        run_cpt(cfg, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_cpt_with_an_extended_vocabulary(workspace, tmp_path):
+    from dataclasses import replace
+
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from conftest import tiny_config
+    from scale_cl.experiments.cpt.pipeline import run_cpt
+    from scale_cl.models import load_trained
+
+    methods = ["scale_preserve", "freeze", "lora"]
+    cfg = tiny_config(workspace, methods, steps=2, save_every=0)
+    cfg = replace(cfg, data=replace(cfg.data, extend_vocab=16))
+    results = run_cpt(cfg, tmp_path)
+    base_tokenizer = AutoTokenizer.from_pretrained(workspace / "base")
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "tokenizer")
+    record = json.loads((tmp_path / "tokenizer" / "vocab_extension.json").read_text())
+    assert len(tokenizer) == len(base_tokenizer) + 16 and record["first_id"] == len(base_tokenizer)
+    assert json.loads((tmp_path / "cpt_config.json").read_text())["data"]["extend_vocab"] == 16
+    curves = {m: results["methods"][m]["curve"] for m in methods}
+    assert len({c[0]["forgetting_ppl"]["toy"] for c in curves.values()}) == 1, "every method starts from one model"
+    old = [json.loads(line)["text"] for line in (workspace / "old.jsonl").read_text().splitlines()]
+    if all(ids_of(tokenizer, t) == ids_of(base_tokenizer, t) for t in old):  # no new merge fires on old text
+        assert all(r["representation_similarity"] == pytest.approx(1.0, abs=1e-6) for r in curves["scale_preserve"])
+
+    text = json.loads((workspace / "new.jsonl").read_text().splitlines()[0])["text"]
+    ids = torch.tensor([ids_of(tokenizer, text)])
+    assert ids.max() >= len(base_tokenizer), "the new-domain text uses new tokens"
+    for method in ("scale_preserve", "freeze"):
+        model, saved_tokenizer, _ = load_trained(tmp_path / method / "model")
+        assert len(saved_tokenizer) == len(tokenizer)
+        assert model.config.vocab_size == len(base_tokenizer) + 16
+        assert torch.isfinite(model(input_ids=ids, labels=ids).loss)
+    # LoRA's adapter holds the new rows: it loads onto the base grown by the same rows
+    base = AutoModelForCausalLM.from_pretrained(workspace / "base")
+    lora = PeftModel.from_pretrained(merge_vocab(grow_embeddings(base, 16)), tmp_path / "lora" / "model")
+    assert torch.isfinite(lora(input_ids=ids, labels=ids).loss)

@@ -74,6 +74,28 @@ class EvalConfig:
             raise ValueError(f"eval settings must be positive: {self}")
 
 
+VOCAB_TEXT_CHARS = 50_000_000  # new-domain training text read to learn --data.extend_vocab's tokens
+
+
+@dataclass
+class CptDataConfig(CorpusConfig):
+    """The corpus (`scale_cl.data.corpus.CorpusConfig`) and a vocabulary extension learned from it."""
+
+    extend_vocab: int = field(
+        default=0,
+        metadata={
+            "help": "add this many tokens to the base tokenizer (and rows to every method's embedding and LM head), "
+            "learned as BPE merges on the base tokenizer's own segmentation of the new-domain training split "
+            f"(its first {VOCAB_TEXT_CHARS:,} characters; never the held-out or old-domain text); 0 = off"
+        },
+    )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if isinstance(self.extend_vocab, bool) or not isinstance(self.extend_vocab, int) or self.extend_vocab < 0:
+            raise ValueError(f"data.extend_vocab must be 0 (off) or a number of tokens, got {self.extend_vocab!r}")
+
+
 @dataclass
 class CptConfig:
     """Every setting of one continual pre-training run (all its methods)."""
@@ -88,7 +110,7 @@ class CptConfig:
     )
     methods: list[str] = field(default_factory=lambda: list(METHOD_NAMES), metadata={"help": "methods to run"})
     seed: int = field(default=0, metadata={"help": "seed of data order and initialisation"})
-    data: CorpusConfig = field(default_factory=CorpusConfig)
+    data: CptDataConfig = field(default_factory=CptDataConfig)
     train: CptTrainConfig = field(default_factory=CptTrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     options: MethodSettings = field(default_factory=MethodSettings)
@@ -97,6 +119,8 @@ class CptConfig:
         if self.preset not in PRESETS:
             raise ValueError(f"unknown preset {self.preset!r}; valid presets: {', '.join(PRESETS)}")
         check_methods(self.methods)
+        if not isinstance(self.data, CptDataConfig):  # a plain CorpusConfig: no vocabulary extension
+            self.data = CptDataConfig(**asdict(self.data))
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -111,7 +135,7 @@ def preset(name: str) -> CptConfig:
         return CptConfig(
             preset="smollm2",
             model=SMOLLM2,
-            data=CorpusConfig(seq_len=256, max_eval_sequences=16),
+            data=CptDataConfig(seq_len=256, max_eval_sequences=16),
             train=CptTrainConfig(
                 lr=1e-5,
                 max_steps=200,
@@ -135,7 +159,7 @@ def preset(name: str) -> CptConfig:
         return CptConfig(
             preset="clean-en",
             model=CLEAN_EN,
-            data=CorpusConfig(
+            data=CptDataConfig(
                 train=[f"{CORPORA}/korean/train.jsonl", f"{CORPORA}/korean/heldout.jsonl"],
                 old_eval=[f"en={CORPORA}/english-base/heldout.jsonl", f"handbook={CORPORA}/english/eval.jsonl"],
                 seq_len=256,
@@ -163,7 +187,7 @@ def preset(name: str) -> CptConfig:
         return CptConfig(
             preset="paper",
             model="meta-llama/Llama-3.2-1B",
-            data=CorpusConfig(seq_len=8192, max_eval_sequences=64),
+            data=CptDataConfig(seq_len=8192, max_eval_sequences=64),
             train=CptTrainConfig(
                 lr=1e-5,
                 epochs=1,

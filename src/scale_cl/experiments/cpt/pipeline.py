@@ -10,7 +10,16 @@ Output folder::
     <method>/logs/             TensorBoard's events, with ``--train.report_to tensorboard``
     <method>/model/            the trained model (`scale_cl.models.save_trained`), for ``scale-cl eval``
     <method>/result.json       the finished method's summary; its presence means "done"
+    tokenizer/                 with ``--data.extend_vocab N``: the extended tokenizer every method trains with,
+                               and vocab_extension.json (the new tokens, their ids, the base ids they merge)
     results.json, results.md, perplexity.png, representation.png
+
+With ``--data.extend_vocab N`` the base tokenizer learns ``N`` tokens from the new-domain training
+split (`scale_cl.vocab`), every set (training, held-out, old-domain) is packed with the extended
+tokenizer, and every method starts from the base model grown by ``N`` rows (the reference hidden
+states and step 0 too). Old-domain text splits into the same ids as with the base tokenizer wherever
+no new merge fires, so its perplexity stays comparable, except that the softmax now spans the new
+tokens as well (see `scale_cl.vocab`).
 
 Re-running the same command resumes: finished methods are skipped, an interrupted one continues
 from its last complete checkpoint (bitwise the same weights as an uninterrupted run on CPU).
@@ -25,7 +34,8 @@ import json
 import math
 import shutil
 import time
-from dataclasses import asdict
+from collections.abc import Iterable, Iterator
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,9 +44,9 @@ from accelerate import PartialState
 from safetensors.torch import load_file, save_file
 from transformers import AutoConfig, PreTrainedModel, PreTrainedTokenizerBase, TrainingArguments, default_data_collator
 
-from scale_cl.data.corpus import Corpus, build_corpus, check_corpus
+from scale_cl.data.corpus import Corpus, build_corpus, check_corpus, split_documents
 from scale_cl.eval.perplexity import final_hidden_original, mean_cosine_similarity, perplexity
-from scale_cl.experiments.cpt.config import CptConfig
+from scale_cl.experiments.cpt.config import VOCAB_TEXT_CHARS, CptConfig
 from scale_cl.experiments.cpt.report import RESULT_FILE
 from scale_cl.experiments.run_folder import claim_output_folder
 from scale_cl.files import atomic_write, write_json
@@ -45,9 +55,12 @@ from scale_cl.train.callbacks import PeriodicEval
 from scale_cl.train.checkpointing import CheckpointingTrainer, complete_checkpoints
 from scale_cl.train.trainer import connect_reporting, report_to_argument
 from scale_cl.train.trainer import training_arguments as stage_training_arguments
+from scale_cl.vocab import VocabExtension, extend_tokenizer, grow_embeddings, vocab_rows
 
 CONFIG_FILE = "cpt_config.json"
 REFERENCE_FILE = "reference_hidden.safetensors"
+TOKENIZER_DIR = "tokenizer"
+VOCAB_FILE = "vocab_extension.json"
 
 
 def process_state() -> PartialState:
@@ -113,6 +126,7 @@ def training_arguments(
 
 def reference_hidden(cfg: CptConfig, base: PreTrainedModel, corpus: Corpus, out: Path) -> torch.Tensor:
     """Step-0 final hidden states on the first old-domain batch (or held-out if none), computed once per run."""
+    grown_base(base, None, corpus)  # the probe may hold new tokens; the sweep evaluates this base at step 0 too
     path = out / REFERENCE_FILE
     if path.is_file():
         return load_file(path)["hidden"]
@@ -180,7 +194,7 @@ def run_method(
     if result_path.is_file():
         return json.loads(result_path.read_text())
     method_dir.mkdir(parents=True, exist_ok=True)
-    base, tokenizer = load_base(ref)
+    base, tokenizer = grown_base(*load_base(ref), corpus)
     original_width = base.config.hidden_size
     model = prepare(base, method, **cfg.options.prepare_options(method, cfg.seed))
     run_dir, logging_dir = method_dir / "run", method_dir / "logs"
@@ -232,14 +246,78 @@ def run_method(
     return summary
 
 
-def load_run_corpus(cfg: CptConfig, tokenizer: PreTrainedTokenizerBase) -> Corpus:
+@dataclass
+class CptCorpus(Corpus):
+    """A corpus with the tokenizer it was packed with and, with ``--data.extend_vocab``, the tokens it added."""
+
+    tokenizer: PreTrainedTokenizerBase | None = None
+    vocab: VocabExtension | None = None
+
+
+def load_run_corpus(cfg: CptConfig, tokenizer: PreTrainedTokenizerBase, rows: int | None = None) -> CptCorpus:
+    """The run's corpus, packed with the base tokenizer or, with ``--data.extend_vocab``, the extended one.
+
+    ``rows``: the base model's embedding rows (where new ids start); read from its config when not given.
+    Every error of the extension (too many tokens for the text, colliding ids) is raised here.
+    """
+    tokenizer, vocab = run_tokenizer(cfg, tokenizer, rows)
     corpus = build_corpus(cfg.data, tokenizer)
     if process_state().is_main_process:
+        if vocab is not None:
+            print(f"[cpt] data: {vocab.count:,} new tokens, ids {vocab.first_id:,}.., e.g. {list(vocab.tokens[:8])}")
         for line in corpus.summary():
             print(f"[cpt] data {line}")
     if corpus.heldout is None and not corpus.old_eval:
         raise ValueError("nothing to measure: set data.heldout_fraction > 0 and/or data.old_eval")
-    return corpus
+    return CptCorpus(**vars(corpus), tokenizer=tokenizer, vocab=vocab)
+
+
+def run_tokenizer(
+    cfg: CptConfig, tokenizer: PreTrainedTokenizerBase, rows: int | None = None
+) -> tuple[PreTrainedTokenizerBase, VocabExtension | None]:
+    """The base tokenizer, or with ``--data.extend_vocab N`` a copy extended with ``N`` tokens learned from the
+    new-domain training split (never the held-out or old-domain text)."""
+    count = cfg.data.extend_vocab
+    if not count:
+        return tokenizer, None
+    if rows is None:
+        rows = base_model_config(cfg).get_text_config().vocab_size
+    texts = _first_characters(split_documents(cfg.data, "train"), VOCAB_TEXT_CHARS)
+    try:
+        return extend_tokenizer(tokenizer, texts, count, first_id=rows)
+    except ValueError as err:
+        raise ValueError(f"data.extend_vocab={count}: {err}") from err
+
+
+def _first_characters(texts: Iterable[str], limit: int) -> Iterator[str]:
+    """``texts`` until ``limit`` characters are read (the last one cut)."""
+    for text in texts:
+        yield text[:limit]
+        limit -= len(text)
+        if limit <= 0:
+            return
+
+
+def grown_base(
+    base: PreTrainedModel, tokenizer: PreTrainedTokenizerBase | None, corpus: Corpus
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase | None]:
+    """``base`` (grown in place by the corpus's new tokens, once) and the tokenizer the corpus was packed with."""
+    vocab = getattr(corpus, "vocab", None)
+    if vocab is None:
+        return base, tokenizer
+    if vocab_rows(base) == vocab.first_id:
+        grow_embeddings(base, vocab)
+    return base, corpus.tokenizer
+
+
+def save_run_tokenizer(corpus: Corpus, out: Path) -> None:
+    """The extended tokenizer and its new tokens into ``out/tokenizer`` (nothing without an extension)."""
+    vocab = getattr(corpus, "vocab", None)
+    if vocab is None or not process_state().is_main_process:
+        return
+    corpus.tokenizer.save_pretrained(out / TOKENIZER_DIR)
+    record = {"first_id": vocab.first_id, "tokens": list(vocab.tokens), "pieces": [list(p) for p in vocab.pieces]}
+    write_json(out / TOKENIZER_DIR / VOCAB_FILE, record)
 
 
 def base_model_config(cfg: CptConfig) -> Any:
@@ -263,8 +341,9 @@ def run_cpt(cfg: CptConfig, out: Path) -> dict[str, Any]:
     validate(cfg, base_model_config(cfg))
     ref = BaseModelRef.parse(cfg.model)
     base, tokenizer = load_base(ref)
-    corpus = load_run_corpus(cfg, tokenizer)
+    corpus = load_run_corpus(cfg, tokenizer, vocab_rows(base))
     claim_output_folder(out, CONFIG_FILE, cfg.to_dict(), write=process_state().is_main_process)
+    save_run_tokenizer(corpus, out)
     reference = reference_hidden(cfg, base, corpus, out)
     del base
     for method in cfg.methods:
