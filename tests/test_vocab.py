@@ -31,6 +31,7 @@ from scale_cl.vocab import (
     extend_tokenizer,
     extend_vocab,
     grow_embeddings,
+    grow_for_adapter,
     merge_vocab,
     vocab_rows,
 )
@@ -151,6 +152,36 @@ def test_grow_twice_and_by_count():
     head = model.get_output_embeddings()
     assert head.weight_new.shape[0] == N + 3
     torch.testing.assert_close(head.weight_new[-1], base.lm_head.weight.mean(0))
+
+
+@pytest.mark.parametrize("arch", ["llama-gqa2-tied", "llama-mha-untied"])
+def test_resize_token_embeddings_on_an_upscaled_model(arch):
+    """transformers' own call grows an upscaled model like `grow_embeddings` (original rows frozen, new rows
+    trainable, exact over the original vocabulary) and refuses to shrink it."""
+    base = make_model(arch)
+    model = upscale(copy.deepcopy(base), tiny_scale_config(base, "preserve"))
+    embedding = model.resize_token_embeddings(VOCAB + 3, pad_to_multiple_of=4)
+    assert embedding is model.get_input_embeddings() and vocab_rows(model) == VOCAB + 4
+    assert embedding.weight_new.requires_grad and not embedding.weight.requires_grad
+    assert model.config.vocab_size == VOCAB + 4
+    ids, mask = token_batch()
+    expected = run(base, ids, mask).logits
+    torch.testing.assert_close(run(model, ids, mask).logits[..., :VOCAB], expected, atol=ATOL, rtol=0)
+    assert model.resize_token_embeddings() is embedding and vocab_rows(model) == VOCAB + 4
+    with pytest.raises(ValueError, match="cannot shrink"):
+        model.resize_token_embeddings(VOCAB)
+
+
+def test_scale_trainable_count_counts_the_added_width_of_new_rows(arch_name):
+    from scale_cl.methods import scale_trainable_count, trainable_parameter_count
+    from scale_cl.vocab import new_row_parameters
+
+    base = make_model(arch_name)
+    extended = grow_embeddings(copy.deepcopy(base), synthetic_extension())
+    cfg = tiny_scale_config(base, "adapt", preserve_layers=1)
+    model = upscale(copy.deepcopy(extended), cfg)
+    rows = sum(p.numel() for p in new_row_parameters(model))
+    assert scale_trainable_count(extended, cfg) + rows == trainable_parameter_count(model)
 
 
 # --------------------------------------------------------------------------------------------
@@ -456,5 +487,6 @@ def test_cpt_with_an_extended_vocabulary(workspace, tmp_path):
         assert torch.isfinite(model(input_ids=ids, labels=ids).loss)
     # LoRA's adapter holds the new rows: it loads onto the base grown by the same rows
     base = AutoModelForCausalLM.from_pretrained(workspace / "base")
-    lora = PeftModel.from_pretrained(merge_vocab(grow_embeddings(base, 16)), tmp_path / "lora" / "model")
+    lora = PeftModel.from_pretrained(grow_for_adapter(base, tmp_path / "lora" / "model"), tmp_path / "lora" / "model")
+    assert vocab_rows(base) == len(base_tokenizer) + 16
     assert torch.isfinite(lora(input_ids=ids, labels=ids).loss)

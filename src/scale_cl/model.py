@@ -95,6 +95,15 @@ class ScaleModelMixin:
     def print_trainable_parameters(self) -> None:
         print(self.scale_summary())
 
+    def resize_token_embeddings(
+        self, new_num_tokens: int | None = None, pad_to_multiple_of: int | None = None, mean_resizing: bool = True
+    ) -> nn.Module:
+        """Grow the vocabulary with `scale_cl.vocab.resize_token_rows`: the original rows stay frozen, the new ones
+        train (each the mean of the original rows; ``mean_resizing`` is ignored). Shrinking is refused."""
+        from scale_cl.vocab import resize_token_rows
+
+        return resize_token_rows(self, new_num_tokens, pad_to_multiple_of)
+
 
 _CLASSES: dict[type, type] = {}
 

@@ -15,6 +15,7 @@ from transformers.pytorch_utils import Conv1D
 from scale_cl.arch import spec_for
 from scale_cl.config import ScaleConfig
 from scale_cl.shapes import base_dims, growth, resolve
+from scale_cl.vocab import vocab_rows
 
 # A matched LoRA rank must train within this share of the SCALE count.
 MATCH_TOLERANCE = 0.10
@@ -31,8 +32,9 @@ def scale_trainable_count(model: nn.Module, cfg: ScaleConfig) -> int:
     ``W22`` (``out_up x in_up``), ``bias_up`` (``out_up``) when ``W`` has a bias, and ``W12``
     (``out x in_up``) only for adapt/route in collaborative linears (layer ``>= preserve_layers`` and
     module in ``collab_modules``). Per norm: the new gain over ``u`` (and a bias for LayerNorm).
-    Embedding and LM head: ``V x u`` each. Raises the same errors as `upscale` for a config that
-    does not fit the model.
+    Embedding and LM head: ``V x u`` each, ``V`` counting an extended vocabulary's new rows
+    (`scale_cl.vocab`), whose own rows (``weight_new``) are not counted: every method trains them
+    alike. Raises the same errors as `upscale` for a config that does not fit the model.
     """
     spec = spec_for(model)
     dims = base_dims(model.config, spec)
@@ -41,8 +43,9 @@ def scale_trainable_count(model: nn.Module, cfg: ScaleConfig) -> int:
     grow = growth(cfg, dims)
     norm_params = u if spec.norm_kind == "rms" else 2 * u
 
-    total = model.get_input_embeddings().weight.shape[0] * u
-    total += model.get_output_embeddings().weight.shape[0] * u
+    head = model.get_output_embeddings()
+    total = vocab_rows(model) * u
+    total += getattr(head, "out_features", head.weight.shape[0]) * u
     total += norm_params  # the final norm
     for index, layer in enumerate(getattr(model, spec.backbone).layers):
         total += norm_params * len(spec.layer_norms)

@@ -38,9 +38,11 @@ from scale_cl.vocab.grow import (
     EXTENSION_KEY,
     extension_record,
     grow_embeddings,
+    grow_for_adapter,
     merge_vocab,
     new_row_parameters,
     new_token_ids,
+    resize_token_rows,
     split_vocab,
     vocab_rows,
 )
@@ -70,9 +72,11 @@ __all__ = [
     "extend_vocab",
     "extension_record",
     "grow_embeddings",
+    "grow_for_adapter",
     "merge_vocab",
     "new_row_parameters",
     "new_token_ids",
+    "resize_token_rows",
     "split_vocab",
     "vocab_rows",
 ]

@@ -16,7 +16,10 @@ rows (what `resize_token_embeddings` on an upscaled model does). On an upscaled 
 
 from __future__ import annotations
 
+import json
+import os
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -145,6 +148,24 @@ def _grow_upscaled(
     set_method(model, model.scale_config.method)
 
 
+def resize_token_rows(model: nn.Module, new_num_tokens: int | None, pad_to_multiple_of: int | None = None) -> nn.Module:
+    """transformers' ``resize_token_embeddings`` for an upscaled model: grow to ``new_num_tokens`` rows (rounded up to
+    ``pad_to_multiple_of``) with `grow_embeddings`; returns the input embedding. Fewer rows than now is an error:
+    the original rows are frozen and kept."""
+    rows = vocab_rows(model)
+    target = rows if new_num_tokens is None else new_num_tokens
+    if pad_to_multiple_of:
+        target = -(-target // pad_to_multiple_of) * pad_to_multiple_of
+    if target < rows:
+        raise ValueError(
+            f"cannot shrink the vocabulary of an upscaled model from {rows} to {target} rows: its original rows are "
+            "frozen and kept; new tokens are added with scale_cl.vocab.extend_vocab / grow_embeddings"
+        )
+    if target > rows:
+        grow_embeddings(model, target - rows)
+    return model.get_input_embeddings()
+
+
 def split_vocab(model: nn.Module) -> nn.Module:
     """Give a reloaded extended model (one plain ``V + N``-row embedding, ``config.vocab_extension`` set) its
     separate original and new parameters again; a no-op for a model never extended or already split."""
@@ -194,3 +215,18 @@ def merge_vocab(model: nn.Module) -> nn.Module:
         linear.weight = weight if tied else nn.Parameter(torch.cat((head.weight, head.weight_new)).detach())
         model.set_output_embeddings(linear)
     return model
+
+
+def grow_for_adapter(base: nn.Module, directory: str | os.PathLike) -> nn.Module:
+    """``base`` grown (in place) to the vocabulary a PEFT adapter in ``directory`` was trained with, as PEFT needs it
+    before ``PeftModel.from_pretrained``: an adapter of an extended vocabulary names its new ids in
+    ``trainable_token_indices``. A no-op for any other adapter."""
+    path = Path(directory) / "adapter_config.json"
+    indices = json.loads(path.read_text()).get("trainable_token_indices") if path.is_file() else None
+    if not indices:
+        return base
+    ids = indices if isinstance(indices, list) else [i for values in indices.values() for i in values]
+    rows = vocab_rows(base)
+    if max(ids) >= rows:
+        grow_embeddings(base, max(ids) + 1 - rows)
+    return merge_vocab(base)
