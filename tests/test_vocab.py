@@ -135,6 +135,25 @@ def test_scale_exact_over_the_original_vocabulary(arch_name, method, order):
     assert (normaliser > 0).all()
 
 
+@pytest.mark.parametrize("arch", ["llama-gqa2-tied", "neox-parallel-rot0.25"])
+def test_generate_with_an_extended_vocabulary(arch):
+    """Greedy decoding (KV cache, merged inference form, route's stacked paths) can emit and read new tokens."""
+    from conftest import greedy
+
+    base = make_model(arch)
+    model = upscale(grow_embeddings(copy.deepcopy(base), synthetic_extension()), tiny_scale_config(base, "route"))
+    with torch.no_grad():
+        model.get_input_embeddings().weight_new.mul_(5)  # make the new tokens likely
+        model.get_output_embeddings().weight_up[VOCAB:].normal_()
+    ids, mask = batch_with_new_ids()
+    out = greedy(model, ids, mask)
+    assert out.shape == (3, 9 + 8) and out.max() < VOCAB + N
+    assert (out[:, 9:] >= VOCAB).any(), "new tokens are generated"
+    with torch.no_grad():  # the cached decoding reads the same logits as a full forward
+        full = model(input_ids=out[:, :-1], attention_mask=torch.cat((mask, torch.ones(3, 7, dtype=mask.dtype)), 1))
+    assert torch.equal(full.logits[:, -1].argmax(-1), out[:, -1])
+
+
 def test_grow_checks_its_input():
     model = make_model("llama-gqa2-tied")
     with pytest.raises(ValueError, match="start at 90, but the model has 96"):
