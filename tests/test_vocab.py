@@ -362,6 +362,52 @@ def test_trainer_checkpoint_holds_the_new_rows(tmp_path):
 # The tokenizer: an English-only base learns a syllable language
 
 
+def naive_merges(words: dict[tuple[str, ...], int], count: int, known: set[str]) -> list[tuple[str, str]]:
+    """Continued BPE the slow, obvious way: recount every pair after every merge."""
+    from collections import Counter
+    from itertools import pairwise
+
+    from scale_cl.vocab.merges import _merge_word
+
+    words, known, merges = dict(words), set(known), []
+    while len(merges) < count:
+        counts = Counter()
+        for word, n in words.items():
+            for pair in pairwise(word):
+                counts[pair] += n
+        candidates = [(-n, pair) for pair, n in counts.items() if n >= 2 and "".join(pair) not in known]
+        if not candidates:
+            break
+        best = min(candidates)[1]
+        merges.append(best)
+        known.add("".join(best))
+        merged = Counter()
+        for word, n in words.items():
+            merged[tuple(_merge_word(list(word), best))] += n
+        words = merged
+    return merges
+
+
+def test_learned_merges_match_the_naive_algorithm():
+    import random
+    from collections import Counter
+
+    from scale_cl.vocab.merges import learn_merges
+
+    rng = random.Random(0)
+    for _ in range(40):
+        alphabet = "abcde"[: rng.randint(2, 5)]
+        lengths = [rng.randint(1, 8) for _ in range(rng.randint(5, 200))]
+        words = Counter(tuple(rng.choice(alphabet) for _ in range(length)) for length in lengths)
+        known = set(alphabet) | {"ab"}
+        assert learn_merges(words, 30, known) == naive_merges(words, 30, known)
+    # "aaaa" merges (a, a) left to right into "aa aa", and a pair making a known token is never taken
+    assert learn_merges(Counter({("a", "a", "a", "a"): 3, ("a", "b"): 5}), 5, {"a", "b", "ab"}) == [
+        ("a", "a"),
+        ("aa", "aa"),
+    ]
+
+
 @pytest.fixture(scope="module")
 def domains() -> tuple[list[str], list[str], list[str]]:
     """(new-domain training text, new-domain held-out text, old-domain text)."""

@@ -75,16 +75,17 @@ def learn_merges(
         merges.append(pair)
         known.add(a + b)
         changed: set[Pair] = set()
-        for index in sorted(where.pop(pair, ())):
+        for index in where.pop(pair, ()):
             word, n = symbols[index], freq[index]
-            for old in _pairs(word):
-                counts[old] -= n
-                changed.add(old)
-            word = symbols[index] = _merge_word(word, pair)
-            for new in _pairs(word):
-                counts[new] += n
-                where[new].add(index)
-                changed.add(new)
+            merged = symbols[index] = _merge_word(word, pair)
+            delta = Counter(_pairs(merged))
+            delta.subtract(_pairs(word))
+            for p, d in delta.items():
+                if d:
+                    counts[p] += d * n
+                    changed.add(p)
+                    if d > 0:
+                        where[p].add(index)
         for p in changed:
             if counts[p] > 0:
                 heapq.heappush(heap, (-counts[p], *p))
