@@ -22,7 +22,11 @@ What is exact, before training (tested on every architecture):
   model's (Theorem 3.1 with the extension);
 * the original rows stay bitwise unchanged under training for SCALE, Freeze, LLaMA Pro and LoRA.
 
-What is not: the softmax spans ``V + N`` tokens, so every original token's log-probability drops by
+Cost for SCALE: the new rows feed the original stream, so it is no longer constant and backward runs
+through the frozen products (`set_method`); a SCALE-Preserve step then costs about what an Adapt
+step does (measured 1.5x Preserve without an extension on a 6-layer d=256 Llama, CPU, 2026-11-24).
+
+What is not exact: the softmax spans ``V + N`` tokens, so every original token's log-probability drops by
 the same per-position amount ``log(1 + sum_new exp(z_new) / sum_old exp(z_old))``, and text where a
 new merge fires is split into different (fewer) tokens, so its perplexity is over another sequence.
 """
