@@ -555,3 +555,21 @@ def test_cpt_with_an_extended_vocabulary(workspace, tmp_path):
     lora = PeftModel.from_pretrained(grow_for_adapter(base, tmp_path / "lora" / "model"), tmp_path / "lora" / "model")
     assert vocab_rows(base) == len(base_tokenizer) + 16
     assert torch.isfinite(lora(input_ids=ids, labels=ids).loss)
+
+
+def test_cpt_sweep_with_an_extended_vocabulary(workspace, tmp_path):
+    """The sweep packs its corpus once and evaluates the base once: both with the extended vocabulary."""
+    from dataclasses import replace
+
+    from conftest import tiny_config
+    from scale_cl.experiments.sweep.experiments import BASE_FILE, CptExperiment
+    from scale_cl.experiments.sweep.runner import SweepSettings, run_sweep
+
+    cfg = tiny_config(workspace, ["scale_preserve"], steps=2, save_every=0)
+    cfg = replace(cfg, data=replace(cfg.data, extend_vocab=16))
+    out = tmp_path / "sweep"
+    run_sweep(CptExperiment(cfg), SweepSettings(lr_scales=(1.0,), reference="scale_preserve"), out)
+    base = json.loads((out / BASE_FILE).read_text())
+    (metrics,) = (out / "points").glob("*/*/metrics.jsonl")
+    first = json.loads(metrics.read_text().splitlines()[0])
+    assert first["learning_ppl"] == base["learning_ppl"] and first["forgetting_ppl"] == base["forgetting_ppl"]
