@@ -15,6 +15,7 @@ from conftest import (
     VOCAB,
     WORDS,
     _documents,
+    hidden_up_for,
     make_model,
     tiny_scale_config,
     token_batch,
@@ -545,16 +546,33 @@ def test_cpt_with_an_extended_vocabulary(workspace, tmp_path):
     text = json.loads((workspace / "new.jsonl").read_text().splitlines()[0])["text"]
     ids = torch.tensor([ids_of(tokenizer, text)])
     assert ids.max() >= len(base_tokenizer), "the new-domain text uses new tokens"
-    for method in ("scale_preserve", "freeze"):
+    for method in ("scale_preserve", "freeze", "lora"):  # lora: the base is grown to the adapter's rows
         model, saved_tokenizer, _ = load_trained(tmp_path / method / "model")
         assert len(saved_tokenizer) == len(tokenizer)
-        assert model.config.vocab_size == len(base_tokenizer) + 16
+        assert vocab_rows(model) == len(base_tokenizer) + 16
         assert torch.isfinite(model(input_ids=ids, labels=ids).loss)
     # LoRA's adapter holds the new rows: it loads onto the base grown by the same rows
     base = AutoModelForCausalLM.from_pretrained(workspace / "base")
     lora = PeftModel.from_pretrained(grow_for_adapter(base, tmp_path / "lora" / "model"), tmp_path / "lora" / "model")
     assert vocab_rows(base) == len(base_tokenizer) + 16
     assert torch.isfinite(lora(input_ids=ids, labels=ids).loss)
+
+
+def test_upscale_of_a_reloaded_extended_model_trains_only_its_new_rows(tmp_path):
+    """A plain extended model saved and reloaded has one V+N-row embedding; `upscale` splits it again."""
+    from transformers import AutoModelForCausalLM
+
+    from scale_cl import ScaleConfig
+
+    base = make_model("llama-gqa2-tied", seed=0)
+    rows = vocab_rows(base)
+    grow_embeddings(base, 4)
+    base.save_pretrained(tmp_path)
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path)
+    model = upscale(reloaded, ScaleConfig(hidden_up=hidden_up_for(reloaded), ffn_up=8))
+    embedding = model.get_input_embeddings()
+    assert embedding.weight.shape[0] == rows and not embedding.weight.requires_grad
+    assert embedding.weight_new.shape[0] == 4 and embedding.weight_new.requires_grad
 
 
 def test_cpt_sweep_with_an_extended_vocabulary(workspace, tmp_path):

@@ -41,7 +41,10 @@ def upscale(model: PreTrainedModel, config: ScaleConfig) -> PreTrainedModel:
     """
     if not isinstance(config, ScaleConfig):
         raise TypeError(f"config must be a ScaleConfig, got {type(config).__name__}")
+    from scale_cl.vocab.grow import split_vocab  # here, not above: the tuner imports no tokenizer code
+
     spec = spec_for(model)
+    model = split_vocab(model)  # a reloaded extended vocabulary: its new rows train, its original rows do not
     dims = base_dims(model.config, spec)
     config = resolve(config, dims)
     base = base_record(model, dims)

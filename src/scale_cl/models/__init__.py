@@ -139,8 +139,10 @@ def load_trained(
     elif method == "lora":
         from peft import PeftModel
 
+        from scale_cl.vocab import grow_for_adapter
+
         base, _ = load_base(ref, dtype)
-        model = PeftModel.from_pretrained(base, directory)
+        model = PeftModel.from_pretrained(grow_for_adapter(base, directory), directory)
     else:
         model = AutoModelForCausalLM.from_pretrained(directory, dtype=dtype)
     if tokenizer.pad_token is None:
