@@ -1,9 +1,9 @@
 """The ``scale-cl`` command: every subcommand is a `Command` (a settings dataclass and a run function).
 
 Subcommands, one module each: ``demo`` (`scale_cl.cli.demo`), ``bio``, ``cpt`` and ``base``
-(`scale_cl.cli.experiments`), ``eval`` (`scale_cl.cli.eval`), ``bench`` (`scale_cl.cli.bench`),
-``sweep bio|cpt`` (`scale_cl.cli.sweep`). Their options are built from the settings dataclasses by
-`scale_cl.cli.options`, and registered and run by `scale_cl.cli.command`.
+(`scale_cl.cli.experiments`), ``eval`` (`scale_cl.cli.eval`), ``export`` (`scale_cl.cli.export`),
+``bench`` (`scale_cl.cli.bench`), ``sweep bio|cpt`` (`scale_cl.cli.sweep`). Their options are built from
+the settings dataclasses by `scale_cl.cli.options`, and registered and run by `scale_cl.cli.command`.
 """
 
 from __future__ import annotations
@@ -18,9 +18,18 @@ from scale_cl.cli.options import HelpFormatter
 
 def commands() -> tuple[Command, ...]:
     """Every subcommand, in the order ``scale-cl --help`` lists them."""
-    from scale_cl.cli import bench, demo, eval, experiments, sweep
+    from scale_cl.cli import bench, demo, eval, experiments, export, sweep
 
-    return demo.COMMAND, experiments.BIO, experiments.CPT, experiments.BASE, eval.COMMAND, bench.COMMAND, sweep.COMMAND
+    return (
+        demo.COMMAND,
+        experiments.BIO,
+        experiments.CPT,
+        experiments.BASE,
+        eval.COMMAND,
+        export.COMMAND,
+        bench.COMMAND,
+        sweep.COMMAND,
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:

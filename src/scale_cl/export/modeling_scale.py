@@ -1,0 +1,316 @@
+"""A SCALE-upscaled causal LM as a stock transformers model: the modeling code of an exported folder.
+
+Written by ``scale-cl export`` (arXiv 2511.03270) next to ``config.json`` and the weights, and loaded with
+``AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)``. It imports only torch and
+transformers, so the model runs where the scale-cl package is not installed.
+
+The exported weights are the upscaled model's blocks merged into stock-shaped tensors: every linear is
+``[[W, W12], [W21, W22]]`` (new attention heads appended after the original ones), the embedding is
+``[E, E_up]`` and the LM head ``[W_out, W_out_up]``. The stock classes therefore compute the upscaled
+model once two things are swapped in:
+
+* the norms (`SplitRMSNorm`, `SplitLayerNorm`): the first ``scale_hidden_size`` features (the original
+  stream ``x``) and the rest (``x_up``) are normalised with their own statistics, never shared;
+* for ``scale_method == "route"`` (paper Eq. 5), two paths above the first collaborative layer
+  ``scale_preserve_layers``: a pre-hook stacks the batch as ``[preserve path; adapt path]`` there
+  (`stack_paths`, so the KV cache holds both paths in those layers), each linear of those layers applies
+  W12 to the adapt half only (`TwoPathLinear`), and the head combines the halves per token (`RouteHead`).
+  Hidden states asked for with ``output_hidden_states`` hold both paths (2B rows) from that layer on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import (
+    GPTNeoXConfig,
+    GPTNeoXForCausalLM,
+    LlamaConfig,
+    LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
+
+# Keyword arguments of a decoder layer that carry the batch dimension: stacked with the hidden states.
+BATCHED_KWARGS = ("attention_mask", "position_ids", "position_embeddings")
+
+
+class SplitRMSNorm(nn.Module):
+    """RMSNorm over ``x`` (the first ``split`` features) and over ``x_up`` (the rest) separately.
+
+    ``weight`` is the two gains concatenated, so the parameter keeps the stock name and shape. The
+    arithmetic is transformers' LlamaRMSNorm's on each part (float32 statistics).
+    """
+
+    def __init__(self, hidden_size: int, split: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+        self.split, self.variance_epsilon = split, eps
+
+    def _norm(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.to(torch.float32)
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        x, x_up = hidden.split((self.split, hidden.shape[-1] - self.split), dim=-1)
+        return self.weight * torch.cat((self._norm(x), self._norm(x_up)), dim=-1).to(hidden.dtype)
+
+    def extra_repr(self) -> str:
+        return f"{self.split}+{self.weight.shape[0] - self.split}, eps={self.variance_epsilon}"
+
+
+class SplitLayerNorm(nn.Module):
+    """LayerNorm (with bias) over ``x`` (the first ``split`` features) and over ``x_up`` separately."""
+
+    def __init__(self, hidden_size: int, split: int, eps: float = 1e-5) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+        self.bias = nn.Parameter(torch.zeros(hidden_size))
+        self.split, self.eps = split, eps
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        sizes = (self.split, hidden.shape[-1] - self.split)
+        parts = zip(hidden.split(sizes, -1), self.weight.split(sizes), self.bias.split(sizes), strict=True)
+        return torch.cat([F.layer_norm(x, (x.shape[-1],), w, b, self.eps) for x, w, b in parts], dim=-1)
+
+    def extra_repr(self) -> str:
+        return f"{self.split}+{self.weight.shape[0] - self.split}, eps={self.eps}"
+
+
+class TwoPathLinear(nn.Linear):
+    """A linear of a route layer: its input is ``[preserve path; adapt path]`` (2B rows).
+
+    ``weight`` is the block matrix ``[[W, W12], [W21, W22]]``; the adapt half takes all of it, the
+    preserve half the same matrix with W12 taken as zero, computed from views of ``weight`` (nothing is
+    stored twice): ``[W x; [W21 W22] [x; x_up]]``.
+    """
+
+    def __init__(self, in_features: int, out_features: int, bias: bool, original_in: int, original_out: int) -> None:
+        super().__init__(in_features, out_features, bias=bias)
+        self.original_in, self.original_out = original_in, original_out
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        half = hidden.shape[0] // 2
+        preserve, adapt = hidden[:half], hidden[half:]
+        i, o = self.original_in, self.original_out
+        top_bias, bottom_bias = (None, None) if self.bias is None else (self.bias[:o], self.bias[o:])
+        top = F.linear(preserve[..., :i], self.weight[:o, :i], top_bias)
+        bottom = F.linear(preserve, self.weight[o:], bottom_bias)
+        return torch.cat((torch.cat((top, bottom), dim=-1), F.linear(adapt, self.weight, self.bias)))
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, original in={self.original_in}, out={self.original_out}"
+
+
+def route_mask(z_p: torch.Tensor, z_a: torch.Tensor, tau: float) -> torch.Tensor:
+    """Tokens sent to the preserve path: ``cos(Z_p, Z_a) > tau`` over the vocabulary (float32)."""
+    p, a = z_p.float(), z_a.float()
+    norms = p.norm(dim=-1) * a.norm(dim=-1)
+    return (p * a).sum(-1) / norms.clamp_min(1e-8) > tau
+
+
+class RouteHead(nn.Linear):
+    """The LM head of a route model: reads ``[preserve path; adapt path]`` (2B rows), returns B rows (Eq. 5).
+
+    With ``Z = W_out x`` and ``Z_up = W_out_up x_up`` (``weight`` is ``[W_out, W_out_up]``), per token::
+
+        cos(Z_p, Z_a) > tau  ->  (Z_p + Z_a) / 2 + Z_p_up
+        otherwise            ->  Z_a + Z_a_up
+
+    The cosine reads the first ``route_vocab_size`` logits (the vocabulary before an extension).
+    ``last_mask`` keeps the last decision (True: preserve path).
+    """
+
+    def __init__(self, in_features: int, out_features: int, split: int, tau: float, route_vocab_size: int) -> None:
+        super().__init__(in_features, out_features, bias=False)
+        self.split, self.tau, self.route_vocab_size = split, tau, route_vocab_size
+        self.last_mask: torch.Tensor | None = None
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        half, d = hidden.shape[0] // 2, self.split
+        x, x_up = hidden[..., :d], hidden[..., d:]
+        w_out, w_up = self.weight[:, :d], self.weight[:, d:]
+        z_p, z_a = F.linear(x[:half], w_out), F.linear(x[half:], w_out)
+        vocab = self.route_vocab_size
+        with torch.no_grad():
+            self.last_mask = route_mask(z_p[..., :vocab], z_a[..., :vocab], self.tau)
+        keep = self.last_mask[..., None]
+        z = torch.where(keep, (z_p + z_a) / 2, z_a)
+        return z + F.linear(torch.where(keep, x_up[:half], x_up[half:]), w_up)
+
+    def extra_repr(self) -> str:
+        return f"{self.split}+{self.in_features - self.split} -> {self.out_features}, tau={self.tau}"
+
+
+def _stack(value: Any, batch: int) -> Any:
+    if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] == batch and batch > 1:
+        return torch.cat((value, value))
+    if isinstance(value, tuple):
+        return tuple(_stack(v, batch) for v in value)
+    return value
+
+
+def stack_paths(
+    layer: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], *, first: bool
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """Forward pre-hook of a route layer: the first one duplicates the hidden states (``[preserve; adapt]``);
+    every one stacks the batched keyword arguments, which the model hands each layer for B rows."""
+    hidden = args[0] if args else kwargs.pop("hidden_states")
+    if first:
+        batch, hidden = hidden.shape[0], torch.cat((hidden, hidden))
+    else:
+        batch = hidden.shape[0] // 2
+    kwargs = {k: (_stack(v, batch) if k in BATCHED_KWARGS else v) for k, v in kwargs.items()}
+    return (hidden, *args[1:]), kwargs
+
+
+@dataclass(kw_only=True, repr=False)
+class ScaleFields:
+    """What the stock config lacks: the original (pre-upscaling) sizes and the SCALE method's settings."""
+
+    scale_method: str = "preserve"  # "preserve", "adapt" or "route"
+    scale_hidden_size: int = 0  # d: the original stream is hidden[..., :d]
+    scale_intermediate_size: int = 0  # the original FFN width
+    scale_num_attention_heads: int = 0  # the original query heads (new heads come after them)
+    scale_num_key_value_heads: int = 0  # the original key/value heads
+    scale_preserve_layers: int = 0  # route: the first collaborative layer, where the two paths start
+    scale_route_tau: float = 0.5  # route: the cosine threshold of Eq. 5
+    scale_route_vocab_size: int = 0  # route: logits the cosine reads (0: all)
+
+
+class ScaleLlamaConfig(ScaleFields, LlamaConfig):
+    model_type = "scale_llama"
+
+
+class ScaleMistralConfig(ScaleFields, MistralConfig):
+    model_type = "scale_mistral"
+
+
+class ScaleQwen2Config(ScaleFields, Qwen2Config):
+    model_type = "scale_qwen2"
+
+
+class ScaleGPTNeoXConfig(ScaleFields, GPTNeoXConfig):
+    model_type = "scale_gpt_neox"
+
+
+class ScaleMixin:
+    """Swaps the norms (and for route the linears and head of the two-path layers) of a stock causal LM."""
+
+    backbone: str  # the attribute holding the decoder
+    final_norm: str  # the backbone's attribute of the last norm
+    layer_norms: tuple[str, ...]
+    norm_class: type[nn.Module]
+
+    def original_linears(self, config: Any) -> dict[str, tuple[int, int]]:
+        """Each linear of a decoder layer (its path) -> its (in, out) sizes before upscaling."""
+        raise NotImplementedError
+
+    def scale_init(self, config: Any) -> None:
+        """Called by ``__init__`` after the stock one: the swaps, made before any weight is loaded."""
+        decoder = getattr(self, self.backbone)
+        width, split = config.hidden_size, config.scale_hidden_size
+        eps = config.layer_norm_eps if hasattr(config, "layer_norm_eps") else config.rms_norm_eps
+        setattr(decoder, self.final_norm, self.norm_class(width, split, eps))
+        for layer in decoder.layers:
+            for name in self.layer_norms:
+                setattr(layer, name, self.norm_class(width, split, eps))
+        self.route_from = None  # the first layer that runs both paths, None when nothing is stacked
+        if config.scale_method == "route" and config.scale_preserve_layers < len(decoder.layers):
+            self.route_from = config.scale_preserve_layers
+            self.add_route_paths(decoder.layers, config)
+
+    def add_route_paths(self, layers: nn.ModuleList, config: Any) -> None:
+        for index in range(self.route_from, len(layers)):
+            layer = layers[index]
+            for path, (original_in, original_out) in self.original_linears(config).items():
+                parent, _, name = path.rpartition(".")
+                old = layer.get_submodule(path)
+                new = TwoPathLinear(old.in_features, old.out_features, old.bias is not None, original_in, original_out)
+                setattr(layer.get_submodule(parent), name, new)
+            layer.register_forward_pre_hook(partial(stack_paths, first=index == self.route_from), with_kwargs=True)
+        head = self.get_output_embeddings()
+        vocab = config.scale_route_vocab_size or head.out_features
+        self.set_output_embeddings(
+            RouteHead(head.in_features, head.out_features, config.scale_hidden_size, config.scale_route_tau, vocab)
+        )
+
+    def _reorder_cache(self, cache: Any, beam_idx: torch.Tensor) -> Any:
+        """Beam search: the layers holding both route paths (2n rows) reorder both halves alike."""
+        if self.route_from is None:
+            cache.reorder_cache(beam_idx)
+            return cache
+        both = torch.cat((beam_idx, beam_idx + beam_idx.numel()))
+        for index, layer in enumerate(cache.layers):
+            layer.reorder_cache(both if index >= self.route_from else beam_idx)
+        return cache
+
+
+class LlamaFamilyMixin(ScaleMixin):
+    backbone, final_norm, layer_norms = "model", "norm", ("input_layernorm", "post_attention_layernorm")
+    norm_class = SplitRMSNorm
+
+    def original_linears(self, config: Any) -> dict[str, tuple[int, int]]:
+        d, ffn = config.scale_hidden_size, config.scale_intermediate_size
+        q, kv = config.scale_num_attention_heads * config.head_dim, config.scale_num_key_value_heads * config.head_dim
+        return {
+            "self_attn.q_proj": (d, q),
+            "self_attn.k_proj": (d, kv),
+            "self_attn.v_proj": (d, kv),
+            "self_attn.o_proj": (q, d),
+            "mlp.gate_proj": (d, ffn),
+            "mlp.up_proj": (d, ffn),
+            "mlp.down_proj": (ffn, d),
+        }
+
+
+class ScaleLlamaForCausalLM(LlamaFamilyMixin, LlamaForCausalLM):
+    config_class = ScaleLlamaConfig
+
+    def __init__(self, config: ScaleLlamaConfig) -> None:
+        super().__init__(config)
+        self.scale_init(config)
+
+
+class ScaleMistralForCausalLM(LlamaFamilyMixin, MistralForCausalLM):
+    config_class = ScaleMistralConfig
+
+    def __init__(self, config: ScaleMistralConfig) -> None:
+        super().__init__(config)
+        self.scale_init(config)
+
+
+class ScaleQwen2ForCausalLM(LlamaFamilyMixin, Qwen2ForCausalLM):
+    config_class = ScaleQwen2Config
+
+    def __init__(self, config: ScaleQwen2Config) -> None:
+        super().__init__(config)
+        self.scale_init(config)
+
+
+class ScaleGPTNeoXForCausalLM(ScaleMixin, GPTNeoXForCausalLM):
+    """GPT-NeoX: fused per-head ``[q; k; v]`` rows (new heads append 3 x head_size rows each), LayerNorm."""
+
+    config_class = ScaleGPTNeoXConfig
+    backbone, final_norm, layer_norms = "gpt_neox", "final_layer_norm", ("input_layernorm", "post_attention_layernorm")
+    norm_class = SplitLayerNorm
+
+    def __init__(self, config: ScaleGPTNeoXConfig) -> None:
+        super().__init__(config)
+        self.scale_init(config)
+
+    def original_linears(self, config: Any) -> dict[str, tuple[int, int]]:
+        d, ffn = config.scale_hidden_size, config.scale_intermediate_size
+        return {
+            "attention.query_key_value": (d, 3 * d),
+            "attention.dense": (d, d),
+            "mlp.dense_h_to_4h": (d, ffn),
+            "mlp.dense_4h_to_h": (ffn, d),
+        }

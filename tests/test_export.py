@@ -1,0 +1,510 @@
+"""``scale-cl export``: an exported folder loads where scale-cl is not installed, and computes the trained model.
+
+Every export is loaded in a fresh Python (``-I``, the repository's ``src`` removed from ``sys.path``, a
+check that ``import scale_cl`` fails) with ``AutoModelForCausalLM.from_pretrained``: ``trust_remote_code``
+for SCALE models, without it for the baselines (plain checkpoints of their stock class). Its logits on a
+left-padded batch must match the in-library model's within 1e-5 and its greedy tokens (KV cache, route's
+two paths in it) must be equal. One subprocess loads a whole batch of exports, to keep this file fast.
+"""
+
+from __future__ import annotations
+
+import ast
+import copy
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import scale_cl
+from conftest import ARCHS, VOCAB, make_model, randomize_new_weights, upscaled_copy
+from conftest import greedy as generate_greedy
+from scale_cl import ScaleConfig, set_method, upscale
+from scale_cl.arch import SPECS
+from scale_cl.cli import main
+from scale_cl.export import modeling_scale
+from scale_cl.export.export import export_model
+from scale_cl.export.merge import FAMILIES
+from scale_cl.io import CONFIG_NAME
+from scale_cl.methods import prepare
+from scale_cl.models import BaseModelRef, load_base, save_trained
+from scale_cl.models.smollm2 import INSTALL_HINT, load_smollm2, smollm2_gguf
+from scale_cl.train.checkpointing import CHECKPOINT_META
+from scale_cl.vocab import grow_embeddings, new_row_parameters
+from test_generate import padded_prompts  # three rows, left-padded by 0, 3 and 5 tokens
+
+METHODS = ("preserve", "adapt", "route")
+SCALE_CASES = [(arch, method) for arch in sorted(ARCHS) for method in METHODS]
+# Route's two paths from the first layer on, and no collaborative layer at all (both paths one network).
+ROUTE_EDGES = {"route-from-layer-0": ("llama-mqa", 0), "route-no-collaborative-layer": ("neox-parallel-rot0.25", 3)}
+BEAM_CASES = {("llama-gqa2-tied", "route"), ("neox-parallel-rot0.25", "route")}
+NEW_TOKENS = 8
+SRC = Path(scale_cl.__file__).resolve().parents[1]
+
+# The clean Python: no PYTHON* variables, no user site (-I), and the editable install of scale-cl
+# (a .pth entry pointing at the repository's src) taken out of sys.path before anything is imported.
+CHILD = r"""
+import json, os, sys
+hidden = os.path.realpath(sys.argv[1])
+sys.path[:] = [p for p in sys.path if os.path.realpath(p or os.getcwd()) != hidden]
+sys.meta_path[:] = [f for f in sys.meta_path if "editable" not in type(f).__module__]
+try:
+    import scale_cl
+except ModuleNotFoundError:
+    pass
+else:
+    raise SystemExit(f"scale_cl is importable in the clean environment: {scale_cl.__file__}")
+import torch
+from safetensors.torch import save_file
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+torch.set_num_threads(1)
+classes = {}
+for job in json.loads(open(sys.argv[2]).read()):
+    model = AutoModelForCausalLM.from_pretrained(job["path"], trust_remote_code=job["remote"], dtype=torch.float32)
+    model.eval()
+    ids, mask = torch.tensor(job["ids"]), torch.tensor(job["mask"])
+    position_ids = (mask.cumsum(-1) - 1).clamp_min(0)
+    kwargs = {"attention_mask": mask, "do_sample": False, "pad_token_id": 0}
+    out = {}
+    with torch.no_grad():
+        out["logits"] = model(ids, attention_mask=mask, position_ids=position_ids).logits
+        routed = getattr(model.get_output_embeddings(), "last_mask", None)  # route: Eq. 5's choice per token
+        if routed is not None:
+            out["routed"] = routed
+        new = job["new_tokens"]
+        out["greedy"] = model.generate(ids, max_new_tokens=new, min_new_tokens=new, **kwargs)
+        if job["beams"]:
+            out["beams"] = model.generate(ids, max_new_tokens=6, num_beams=3, **kwargs)
+    if job["tokenizer"]:
+        out["tokenized"] = torch.tensor(AutoTokenizer.from_pretrained(job["path"])("ka to mi")["input_ids"])
+    save_file({k: v.contiguous() for k, v in out.items()}, job["output"])
+    classes[job["name"]] = f"{type(model).__module__}.{type(model).__name__}"
+leaked = sorted(m for m in sys.modules if m.split(".")[0] == "scale_cl")
+json.dump({"classes": classes, "leaked": leaked}, open(sys.argv[3], "w"))
+"""
+
+
+def reference(model, ids: torch.Tensor, mask: torch.Tensor, beams: bool = False) -> dict[str, torch.Tensor]:
+    """What the in-library model computes: logits on the padded batch, greedy tokens (and beam search)."""
+    position_ids = (mask.cumsum(-1) - 1).clamp_min(0)
+    with torch.no_grad():
+        out = {"logits": model(ids, attention_mask=mask, position_ids=position_ids).logits}
+        route = getattr(model, "scale_route", None)
+        if route is not None and route.stacked:  # without a collaborative layer every token routes alike
+            out["routed"] = route.last_mask
+        out["greedy"] = generate_greedy(model, ids, mask, NEW_TOKENS)
+        if beams:
+            kwargs = {"attention_mask": mask, "do_sample": False, "pad_token_id": 0}
+            out["beams"] = model.generate(ids, max_new_tokens=6, num_beams=3, **kwargs)
+    return out
+
+
+def job(name: str, path: Path, remote: bool, ids: torch.Tensor, mask: torch.Tensor, **flags: bool) -> dict:
+    return {
+        "name": name,
+        "path": str(path),
+        "remote": remote,
+        "ids": ids.tolist(),
+        "mask": mask.tolist(),
+        "new_tokens": NEW_TOKENS,
+        "beams": flags.get("beams", False),
+        "tokenizer": flags.get("tokenizer", False),
+        "output": str(path.parent / f"{name}.out.safetensors"),
+    }
+
+
+def load_in_clean_python(jobs: list[dict], folder: Path) -> tuple[dict[str, dict[str, torch.Tensor]], dict]:
+    """Run every job in one fresh Python that cannot import scale_cl; (outputs per job, classes and leaks)."""
+    spec, summary = folder / "jobs.json", folder / "summary.json"
+    spec.write_text(json.dumps(jobs))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+    # Remote code is copied into HF_HOME's module cache: a private one, offline.
+    env.update(HF_HOME=str(folder / "hf_home"), HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", TRANSFORMERS_VERBOSITY="error")
+    argv = [sys.executable, "-I", "-c", CHILD, str(SRC), str(spec), str(summary)]
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=900, cwd=folder)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return {j["name"]: load_file(j["output"]) for j in jobs}, json.loads(summary.read_text())
+
+
+def assert_matches(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor], mask: torch.Tensor) -> None:
+    real = mask.bool()
+    diff = (got["logits"][real] - want["logits"][real]).abs().max().item()
+    assert diff <= 1e-5, f"logits differ by {diff}"
+    assert torch.equal(got["greedy"], want["greedy"])
+    if "routed" in want:
+        assert torch.equal(got["routed"], want["routed"])
+    if "beams" in want:
+        assert torch.equal(got["beams"], want["beams"])
+
+
+def lively_scale_model(arch: str, method: str, preserve_layers: int = 1):
+    """An upscaled tiny model whose new weights all matter (random W21/W22, W12 and the head's new columns
+    non-zero) and whose greedy tokens vary: larger embeddings than conftest's 0.02 std (whose NeoX biases
+    would make every position predict one token), less so where the head is the embedding (tied), so that
+    logits stay below ~10 and 1e-5 remains a bound on rounding, not on the logits' size."""
+    base = make_model(arch, seed=0)
+    with torch.no_grad():
+        base.get_input_embeddings().weight.mul_(5.0 if base.config.tie_word_embeddings else 25.0)
+    fields = {"ffn_up": 16, "w21_init": "random", "w22_init": "random", "seed": 1}
+    model = upscaled_copy(base, method, preserve_layers=preserve_layers, **fields).eval()
+    model = randomize_new_weights(model, seed=4, w12_scale=0.3)
+    return balance_route(model) if model.scale_route.stacked else model
+
+
+def balance_route(model):
+    """Route with the tau (from a grid) that sends the share of tokens closest to half to each branch of Eq. 5,
+    so that the comparison covers both; left in the model's config, as a trained model's tau is."""
+    ids, mask = padded_prompts()
+    shares = {}
+    for tau in torch.linspace(-0.9, 0.9, 19).tolist():
+        model.config.scale_cl["config"]["route_tau"] = tau
+        set_method(model, "route")
+        with torch.no_grad():
+            model(ids, attention_mask=mask)
+        shares[tau] = model.scale_route.last_mask[mask.bool()].float().mean().item()
+    tau = min(shares, key=lambda t: abs(shares[t] - 0.5))
+    assert 0.1 < shares[tau] < 0.9, shares
+    model.config.scale_cl["config"]["route_tau"] = tau
+    return set_method(model, "route")
+
+
+def perturb_trainable(model, seed: int = 3):
+    """Move every trainable parameter (LoRA's B starts at zero, LLaMA Pro's copies are the identity)."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for param in model.parameters():
+            if param.requires_grad:
+                param.add_(0.05 * torch.randn(param.shape, generator=gen))
+    return model.eval()
+
+
+# ----------------------------------------------------------------------------------- SCALE exports
+@pytest.fixture(scope="module")
+def scale_exports(tmp_path_factory):
+    """Every tiny architecture x preserve/adapt/route, exported and loaded in one clean subprocess."""
+    root = tmp_path_factory.mktemp("scale_exports")
+    ids, mask = padded_prompts()
+    jobs, expected = [], {}
+    for arch, method in SCALE_CASES:
+        name = f"{arch}-{method}"
+        model = lively_scale_model(arch, method)
+        beams = (arch, method) in BEAM_CASES
+        expected[name] = reference(model, ids, mask, beams)
+        assert len(torch.unique(expected[name]["greedy"][:, ids.shape[1] :])) > 1, name  # not one repeated token
+        export_model(model, root / name)
+        jobs.append(job(name, root / name, True, ids, mask, beams=beams))
+    for name, (arch, preserve_layers) in ROUTE_EDGES.items():
+        model = lively_scale_model(arch, "route", preserve_layers)
+        expected[name] = reference(model, ids, mask, beams=True)
+        export_model(model, root / name)
+        jobs.append(job(name, root / name, True, ids, mask, beams=True))
+    got, summary = load_in_clean_python(jobs, root)
+    return root, expected, got, summary, mask
+
+
+@pytest.mark.parametrize(("arch", "method"), SCALE_CASES)
+def test_scale_export_loads_without_scale_cl_and_matches(scale_exports, arch, method):
+    root, expected, got, summary, mask = scale_exports
+    name = f"{arch}-{method}"
+    assert summary["leaked"] == []
+    (architecture,) = json.loads((root / name / "config.json").read_text())["architectures"]
+    module, _, cls = summary["classes"][name].rpartition(".")
+    assert module.startswith("transformers_modules.") and module.endswith(".modeling_scale") and cls == architecture
+    assert_matches(got[name], expected[name], mask)
+
+
+@pytest.mark.parametrize("name", sorted(ROUTE_EDGES))
+def test_route_export_from_layer_0_and_without_collaborative_layers(scale_exports, name):
+    _, expected, got, _, mask = scale_exports
+    assert_matches(got[name], expected[name], mask)
+
+
+def test_route_export_really_routes(scale_exports):
+    """Guard: both branches of Eq. 5 are taken, and route's logits are neither adapt's nor preserve's."""
+    got, mask = scale_exports[2], scale_exports[4]
+    real = mask.bool()
+    for arch in sorted(ARCHS):
+        routed = got[f"{arch}-route"]["routed"][real]
+        assert routed.any() and not routed.all(), arch
+        route = got[f"{arch}-route"]["logits"][real]
+        for other in ("adapt", "preserve"):
+            assert (route - got[f"{arch}-{other}"]["logits"][real]).abs().max() > 1e-3, (arch, other)
+
+
+def test_scale_export_folder_is_a_hub_model_folder(scale_exports):
+    root = scale_exports[0]
+    folder = root / "qwen2-qkv-bias-route"
+    names = {p.name for p in folder.iterdir()}
+    assert {"config.json", "model.safetensors", "generation_config.json", "modeling_scale.py", "README.md"} <= names
+    config = json.loads((folder / "config.json").read_text())
+    assert config["model_type"] == "scale_qwen2"
+    assert config["architectures"] == ["ScaleQwen2ForCausalLM"]
+    assert config["auto_map"] == {
+        "AutoConfig": "modeling_scale.ScaleQwen2Config",
+        "AutoModelForCausalLM": "modeling_scale.ScaleQwen2ForCausalLM",
+    }
+    assert config["tie_word_embeddings"] is False and "scale_cl" not in config
+    assert config["scale_method"] == "route" and config["scale_preserve_layers"] == 1
+    assert config["scale_hidden_size"] == 64 and config["hidden_size"] == 64 + 32
+    weights = load_file(folder / "model.safetensors")
+    assert not any(k.rsplit(".", 1)[-1] in ("w12", "w21", "w22", "weight_up", "bias_up") for k in weights)
+    assert weights["lm_head.weight"].shape == (VOCAB, 96)
+    card = (folder / "README.md").read_text()
+    assert card.startswith("---\nlibrary_name: transformers\n") and "scale-route" in card
+    assert "trust_remote_code=True" in card
+
+
+def test_every_supported_architecture_has_an_exported_class():
+    assert set(FAMILIES) == set(SPECS)
+
+
+def test_modeling_file_imports_only_torch_and_transformers():
+    tree = ast.parse(Path(modeling_scale.__file__).read_text())
+    modules = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    modules |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    top = {m.split(".")[0] for m in modules}
+    assert top <= {"__future__", "dataclasses", "functools", "typing", "torch", "transformers"}, top
+
+
+# ------------------------------------------------ baselines, shards, a run through the command line
+def cpt_run(workspace: Path, root: Path, method: str, **options) -> tuple[Path, object]:
+    """A finished cpt method folder (``<run>/<method>``: model/, result.json; cpt_config.json beside it)."""
+    base, tokenizer = load_base(BaseModelRef(str(workspace / "base")))
+    model = perturb_trainable(prepare(base, method, **options))
+    if method.startswith("scale_"):
+        randomize_new_weights(model, seed=5, w12_scale=0.3)
+    run = root / "run"
+    save_trained(model, tokenizer, method, BaseModelRef(str(workspace / "base")), run / method / "model")
+    curve = [
+        {"step": 0, "learning_ppl": 310.5, "forgetting_ppl": {"toy": 120.25}, "representation_similarity": 1.0},
+        {"step": 6, "learning_ppl": 41.75, "forgetting_ppl": {"toy": 133.5}, "representation_similarity": 0.9812},
+    ]
+    result = {"method": method, "lr": 1e-3, "trainable": 1234, "steps": 6, "seconds": 1.0, "curve": curve}
+    (run / method / "result.json").write_text(json.dumps(result))
+    settings = {"model": str(workspace / "base"), "data": {"train": ["new.jsonl"], "old_eval": ["toy=old.jsonl"]}}
+    (run / "cpt_config.json").write_text(json.dumps(settings))
+    return run / method, model
+
+
+@pytest.fixture(scope="module")
+def other_exports(tmp_path_factory, workspace):
+    """Baselines (in memory and a LoRA run), a sharded SCALE export and a SCALE run, in one clean subprocess."""
+    root = tmp_path_factory.mktemp("other_exports")
+    ids, mask = padded_prompts()
+    jobs, expected = [], {}
+
+    def add(name: str, model, remote: bool, **export_kwargs) -> None:
+        expected[name] = reference(model, ids, mask)
+        export_model(model, root / name, **export_kwargs)
+        jobs.append(job(name, root / name, remote, ids, mask))
+
+    add("fft", perturb_trainable(make_model("llama-gqa2-tied")), False)
+    add("freeze", perturb_trainable(prepare(make_model("neox-parallel-rot0.25"), "freeze", layers=1)), False)
+    add("llama_pro", perturb_trainable(prepare(make_model("qwen2-qkv-bias"), "llama_pro", blocks=1)), False)
+    add("lora-in-memory", perturb_trainable(prepare(make_model("mistral-gqa2"), "lora", rank=4)), False)
+    add("sharded", lively_scale_model("llama-gqa2-tied", "route"), True, max_shard_size="20KB")
+
+    # An extended vocabulary: E and W_out gain rows, and route's cosine reads the original vocabulary only.
+    extended = grow_embeddings(lively_scale_model("qwen2-qkv-bias", "route"), 6)
+    with torch.no_grad():
+        for param in new_row_parameters(extended):
+            param.add_(torch.randn(param.shape, generator=torch.Generator().manual_seed(6)))
+    new_ids = ids.clone()
+    new_ids[:, -3:] = torch.tensor([VOCAB, VOCAB + 3, VOCAB + 5])
+    expected["extended"] = reference(extended, new_ids, mask)
+    export_model(extended, root / "extended")
+    jobs.append(job("extended", root / "extended", True, new_ids, mask))
+
+    # A SCALE checkpoint (model.save_pretrained(dir, full=True): the base weights inside) through the command line.
+    checkpoint = lively_scale_model("mistral-gqa2", "adapt")
+    checkpoint.save_pretrained(root / "checkpoint", full=True)
+    expected["checkpoint"] = reference(checkpoint, ids, mask)
+    assert main(["export", str(root / "checkpoint"), str(root / "checkpoint-export")]) == 0
+    jobs.append(job("checkpoint", root / "checkpoint-export", True, ids, mask))
+
+    run_ids = torch.randint(3, 300, ids.shape, generator=torch.Generator().manual_seed(1)).masked_fill(mask == 0, 0)
+    for method, options in (("scale_route", {"hidden_up": 32, "ffn_up": 16, "preserve_layers": 1}), ("lora", {})):
+        method_dir, model = cpt_run(workspace, root / method, method, **options)
+        expected[method] = reference(model, run_ids, mask)
+        assert main(["export", str(method_dir), str(root / f"{method}-export")]) == 0
+        jobs.append(job(method, root / f"{method}-export", method == "scale_route", run_ids, mask, tokenizer=True))
+    got, summary = load_in_clean_python(jobs, root)
+    return root, expected, got, summary, mask
+
+
+@pytest.mark.parametrize("name", ["fft", "freeze", "llama_pro", "lora-in-memory", "lora"])
+def test_baseline_exports_are_plain_checkpoints(other_exports, name):
+    root, expected, got, summary, mask = other_exports
+    folder = root / ("lora-export" if name == "lora" else name)
+    config = json.loads((folder / "config.json").read_text())
+    assert "auto_map" not in config and not (folder / "modeling_scale.py").exists()
+    assert not (folder / "adapter_config.json").exists()  # LoRA merged into the weights
+    assert summary["classes"][name].startswith("transformers.models.")  # loaded without trust_remote_code
+    assert_matches(got[name], expected[name], mask)
+
+
+def test_extended_vocabulary_route_export_matches(other_exports):
+    root, expected, got, _, mask = other_exports
+    config = json.loads((root / "extended" / "config.json").read_text())
+    assert config["vocab_size"] == VOCAB + 6 and config["scale_route_vocab_size"] == VOCAB
+    assert got["extended"]["logits"].shape[-1] == VOCAB + 6
+    assert_matches(got["extended"], expected["extended"], mask)
+
+
+def test_checkpoint_export_matches(other_exports):
+    root, expected, got, summary, mask = other_exports
+    assert summary["classes"]["checkpoint"].endswith(".ScaleMistralForCausalLM")
+    assert_matches(got["checkpoint"], expected["checkpoint"], mask)
+    assert "- method: `scale_adapt`" in (root / "checkpoint-export" / "README.md").read_text()
+
+
+def test_sharded_export_writes_an_index_and_loads(other_exports):
+    root, expected, got, _, mask = other_exports
+    index = json.loads((root / "sharded" / "model.safetensors.index.json").read_text())
+    shards = set(index["weight_map"].values())
+    assert len(shards) > 1 and all((root / "sharded" / s).is_file() for s in shards)
+    assert not (root / "sharded" / "model.safetensors").exists()
+    assert_matches(got["sharded"], expected["sharded"], mask)
+
+
+def test_run_export_brings_tokenizer_and_model_card(other_exports, workspace):
+    root, expected, got, summary, mask = other_exports
+    folder = root / "scale_route-export"
+    assert summary["classes"]["scale_route"].endswith(".ScaleLlamaForCausalLM")
+    assert_matches(got["scale_route"], expected["scale_route"], mask)
+    _, tokenizer = load_base(BaseModelRef(str(workspace / "base")))
+    assert got["scale_route"]["tokenized"].tolist() == tokenizer("ka to mi")["input_ids"]
+    card = (folder / "README.md").read_text()
+    for fact in ("scale_route", "hidden_up: `32`", "preserve_layers: `1`", "310.50", "41.75", "133.50", "`toy`"):
+        assert fact in card, fact
+    assert "new.jsonl" in card and str(workspace / "base") in card
+    assert "base_model:" not in card  # a local path is no hub id
+    lora_card = (root / "lora-export" / "README.md").read_text()
+    assert "trust_remote_code" not in lora_card and "- method: `lora`" in lora_card
+
+
+def test_dtype_option_casts_the_weights(tmp_path, workspace):
+    method_dir, _ = cpt_run(workspace, tmp_path, "scale_preserve", hidden_up=32, ffn_up=0)
+    out = tmp_path / "bf16"
+    assert main(["export", str(method_dir / "model"), str(out), "--dtype", "bfloat16"]) == 0
+    weights = load_file(out / "model.safetensors")
+    assert {t.dtype for t in weights.values()} == {torch.bfloat16}
+    assert json.loads((out / "config.json").read_text())["dtype"] == "bfloat16"
+
+
+# ------------------------------------------------------------------------------------ bad input
+def _snapshot(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_bad_sources_are_refused_before_anything_is_written(tmp_path, capsys):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    run_root = tmp_path / "cpt-run"
+    (run_root / "fft" / "run").mkdir(parents=True)
+    (run_root / "cpt_config.json").write_text("{}")
+    checkpoint = tmp_path / "checkpoint-4"
+    checkpoint.mkdir()
+    (checkpoint / CHECKPOINT_META).write_text("{}")
+    no_model = tmp_path / "sweep-run"
+    no_model.mkdir()
+    (no_model / "result.json").write_text("{}")
+    cases = {
+        empty: "not a finished run or checkpoint",
+        run_root: "cpt run folder in which no method has finished",
+        checkpoint: "resumable training checkpoint",
+        no_model: "without saving its model",
+        tmp_path / "missing": "does not exist",
+    }
+    for source, why in cases.items():
+        out = tmp_path / "out"
+        assert main(["export", str(source), str(out)]) == 2
+        err = capsys.readouterr().err
+        assert why in err and CONFIG_NAME in err, err
+        assert not out.exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no staging folder left
+
+
+def test_a_cpt_run_folder_names_its_finished_methods(tmp_path, capsys):
+    for method in ("fft", "scale_route"):
+        (tmp_path / method / "model").mkdir(parents=True)
+        (tmp_path / method / "model" / "scale_cl_run.json").write_text("{}")
+    (tmp_path / "cpt_config.json").write_text("{}")
+    assert main(["export", str(tmp_path), str(tmp_path / "out")]) == 2
+    assert "pass one of them (fft, scale_route)" in capsys.readouterr().err
+
+
+def test_a_non_empty_out_is_refused_and_left_as_it_was(tmp_path, capsys):
+    model = lively_scale_model("llama-mqa", "adapt")
+    out = tmp_path / "out"
+    (out / "sub").mkdir(parents=True)
+    (out / "sub" / "keep.txt").write_text("mine")
+    (tmp_path / "file").write_text("mine")
+    before = _snapshot(tmp_path)
+    for target in (out, tmp_path / "file"):
+        with pytest.raises(ValueError, match="exists and is"):
+            export_model(model, target)
+    empty = tmp_path / "not-a-run"
+    empty.mkdir()
+    assert main(["export", str(empty), str(out)]) == 2  # OUT is checked first
+    assert "is not empty" in capsys.readouterr().err
+    assert _snapshot(tmp_path) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "not-a-run", "out"]
+
+
+def test_an_empty_out_folder_is_used(tmp_path):
+    model = lively_scale_model("neox-sequential-rot1.0", "preserve")
+    before = copy.deepcopy(model.state_dict())
+    (tmp_path / "out").mkdir()
+    export_model(model, tmp_path / "out")
+    assert (tmp_path / "out" / "config.json").is_file()
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())  # the SCALE model is left as it was
+
+
+def test_a_failed_export_leaves_nothing(tmp_path, monkeypatch):
+    from scale_cl.export import export as export_module
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(export_module, "model_card", broken)
+    with pytest.raises(RuntimeError, match="disk full"):
+        export_model(lively_scale_model("llama-mqa", "route"), tmp_path / "out")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_export_source_settings_are_options():
+    from scale_cl.cli import parse_settings
+
+    settings = parse_settings(["export", "runs/x", "hf/x", "--dtype", "float16", "--max-shard-size", "1GB"])
+    assert (settings.source, settings.out, settings.dtype, settings.max_shard_size) == (
+        "runs/x",
+        "hf/x",
+        "float16",
+        "1GB",
+    )
+
+
+# ------------------------------------------------------------------------- a real pre-trained model
+@pytest.mark.slow
+@pytest.mark.smollm2
+@pytest.mark.skipif(smollm2_gguf() is None, reason=f"SmolLM2-135M not installed ({INSTALL_HINT})")
+@pytest.mark.parametrize("method", ["adapt", "route"])
+def test_smollm2_export_matches(tmp_path, method):
+    """SmolLM2-135M (tied embeddings, 9 query / 3 kv heads, 30 layers) upscaled, exported and loaded clean."""
+    base, tokenizer = load_smollm2()
+    tokenizer.padding_side = "left"
+    batch = tokenizer(["The capital of France is", "Once upon a time, in a small village,"], padding=True)
+    ids, mask = torch.tensor(batch["input_ids"]), torch.tensor(batch["attention_mask"])
+    config = ScaleConfig(hidden_up=192, ffn_up=192, method=method, preserve_layers=-4, w21_init="random")
+    model = randomize_new_weights(upscale(base, config).eval(), seed=4, w12_scale=0.02, head_scale=0.02)
+    expected = reference(model, ids, mask)
+    export_model(model, tmp_path / "export", tokenizer=tokenizer, max_shard_size="200MB")
+    got, _ = load_in_clean_python([job(method, tmp_path / "export", True, ids, mask)], tmp_path)
+    assert_matches(got[method], expected, mask)
