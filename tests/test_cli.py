@@ -86,7 +86,8 @@ LEAVES = dict(_leaf_parsers(build_parser()))
 
 def test_every_subcommand_is_built_from_its_settings():
     assert set(LEAVES) == {
-        ("demo",), ("bio",), ("cpt",), ("base",), ("eval",), ("bench",), ("sweep", "bio"), ("sweep", "cpt")
+        ("demo",), ("bio",), ("cpt",), ("base",), ("eval",), ("export",), ("bench",), ("sweep", "bio"),
+        ("sweep", "cpt"),
     }  # fmt: skip
     for path, parser in LEAVES.items():
         options = {o for a in parser._actions for o in a.option_strings}
