@@ -1,7 +1,7 @@
 """The merged inference form of a widened linear (`ScaleLinear.merged_weight`, used with gradients off).
 
-Inference multiplies by the block matrix ``[[W, W12], [W21, W22]]`` as one dense weight; training
-keeps the blocks apart. The two must compute the same function (to rounding), the cached matrix
+Inference of a linear that uses W12 multiplies by the block matrix ``[[W, W12], [W21, W22]]`` as
+one dense weight; training keeps the blocks apart. The two must compute the same function (to rounding), the cached matrix
 must follow every change of the blocks, and training must never see it.
 """
 
@@ -40,7 +40,9 @@ def test_merged_form_equals_split_form(arch_name, method):
     position_ids = (mask.cumsum(-1) - 1).clamp_min(0)
     with torch.no_grad():
         merged = model(ids, attention_mask=mask, position_ids=position_ids).logits
-    assert all(linear._merged is not None for linear in linears(model))  # the merged form really ran
+    # The merged form ran exactly where W12 is used (preserve: nowhere; it keeps the split form).
+    assert all((linear._merged is not None) == linear.use_w12 for linear in linears(model))
+    assert any(linear.use_w12 for linear in linears(model)) == (method != "preserve")
     split = split_logits(model, ids, mask, position_ids)
     assert all(linear._merged is None for linear in linears(model))  # and training-mode forwards drop it
     real = mask.bool()

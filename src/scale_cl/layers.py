@@ -45,14 +45,14 @@ class ScaleLinear(SplitInput):
     only computed when ``use_w12`` (set by `set_method`) is true, so a preserve layer never pays for
     it; in route mode (``route.active``) it is added to the adapt half of the stacked batch only.
 
-    Training computes the blocks apart (the frozen ones need no gradient). Inference, i.e. any
-    forward with gradients off (``generate()``, evaluation), takes the merged form instead: the new
-    rows ``[W21 W22]`` as one weight, and where W12 is used the whole block matrix (`merged_weight`),
-    built once and cached until a block changes: one or two products instead of three or four small
-    ones, their sums, splits and concatenations. It equals the split form to floating-point
-    rounding, not bitwise (sums and vectorised activations are grouped differently), so the
-    original stream is the base model's to rounding there; set ``merge_for_inference = False``
-    (class or instance, or `merged_inference`) for the split form, bitwise the base model's.
+    Training computes the blocks apart (the frozen ones need no gradient). Inference (any forward
+    with gradients off: ``generate()``, evaluation) of a linear that uses W12 takes the merged form
+    instead: the whole block matrix as one dense weight (`merged_weight`), built once and cached
+    until a block changes, one product instead of four and their sums. It equals the split form to
+    floating-point rounding, not bitwise. A linear without W12 keeps the split form: merging it
+    would multiply by a zero block, or (as ``[W x; [W21 W22] h]``) measured slower on a CPU
+    (benchmarks/README.md). ``merge_for_inference = False`` (class or instance, or
+    `merged_inference`) turns the merged form off.
     """
 
     merge_for_inference: bool = True
@@ -89,40 +89,39 @@ class ScaleLinear(SplitInput):
         return torch.cat(self.project(*hidden.split((self.in_features, self.in_up), dim=-1)), dim=-1)
 
     def merged_inference_active(self) -> bool:
-        """Whether `forward` takes the merged inference form: gradients off and ``merge_for_inference`` on."""
-        return self.merge_for_inference and not torch.is_grad_enabled()
+        """Whether `forward` takes the merged inference form: W12 used, gradients off, ``merge_for_inference`` on."""
+        return self.use_w12 and self.merge_for_inference and not torch.is_grad_enabled()
 
     def _forward_merged(self, hidden: torch.Tensor) -> torch.Tensor:
-        """The block matrix in at most two products: ``[W x; [W21 W22] h]`` where W12 is unused (no
-        zero block is read: decoding is bound by reading weights), one dense product where it is used,
-        and route's stacked batch takes one of each (W12 on the adapt half only)."""
-        bottom, full, bias = self._inference_weights()
-        if full is None:
-            return self._rows_forward(hidden, bottom)
-        if self.route is not None and self.route.active:  # [preserve path; adapt path]
-            half = hidden.shape[0] // 2
-            return torch.cat((self._rows_forward(hidden[:half], bottom), F.linear(hidden[half:], full, bias)))
-        return F.linear(hidden, full, bias)
+        """One dense product with the block matrix; route's stacked batch multiplies its preserve half
+        (W12 taken as zero) by the original rows and ``[W21 W22]`` instead (no zero block read)."""
+        full, bias, bottom = self._inference_weights()
+        if self.route is None or not self.route.active:
+            return F.linear(hidden, full, bias)
+        half = hidden.shape[0] // 2
+        preserve = hidden[:half]
+        preserve = torch.cat(
+            (
+                F.linear(preserve[..., : self.in_features], self.weight, self.bias),
+                F.linear(preserve, bottom, self.bias_up),
+            ),
+            dim=-1,
+        )
+        return torch.cat((preserve, F.linear(hidden[half:], full, bias)))
 
-    def _rows_forward(self, hidden: torch.Tensor, bottom: torch.Tensor) -> torch.Tensor:
-        x = hidden[..., : self.in_features]
-        return torch.cat((F.linear(x, self.weight, self.bias), F.linear(hidden, bottom, self.bias_up)), dim=-1)
+    def _inference_weights(self) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        """The whole block matrix, its bias and ``[W21 W22]``; built once.
 
-    def _inference_weights(self) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-        """``[W21 W22]``, and where W12 is used the whole block matrix and its bias; built once.
-
-        Rebuilt when W12's use or any block changes: every in-place write (an optimizer step,
+        Rebuilt when any block changes: every in-place write (an optimizer step,
         ``load_state_dict``, ``copy_``) bumps a tensor's version counter, and moving or casting the
         model gives new storage. (A write through ``.data`` bypasses the counter: call
         `clear_merged` after one.)
         """
         blocks = (self.weight, self.bias, self.w12, self.w21, self.w22, self.bias_up)
-        key = (self.use_w12, *((t.data_ptr(), t._version, t.dtype) for t in blocks if t is not None))
+        key = tuple((t.data_ptr(), t._version, t.dtype) for t in blocks if t is not None)
         if self._merged is None or self._merged[0] != key:
-            with torch.no_grad():
-                bottom = torch.cat((self.w21, self.w22), dim=1)
-            full, bias = self.merged_weight() if self.use_w12 else (None, None)
-            self._merged = (key, bottom, full, bias)
+            full, bias = self.merged_weight(with_w12=True)
+            self._merged = (key, full, bias, full[self.out_features :])  # the bottom rows: a view
         return self._merged[1:]
 
     def clear_merged(self) -> None:
@@ -223,7 +222,7 @@ class ScaleMLP(nn.Module):
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         gate_name, up_name, down_name, act_name = self.names
         up, down, act = getattr(self, up_name), getattr(self, down_name), getattr(self, act_name)
-        if up.merged_inference_active():  # inference: the stock MLP on the merged weights, nothing split
+        if up.merged_inference_active():  # inference with W12: the stock MLP on the merged weights
             inner = up(hidden)
             inner = act(inner) if gate_name is None else act(getattr(self, gate_name)(hidden)) * inner
             return down(inner)
