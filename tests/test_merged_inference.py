@@ -1,8 +1,8 @@
 """The merged inference form of a widened linear (`ScaleLinear.merged_weight`, used with gradients off).
 
 Inference of a linear that uses W12 multiplies by the block matrix ``[[W, W12], [W21, W22]]`` as
-one dense weight; training keeps the blocks apart. The two must compute the same function (to rounding), the cached matrix
-must follow every change of the blocks, and training must never see it.
+one dense weight; training keeps the blocks apart. The two must compute the same function (to
+rounding), the cached matrix must follow every change of the blocks, and training must never see it.
 """
 
 from __future__ import annotations
