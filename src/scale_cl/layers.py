@@ -102,12 +102,22 @@ class ScaleLinear(SplitInput):
         preserve = hidden[:half]
         preserve = torch.cat(
             (
-                F.linear(preserve[..., : self.in_features], self.weight, self.bias),
+                F.linear(self._as_base_input(preserve[..., : self.in_features]), self.weight, self.bias),
                 F.linear(preserve, bottom, self.bias_up),
             ),
             dim=-1,
         )
         return torch.cat((preserve, F.linear(hidden[half:], full, bias)))
+
+    def _as_base_input(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` laid out as the base model's input to W, so ``W x + b`` rounds as it does there.
+
+        A strided slice with a bias takes matmul-then-add instead of the fused addmm the base model's
+        contiguous input takes: in bf16/fp16 (or under autocast) that rounds differently (one ulp), so
+        the original stream would no longer be bitwise the base model's. (fp32 rounds the same.)
+        """
+        low_precision = x.dtype != torch.float32 or torch.is_autocast_enabled(x.device.type)
+        return x.contiguous() if self.bias is not None and low_precision else x
 
     def _inference_weights(self) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
         """The whole block matrix, its bias and ``[W21 W22]``; built once.
@@ -131,12 +141,7 @@ class ScaleLinear(SplitInput):
         """The output's original part and added part, from the input's two parts (`ScaleMLP` keeps them apart)."""
         if torch.is_grad_enabled():
             self._merged = None  # training: drop the inference copy and its memory
-        x = self.original(x)
-        if self.bias is not None and x.dtype != torch.float32:
-            # A strided slice with a bias takes matmul-then-add instead of the fused addmm the base
-            # model's contiguous input takes: in bf16/fp16 that rounds differently (one ulp), so the
-            # original stream would no longer be bitwise the base model's. (fp32 rounds the same.)
-            x = x.contiguous()
+        x = self._as_base_input(self.original(x))
         if self.constant_preserve_half and torch.is_grad_enabled():
             return self._project_stacked(x, x_up)
         out = F.linear(x, self.weight, self.bias)
