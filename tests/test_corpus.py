@@ -139,7 +139,7 @@ def test_old_domain_sets_are_named_by_name_equals_or_by_the_source():
         "wiki": "hf:user/wiki::test",
         "data/old.jsonl": "data/old.jsonl",
     }
-    with pytest.raises(ValueError, match="two old-domain evaluation sets are named 'a'"):
+    with pytest.raises(ValueError, match="two old-domain sources are named 'a'"):
         eval_sets(["a=x.txt", "a=y.txt"])
 
 

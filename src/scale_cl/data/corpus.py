@@ -26,6 +26,11 @@ leak. The held-out and old-domain sets are packed the same way and capped at
 
 Caps: ``max_train_tokens`` (rounded down to whole blocks) stops reading as soon as enough blocks are
 packed; documents are tokenised in batches that grow from 8 to 1024, so a small cap reads little.
+
+Replay (``replay`` sources, ``replay_ratio``): old-domain text packed the same way, as many blocks as
+the training split has (``max_train_tokens`` when streaming), leaving out every document that any
+old-domain evaluation set read (by a hash of its text), so replayed text is never evaluated on; the
+training loop mixes it in at an exact share of every batch (`scale_cl.data.replay`).
 """
 
 from __future__ import annotations
@@ -89,6 +94,20 @@ class CorpusConfig:
         default="error",
         metadata={"help": f"a document that is not UTF-8 or a JSONL line that is not JSON: one of {DECODE_POLICIES}"},
     )
+    replay: list[str] = field(
+        default_factory=list,
+        metadata={
+            "help": "old-domain sources to replay during training (NAME=SOURCE or SOURCE); documents any "
+            "old-domain evaluation set reads are left out"
+        },
+    )
+    replay_ratio: float = field(
+        default=0.0,
+        metadata={
+            "help": "share of every training batch (sequences, hence tokens) taken from the replay sources, exact "
+            "per batch (ratio x train.batch_size must be whole); 0 = no replay"
+        },
+    )
 
     def __post_init__(self) -> None:
         self.train, self.old_eval = list(self.train), list(self.old_eval)
@@ -107,6 +126,17 @@ class CorpusConfig:
             )
         if not self.text_field:
             raise ValueError("text_field must name the JSONL field / column that holds the text")
+        self.replay = list(self.replay)
+        if isinstance(self.replay_ratio, int) and not isinstance(self.replay_ratio, bool):
+            self.replay_ratio = float(self.replay_ratio)  # 0 and 0.0 are one setting (cache keys, run folders)
+        if not 0.0 <= self.replay_ratio < 1.0:
+            raise ValueError(f"replay_ratio must be in [0, 1), got {self.replay_ratio}")
+        if self.replay_ratio > 0 and not self.replay:
+            raise ValueError(
+                f"replay_ratio={self.replay_ratio} needs old-domain text to replay: set replay to NAME=SOURCE"
+            )
+        if self.replay and self.streaming and not self.max_train_tokens:
+            raise ValueError("replay with streaming needs max_train_tokens: it bounds the replay text read into memory")
 
     @property
     def max_train_sequences(self) -> int:
@@ -127,11 +157,13 @@ class CorpusStats:
     skipped_empty: int = 0  # empty or whitespace-only documents
     tokens: int = 0  # tokens of the documents tokenised, one EOS each included
     sequences: int = 0  # packed blocks of seq_len tokens
+    skipped_evaluated: int = 0  # replay documents left out because an old-domain evaluation set read them
 
     def summary(self) -> str:
+        evaluated = f", {self.skipped_evaluated:,} evaluated on" if self.skipped_evaluated else ""
         return (
             f"{self.documents:,} documents, {self.tokens:,} tokens -> {self.sequences:,} sequences "
-            f"(skipped: {self.skipped_decode:,} undecodable, {self.skipped_empty:,} empty)"
+            f"(skipped: {self.skipped_decode:,} undecodable, {self.skipped_empty:,} empty{evaluated})"
         )
 
 
@@ -183,13 +215,13 @@ def resolve_files(source: str) -> list[Path]:
 
 
 def eval_sets(sources: Sequence[str]) -> dict[str, str]:
-    """``{name: source}`` of the old-domain sets: ``NAME=SOURCE``, or the source itself as its name."""
+    """``{name: source}`` of the old-domain sets (evaluation or replay): ``NAME=SOURCE``, or the source as its name."""
     named: dict[str, str] = {}
     for entry in sources:
         match = _NAMED.match(entry)
         name, source = match.groups() if match else (entry, entry)
         if name in named:
-            raise ValueError(f"two old-domain evaluation sets are named {name!r}; name them with NAME=SOURCE")
+            raise ValueError(f"two old-domain sources are named {name!r}; name them with NAME=SOURCE")
         named[name] = source
     return named
 
@@ -350,14 +382,25 @@ def read_documents(
             yield text
 
 
+def document_key(text: str) -> bytes:
+    """A hash of a document's text: equal texts, equal keys (the held-out split and replay's exclusions use it)."""
+    return hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest()
+
+
+def recording(documents: Iterable[str], keys: set[bytes]) -> Iterator[str]:
+    """``documents``, adding each one's `document_key` to ``keys`` as it is read."""
+    for text in documents:
+        keys.add(document_key(text))
+        yield text
+
+
 def is_heldout(text: str, fraction: float) -> bool:
     """Whether a document is in the held-out split: its text's hash, as a number in [0, 1), is below ``fraction``.
 
     A hash of the text alone: the same split whatever the file order, cap or streaming, and exact
     copies of a document always land on the same side.
     """
-    digest = hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest()
-    return int.from_bytes(digest, "big") < fraction * 2**64
+    return int.from_bytes(document_key(text), "big") < fraction * 2**64
 
 
 def split_documents(config: CorpusConfig, split: str, stats: CorpusStats | None = None) -> Iterator[str]:
@@ -518,7 +561,7 @@ def check_corpus(config: CorpusConfig, tokenizer: PreTrainedTokenizerBase | None
         raise ValueError("no new-domain training data: set train to files, globs or hf:PATH[:CONFIG[:SPLIT]]")
     if tokenizer is not None:
         eos_id(tokenizer)
-    for source in [*config.train, *eval_sets(config.old_eval).values()]:
+    for source in [*config.train, *eval_sets(config.old_eval).values(), *eval_sets(config.replay).values()]:
         check_source(source, config.text_field, config.on_decode_error)
 
 
@@ -529,7 +572,8 @@ class Corpus:
     train: PackedDataset | PackedStream
     heldout: PackedDataset | None
     old_eval: dict[str, PackedDataset]
-    stats: dict[str, CorpusStats]  # "train", "heldout", "old_eval/NAME"; streaming train stats fill as it is read
+    stats: dict[str, CorpusStats]  # "train", "heldout", "old_eval/NAME", "replay"; streaming train fills as read
+    replay: PackedDataset | None = None  # old-domain blocks to mix into training (none evaluated on)
 
     def summary(self) -> list[str]:
         return [f"{name}: {stats.summary()}" for name, stats in self.stats.items()]
@@ -580,16 +624,44 @@ def build_corpus(config: CorpusConfig, tokenizer: PreTrainedTokenizerBase) -> Co
         _require_sequences(name, stats["train"], config.seq_len)
         train = PackedDataset(blocks)
 
-    old_eval = {}
+    old_eval, evaluated = {}, set()
     for set_name, source in eval_sets(config.old_eval).items():
         key = f"old_eval/{set_name}"
         stats[key] = CorpusStats()
         documents = read_documents(source, config.text_field, config.on_decode_error, config.streaming, stats[key])
-        blocks = pack(documents, tokenizer, config.seq_len, config.max_eval_sequences, stats[key], desc=set_name)
+        blocks = pack(
+            recording(documents, evaluated), tokenizer, config.seq_len, config.max_eval_sequences, stats[key], set_name
+        )
         _require_sequences(f"old-domain evaluation set {set_name!r}", stats[key], config.seq_len)
         old_eval[set_name] = PackedDataset(blocks)
+
+    replay = None
+    if config.replay:
+        stats["replay"] = CorpusStats()
+        wanted = config.max_train_sequences if config.streaming else len(train)
+        replay = PackedDataset(
+            pack(
+                replay_documents(config, evaluated, stats["replay"]),
+                tokenizer,
+                config.seq_len,
+                wanted,
+                stats["replay"],
+                "replay",
+            )
+        )
+        _require_sequences("replay text (after leaving out the evaluated documents)", stats["replay"], config.seq_len)
 
     for split, split_stats in stats.items():
         if split_stats.skipped_decode:
             logger.warning("%s: skipped %d undecodable documents", split, split_stats.skipped_decode)
-    return Corpus(train, heldout, old_eval, stats)
+    return Corpus(train, heldout, old_eval, stats, replay)
+
+
+def replay_documents(config: CorpusConfig, evaluated: set[bytes], stats: CorpusStats) -> Iterator[str]:
+    """The replay sources' documents in order, without those an old-domain evaluation set read (``evaluated``)."""
+    for source in eval_sets(config.replay).values():
+        for text in read_documents(source, config.text_field, config.on_decode_error, config.streaming, stats):
+            if document_key(text) in evaluated:
+                stats.skipped_evaluated += 1
+            else:
+                yield text

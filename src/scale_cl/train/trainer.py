@@ -148,6 +148,7 @@ def training_arguments(
     bf16: bool | None = None,
     logging_steps: int = 50,
     logging_dir: Path | None = None,
+    in_order: bool = False,
 ) -> TrainingArguments:
     """The Trainer settings of one stage: the one place bio and cpt turn their settings into ``TrainingArguments``.
 
@@ -159,6 +160,8 @@ def training_arguments(
     averaged away (`CheckpointingTrainer` stops on it anyway). ``stage.report_to`` picks the reporting
     integrations (W&B offline unless ``WANDB_MODE`` says otherwise); TensorBoard writes into
     ``logging_dir`` (on transformers 5, once `connect_reporting` has pointed its callback there).
+    ``in_order``: the Trainer reads a map-style dataset in its own order instead of shuffling it (a dataset that
+    orders itself, such as `scale_cl.data.replay.ReplayMix`).
     """
     cuda = torch.cuda.is_available()
     steps = stage.max_steps if max_steps is None else max_steps
@@ -168,6 +171,12 @@ def training_arguments(
     kwargs: dict[str, Any] = {CHECKPOINTING_ARGUMENT: activation_checkpointing}
     if logging_dir is not None and "logging_dir" in TrainingArguments.__dataclass_fields__:  # transformers 4
         kwargs["logging_dir"] = str(logging_dir)
+    if in_order:
+        if "train_sampling_strategy" not in TrainingArguments.__dataclass_fields__:
+            raise ValueError(
+                "training data in its own order (replay) needs transformers >= 5 (train_sampling_strategy)"
+            )
+        kwargs["train_sampling_strategy"] = "sequential"
     if stage.schedule == "cosine_with_min_lr":
         kwargs["lr_scheduler_kwargs"] = {"min_lr_rate": stage.min_lr_ratio}
     return TrainingArguments(

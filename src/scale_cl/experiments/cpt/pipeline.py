@@ -44,7 +44,8 @@ from accelerate import PartialState
 from safetensors.torch import load_file, save_file
 from transformers import AutoConfig, PreTrainedModel, PreTrainedTokenizerBase, TrainingArguments, default_data_collator
 
-from scale_cl.data.corpus import Corpus, build_corpus, check_corpus, split_documents
+from scale_cl.data.corpus import Corpus, PackedStream, build_corpus, check_corpus, split_documents
+from scale_cl.data.replay import ReplayMix, ReplayStream, check_ratio
 from scale_cl.eval.perplexity import final_hidden_original, mean_cosine_similarity, perplexity
 from scale_cl.experiments.cpt.config import VOCAB_TEXT_CHARS, CptConfig
 from scale_cl.experiments.cpt.report import RESULT_FILE
@@ -86,12 +87,28 @@ def validate(cfg: CptConfig, base_config: Any) -> None:
         )
     if cfg.data.streaming and t.max_steps <= 0:
         raise ValueError("data.streaming needs train.max_steps > 0 (a stream has no length to count epochs on)")
+    if cfg.data.replay_ratio:
+        check_ratio(cfg.data.replay_ratio, t.batch_size)
 
 
-def total_steps(cfg: CptConfig, corpus: Corpus) -> int:
+def total_steps(cfg: CptConfig, train: Any) -> int:
+    """``max_steps``, or the steps of ``epochs`` passes over the training data (``train``, replay mixed in)."""
     if cfg.train.max_steps > 0:
         return cfg.train.max_steps
-    return math.ceil(cfg.train.epochs * len(corpus.train) / cfg.train.batch_size)
+    return math.ceil(cfg.train.epochs * len(train) / cfg.train.batch_size)
+
+
+def training_data(cfg: CptConfig, corpus: Corpus) -> Any:
+    """The training split, or with ``data.replay_ratio`` the split with replay mixed into every batch (this run's
+    seed draws the order, `scale_cl.data.replay`)."""
+    ratio = cfg.data.replay_ratio
+    if not ratio:
+        return corpus.train
+    if corpus.replay is None:
+        raise ValueError(f"data.replay_ratio={ratio} but the corpus was packed without replay text (data.replay)")
+    if isinstance(corpus.train, PackedStream):
+        return ReplayStream(corpus.train, corpus.replay.blocks, ratio, cfg.seed)
+    return ReplayMix(corpus.train.blocks, corpus.replay.blocks, ratio, cfg.seed, cfg.train.batch_size)
 
 
 def use_bf16(cfg: CptConfig) -> bool:
@@ -121,6 +138,7 @@ def training_arguments(
         bf16=use_bf16(cfg),
         logging_steps=max(1, min(cfg.eval.every, 50)),
         logging_dir=logging_dir,
+        in_order=bool(cfg.data.replay_ratio),  # replay's order is its exact share of every batch
     )
 
 
@@ -198,7 +216,8 @@ def run_method(
     original_width = base.config.hidden_size
     model = prepare(base, method, **cfg.options.prepare_options(method, cfg.seed))
     run_dir, logging_dir = method_dir / "run", method_dir / "logs"
-    steps = total_steps(cfg, corpus)
+    train = training_data(cfg, corpus)
+    steps = total_steps(cfg, train)
     args = training_arguments(cfg, method, run_dir, steps, logging_dir)
     lr = args.learning_rate
     tokens_per_step = cfg.train.batch_size * cfg.data.seq_len
@@ -213,7 +232,7 @@ def run_method(
     trainer = CheckpointingTrainer(
         model=model,
         args=args,
-        train_dataset=corpus.train,
+        train_dataset=train,
         data_collator=default_data_collator,
         callbacks=[tracker],
         run_info=run_info,
@@ -226,8 +245,9 @@ def run_method(
         shutil.rmtree(logging_dir, ignore_errors=True)  # a run started afresh: no events of an earlier attempt
     trainable = trainable_parameter_count(model)
     if state.is_main_process:
+        replay = f", replay {cfg.data.replay_ratio:.0%} of every batch" if cfg.data.replay_ratio else ""
         print(
-            f"[cpt] {method}: lr {lr:g}, {trainable:,} trainable, {steps} steps"
+            f"[cpt] {method}: lr {lr:g}, {trainable:,} trainable, {steps} steps{replay}"
             + (f", resuming from {resume}" if resume else "")
         )
     start = time.perf_counter()

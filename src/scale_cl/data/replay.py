@@ -1,0 +1,150 @@
+"""Replay: old-domain text mixed into continual pre-training at an exact share of every batch.
+
+Continual pre-training studies mix a little of the original training text back in (about 1-5% for a
+mild domain shift, about 25% for a new language) to forget less. Here the packed training sequences
+run in one fixed order in which sequence ``i`` is a replay sequence exactly when
+``floor((i + 1) r) > floor(i r)`` for the ratio ``r``: the first ``n`` sequences always hold
+``floor(n r)`` replay sequences, spread evenly. An optimizer batch of ``B`` consecutive sequences
+(``B`` a multiple of ``1 / r``, which `check_ratio` asks for) therefore holds exactly ``r B`` replay
+sequences: ``r`` of its tokens, in every batch, on any number of processes and across resumes (the
+Trainer reads the order sequentially and skips the batches a checkpoint already trained on).
+
+Which new-domain and replay sequence fills each slot is drawn from ``(seed, epoch)``: a fresh
+permutation of the new-domain sequences every epoch (as the Trainer's own sampler would shuffle),
+and the replay sequences in a permutation drawn afresh each time they are used up.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from fractions import Fraction
+from typing import Any
+
+import torch
+from torch.utils.data import Dataset, IterableDataset
+
+
+def as_fraction(ratio: float) -> Fraction:
+    """``ratio`` as the decimal fraction it was written as (0.05 -> 1/20), so schedules are exact."""
+    return Fraction(str(ratio))
+
+
+def replay_before(index: int, ratio: float) -> int:
+    """How many of the first ``index`` sequences are replay sequences: ``floor(index r)``."""
+    return int(index * as_fraction(ratio))
+
+
+def is_replay(index: int, ratio: float) -> bool:
+    """Whether sequence ``index`` of the training order is a replay sequence."""
+    return replay_before(index + 1, ratio) > replay_before(index, ratio)
+
+
+def check_ratio(ratio: float, batch_size: int) -> None:
+    """Raise a ValueError unless ``ratio`` of every batch of ``batch_size`` sequences is a whole number of them."""
+    share = as_fraction(ratio) * batch_size
+    if share.denominator != 1:
+        step = Fraction(1, batch_size)
+        choices = ", ".join(f"{float(k * step):g}" for k in range(1, min(batch_size, 4) + 1))
+        raise ValueError(
+            f"data.replay_ratio={ratio} of a batch of {batch_size} sequences is {float(share):g} sequences; the share "
+            f"must be exact in every batch: choose a multiple of 1/{batch_size} ({choices}, ...) or a train.batch_size "
+            f"that makes {ratio} x batch_size whole"
+        )
+
+
+class ReplayOrder:
+    """Which replay sequence is used ``used``-th in an epoch: the rows in a permutation drawn from ``(seed, epoch,
+    pass)``, a fresh one each time they are used up."""
+
+    def __init__(self, rows: int, seed: int) -> None:
+        self.rows, self.seed = rows, seed
+        self.set_epoch(0)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch, self._passes = epoch, {}
+
+    def __call__(self, used: int) -> int:
+        turn, position = divmod(used, self.rows)
+        if turn not in self._passes:
+            generator = torch.Generator().manual_seed((self.seed * 1_000_003 + self.epoch) * 7_919 + turn + 1)
+            self._passes[turn] = torch.randperm(self.rows, generator=generator)
+        return int(self._passes[turn][position])
+
+
+class ReplayMix(Dataset):
+    """New-domain and replay sequences in the fixed order above; one epoch covers the new-domain sequences once.
+
+    An epoch is ``length`` sequences: the most whole batches whose new-domain slots do not outnumber the
+    new-domain sequences (a few of them may sit out an epoch; the next epoch's permutation differs). The
+    Trainer must read it in order (``train_sampling_strategy="sequential"``) and call `set_epoch`.
+    """
+
+    def __init__(self, new: torch.Tensor, replay: torch.Tensor, ratio: float, seed: int, batch_size: int) -> None:
+        if not 0 < ratio < 1:
+            raise ValueError(f"replay ratio must be in (0, 1), got {ratio}")
+        if not len(replay):
+            raise ValueError("replay needs at least one replay sequence")
+        check_ratio(ratio, batch_size)
+        self.new, self.replay, self.ratio, self.seed = new, replay, ratio, seed
+        self.replay_order = ReplayOrder(len(replay), seed)
+        per_batch = batch_size - replay_before(batch_size, ratio)  # new-domain sequences per batch
+        self.length = len(new) // per_batch * batch_size
+        if not self.length:
+            raise ValueError(
+                f"{len(new)} new-domain sequences do not fill one batch of {batch_size} with replay ratio {ratio} "
+                f"({per_batch} new-domain sequences each); add text or lower train.batch_size"
+            )
+        self.set_epoch(0)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Draw the order of epoch ``epoch`` (the same for every process and resume)."""
+        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+        self.new_order = torch.randperm(len(self.new), generator=generator)
+        self.replay_order.set_epoch(epoch)
+
+    def source(self, index: int) -> tuple[str, int]:
+        """``("replay" | "new", row)``: where sequence ``index`` of the current epoch comes from."""
+        if not 0 <= index < self.length:
+            raise IndexError(index)
+        before = replay_before(index, self.ratio)
+        if is_replay(index, self.ratio):
+            return "replay", self.replay_order(before)
+        return "new", int(self.new_order[index - before])
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        kind, row = self.source(index)
+        ids = (self.replay if kind == "replay" else self.new)[row]
+        return {"input_ids": ids, "labels": ids}
+
+
+class ReplayStream(IterableDataset):
+    """`ReplayMix` for a streamed training split (`scale_cl.data.corpus.PackedStream`): the new-domain blocks in
+    corpus order, replay blocks in the slots the schedule gives them; an epoch ends with the stream."""
+
+    def __init__(self, new: Iterable[dict[str, torch.Tensor]], replay: torch.Tensor, ratio: float, seed: int) -> None:
+        if not 0 < ratio < 1:
+            raise ValueError(f"replay ratio must be in (0, 1), got {ratio}")
+        if not len(replay):
+            raise ValueError("replay needs at least one replay sequence")
+        self.new, self.replay, self.ratio = new, replay, ratio
+        self.replay_order = ReplayOrder(len(replay), seed)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.replay_order.set_epoch(epoch)
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        new = iter(self.new)
+        index = 0
+        while True:
+            if is_replay(index, self.ratio):
+                ids = self.replay[self.replay_order(replay_before(index, self.ratio))]
+                yield {"input_ids": ids, "labels": ids}
+            else:
+                item = next(new, None)
+                if item is None:
+                    return
+                yield item
+            index += 1
