@@ -17,6 +17,7 @@ from scale_cl.shapes import base_dims, resolve
 from scale_cl.train.trainer import StageConfig
 
 MATCH = "match"
+W12_SUFFIX = ".w12"  # the name of every ScaleLinear's W12 block ends so
 
 
 def _default_scale() -> ScaleConfig:
@@ -40,6 +41,13 @@ class MethodSettings:
     llama_pro_blocks: str = field(
         default=MATCH, metadata={"help": "LLaMA Pro: blocks added, or 'match' for SCALE-Route's trainable parameters"}
     )
+    w12_lr_ratio: float = field(
+        default=1.0,
+        metadata={
+            "help": "SCALE-Adapt/Route: W12's learning rate as a multiple of the method's (W21, W22, the new norm, "
+            "embedding and head parts keep the method's rate); W12 is what writes into the original stream"
+        },
+    )
 
     def __post_init__(self) -> None:
         if not isinstance(self.scale, ScaleConfig):
@@ -50,6 +58,11 @@ class MethodSettings:
                 raise ValueError(f"options.{name} must be '{MATCH}' or a positive integer, got {value!r}")
         if self.freeze_layers < 0:
             raise ValueError(f"options.freeze_layers must be 0 or more, got {self.freeze_layers}")
+        if isinstance(self.w12_lr_ratio, bool) or not isinstance(self.w12_lr_ratio, (int, float)):
+            raise ValueError(f"options.w12_lr_ratio must be a number, got {self.w12_lr_ratio!r}")
+        self.w12_lr_ratio = float(self.w12_lr_ratio)  # 1 and 1.0 are one setting (cache keys, run folders)
+        if not 0 < self.w12_lr_ratio < float("inf"):
+            raise ValueError(f"options.w12_lr_ratio must be a positive number, got {self.w12_lr_ratio}")
 
     def scale_config(self, method: str = "route", seed: int = 0) -> ScaleConfig:
         """The ScaleConfig of a run: ``options.scale`` with the run's SCALE method and seed."""
@@ -87,6 +100,13 @@ class MethodSettings:
             return {"blocks": int(self.llama_pro_blocks)}
         if method == "freeze":
             return {"layers": self.freeze_layers}
+        return {}
+
+    def lr_ratios(self, method: str) -> dict[str, float]:
+        """Learning-rate multiples of parameter groups for ``method``'s optimizer, by parameter-name suffix
+        (`scale_cl.train.checkpointing.CheckpointingTrainer`); empty = one rate for everything."""
+        if "w12_lr_ratio" in method_spec(method).settings and self.w12_lr_ratio != 1.0:
+            return {W12_SUFFIX: self.w12_lr_ratio}
         return {}
 
 

@@ -43,7 +43,7 @@ from scale_cl.methods.matching import (
 
 # The experiment settings (`scale_cl.experiments.settings.MethodSettings`) each SCALE variant reads.
 _PRESERVE_SETTINGS = ("scale.hidden_up", "scale.ffn_up", "scale.w21_init", "scale.w22_init")
-_ADAPT_SETTINGS = (*_PRESERVE_SETTINGS, "scale.preserve_layers", "scale.collab_modules")
+_ADAPT_SETTINGS = (*_PRESERVE_SETTINGS, "scale.preserve_layers", "scale.collab_modules", "w12_lr_ratio")
 _SCALE_SETTINGS = {
     "preserve": _PRESERVE_SETTINGS,
     "adapt": _ADAPT_SETTINGS,

@@ -74,12 +74,42 @@ class CheckpointingTrainer(Trainer):
     Args:
         run_info: JSON-able description written into every checkpoint (method, base model, ...);
             resuming refuses a checkpoint whose ``run_info`` differs.
+        lr_ratios: ``{name suffix: multiple}``: parameters whose name ends with a suffix train at that multiple
+            of the learning rate (their own optimizer groups, under the same schedule); the others at the rate.
         other arguments: as `transformers.Trainer`.
     """
 
-    def __init__(self, *args: Any, run_info: dict[str, Any] | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        run_info: dict[str, Any] | None = None,
+        lr_ratios: dict[str, float] | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(*args, **kwargs)
         self.run_info = run_info or {}
+        self.lr_ratios = dict(lr_ratios or {})
+
+    def create_optimizer(self, model: nn.Module | None = None) -> torch.optim.Optimizer:
+        """The Trainer's optimizer, each of its groups split by `lr_ratios` (before any step, so no state moves)."""
+        optimizer = super().create_optimizer(model)
+        if not self.lr_ratios:
+            return optimizer
+        names = {id(p): n for n, p in (model or self.model).named_parameters()}
+        groups = []
+        for group in optimizer.param_groups:
+            by_ratio: dict[float, list[nn.Parameter]] = {}
+            for param in group["params"]:
+                ratio = next((r for s, r in self.lr_ratios.items() if names[id(param)].endswith(s)), 1.0)
+                by_ratio.setdefault(ratio, []).append(param)
+            groups += [{**group, "params": ps, "lr": group["lr"] * r} for r, ps in by_ratio.items()]
+        unmatched = [s for s in self.lr_ratios if not any(n.endswith(s) for n in names.values())]
+        if unmatched:
+            raise ValueError(f"lr_ratios: no parameter name ends with {unmatched}")
+        optimizer.param_groups.clear()
+        for group in groups:
+            optimizer.add_param_group(group)
+        return optimizer
 
     def _own_format(self) -> bool:
         return not (self.is_fsdp_enabled or self.is_deepspeed_enabled)

@@ -242,13 +242,15 @@ def run_stage(
     resume_from: Path | None = None,
     save_total_limit: int | None = None,
     logging_dir: Path | None = None,
+    lr_ratios: dict[str, float] | None = None,
 ) -> Trainer:
     """Train ``model`` in place for one stage; returns the Trainer (its ``state`` holds the log).
 
     A `CheckpointingTrainer`: a NaN/inf loss raises `NonFiniteLossError` instead of being trained on,
     and checkpoints (asked for by a callback such as `SaveAtEvaluations`) are trainable-only and
     atomic. ``run_info`` is recorded in them; ``resume_from`` continues from one. ``logging_dir``:
-    TensorBoard's folder when ``stage.report_to`` names it.
+    TensorBoard's folder when ``stage.report_to`` names it. ``lr_ratios``: learning-rate multiples of parameter
+    groups (`CheckpointingTrainer`).
     """
     args = training_arguments(stage, output_dir, seed, save_total_limit=save_total_limit, logging_dir=logging_dir)
     trainer = CheckpointingTrainer(
@@ -258,6 +260,7 @@ def run_stage(
         data_collator=collator,
         callbacks=list(callbacks),
         run_info=run_info,
+        lr_ratios=lr_ratios,
     )
     connect_reporting(trainer, logging_dir)
     trainer.train(resume_from_checkpoint=None if resume_from is None else str(resume_from))

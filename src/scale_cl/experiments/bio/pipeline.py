@@ -312,6 +312,9 @@ def run_method(
     saver = SaveAtEvaluations(cfg.task1.eval_every, minutes)
     # A checkpoint of another Task-0 model, method or rate is refused (the run folder's config.json guards the rest).
     run_info = {"method": method, "lr": lr, "seed": seed, "task0_model": task0_dir.name}
+    lr_ratios = cfg.options.lr_ratios(method)
+    if lr_ratios:
+        run_info["lr_ratios"] = lr_ratios
     start = time.perf_counter()
     collator = PadCollator(data.tokenizer.pad_token_id)
     run_stage(
@@ -326,6 +329,7 @@ def run_method(
         resume_from=resume,
         save_total_limit=CHECKPOINTS_KEPT,
         logging_dir=logging_dir,
+        lr_ratios=lr_ratios,
     )
     result = {
         "method": method,

@@ -229,6 +229,9 @@ def run_method(
         initial=None if initial is None else {**initial, "trainable": trainable_parameter_count(model)},
     )
     run_info = {"method": method, "lr": lr, "base": asdict(ref), "steps": steps, "seed": cfg.seed}
+    lr_ratios = cfg.options.lr_ratios(method)
+    if lr_ratios:
+        run_info["lr_ratios"] = lr_ratios
     trainer = CheckpointingTrainer(
         model=model,
         args=args,
@@ -236,6 +239,7 @@ def run_method(
         data_collator=default_data_collator,
         callbacks=[tracker],
         run_info=run_info,
+        lr_ratios=lr_ratios,
     )
     connect_reporting(trainer, logging_dir)
     checkpoints = complete_checkpoints(run_dir)
@@ -246,8 +250,9 @@ def run_method(
     trainable = trainable_parameter_count(model)
     if state.is_main_process:
         replay = f", replay {cfg.data.replay_ratio:.0%} of every batch" if cfg.data.replay_ratio else ""
+        groups = "".join(f", *{suffix} at {ratio:g} x lr" for suffix, ratio in lr_ratios.items())
         print(
-            f"[cpt] {method}: lr {lr:g}, {trainable:,} trainable, {steps} steps{replay}"
+            f"[cpt] {method}: lr {lr:g}{groups}, {trainable:,} trainable, {steps} steps{replay}"
             + (f", resuming from {resume}" if resume else "")
         )
     start = time.perf_counter()
