@@ -77,7 +77,7 @@ def _usage(info: CardInfo) -> str:
         "from transformers import AutoModelForCausalLM, AutoTokenizer",
         "",
         f'model = AutoModelForCausalLM.from_pretrained("path/to/this/folder"{remote})',
-        'tokenizer = AutoTokenizer.from_pretrained("path/to/this/folder")',
+        f'tokenizer = AutoTokenizer.from_pretrained("path/to/this/folder"{remote})',
         "```",
     ]
     if info.custom_code:
@@ -86,7 +86,8 @@ def _usage(info: CardInfo) -> str:
             "It needs torch and transformers, not scale-cl: `modeling_scale.py` in this folder defines the model "
             "(a stock transformers class whose norms normalise the original and the added features apart"
             + (", with SCALE-Route's two paths and per-token routing" if info.method == "scale_route" else "")
-            + ").",
+            + "). The tokenizer reads the model's config, so it takes `trust_remote_code=True` too (or transformers "
+            "asks).",
         ]
     return "\n".join(lines)
 
