@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from scale_cl.route import RouteState, route_logits, route_mask
+from scale_cl.route import RouteState, route_cosine, route_logits
 
 
 class SplitInput(nn.Module):
@@ -364,12 +364,12 @@ class ScaleHead(SplitInput):
         half = x.shape[0] // 2
         x_p, x_a = x[:half], x[half:]
         z_p, z_a = F.linear(x_p, self.weight, self.bias), F.linear(x_a, self.weight, self.bias)
-        routed = route_mask(z_p, z_a, tau)
-        keep = routed[..., None]
+        cosine = route_cosine(z_p, z_a)
+        keep = (cosine > tau)[..., None]
         z_p = torch.cat((z_p, F.linear(x_p, self.weight_new)), dim=-1)
         z_a = torch.cat((z_a, F.linear(x_a, self.weight_new)), dim=-1)
         z = torch.where(keep, (z_p + z_a) / 2, z_a)
-        return z + F.linear(torch.where(keep, x_up[:half], x_up[half:]), self.weight_up), routed
+        return z + F.linear(torch.where(keep, x_up[:half], x_up[half:]), self.weight_up), cosine
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         route = self.route
@@ -378,13 +378,14 @@ class ScaleHead(SplitInput):
             return z + z_up
         if not route.stacked:  # no collaborative layer: both paths are one network, and both branches Z + Z_up
             z, z_up = self.parts(hidden)
-            route.last_mask = route_mask(z, z, route.tau)
+            route.record(route_cosine(z, z))
             return z + z_up
         x, x_up = hidden.split((self.hidden_size, self.hidden_up), dim=-1)
         if self.weight_new is None:
-            logits, route.last_mask = route_logits(x, x_up, self.weight, self.bias, self.weight_up, route.tau)
-            return logits
-        logits, route.last_mask = self._route_extended(x, x_up, route.tau)
+            logits, cosine = route_logits(x, x_up, self.weight, self.bias, self.weight_up, route.tau)
+        else:
+            logits, cosine = self._route_extended(x, x_up, route.tau)
+        route.record(cosine)
         return logits
 
     def extra_repr(self) -> str:

@@ -30,12 +30,17 @@ ROUTE_SHARE_KEY = "route_preserve_share"
 _BATCHED_KWARGS = ("attention_mask", "position_ids", "position_embeddings")
 
 
-def route_mask(z_p: torch.Tensor, z_a: torch.Tensor, tau: float) -> torch.Tensor:
-    """Tokens routed to the preserve path, ``cos(Z_p, Z_a) > tau`` over the vocabulary (float32, no gradient)."""
+def route_cosine(z_p: torch.Tensor, z_a: torch.Tensor) -> torch.Tensor:
+    """``cos(Z_p, Z_a)`` per token over the vocabulary (float32, no gradient): what Eq. 5 compares with tau."""
     with torch.no_grad():
         p, a = z_p.float(), z_a.float()
         norms = p.norm(dim=-1) * a.norm(dim=-1)
-        return (p * a).sum(-1) / norms.clamp_min(1e-8) > tau
+        return (p * a).sum(-1) / norms.clamp_min(1e-8)
+
+
+def route_mask(z_p: torch.Tensor, z_a: torch.Tensor, tau: float) -> torch.Tensor:
+    """Tokens routed to the preserve path, ``cos(Z_p, Z_a) > tau`` over the vocabulary (no gradient)."""
+    return route_cosine(z_p, z_a) > tau
 
 
 def route_logits(
@@ -46,7 +51,7 @@ def route_logits(
     weight_up: torch.Tensor,
     tau: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Eq. 5 from the stacked ``[preserve; adapt]`` head input ``[x; x_up]`` (2B rows): (logits, routed mask).
+    """Eq. 5 from the stacked ``[preserve; adapt]`` head input ``[x; x_up]`` (2B rows): (logits, cosine per token).
 
     Tensors over the vocabulary (B, T, V) dominate the head's time and memory, so they are few and
     touched only by in-place elementwise passes: no boolean gather / ``index_put`` (slow, and their
@@ -63,12 +68,12 @@ def route_logits(
     with torch.no_grad():
         z_p = F.linear(x[:half], weight, bias)
     z_a = F.linear(x[half:], weight, bias)
-    routed = route_mask(z_p, z_a, tau)
-    keep = routed[..., None]
+    cosine = route_cosine(z_p, z_a)
+    keep = (cosine > tau)[..., None]
     x_up = torch.where(keep, x_up[:half], x_up[half:])
     scale = torch.where(keep, 0.5, 1.0).to(z_a.dtype)
     logits = z_a.mul_(scale).add_(z_p.masked_fill_(~keep, 0), alpha=0.5)
-    return logits.add_(F.linear(x_up, weight_up)), routed
+    return logits.add_(F.linear(x_up, weight_up)), cosine
 
 
 def _stack(value: Any, batch: int) -> Any:
@@ -96,17 +101,25 @@ class RouteState:
             ``[preserve path; adapt path]`` (2B rows); None when no layer is collaborative (both paths
             are one network and nothing is stacked).
         last_mask: the routing decision of the last forward pass (tokens sent to the preserve path).
+        last_cosine: ``cos(Z_p, Z_a)`` per token of the last forward pass (what calibrating tau reads,
+            `scale_cl.route_calibration`).
     """
 
     active: bool = False
     tau: float = 0.5
     first_stacked: int | None = None
     last_mask: torch.Tensor | None = None
+    last_cosine: torch.Tensor | None = None
 
     def switch(self, active: bool, tau: float, first_stacked: int | None) -> None:
         self.active, self.tau = active, tau
         self.first_stacked = first_stacked if active else None
-        self.last_mask = None
+        self.last_mask = self.last_cosine = None
+
+    def record(self, cosine: torch.Tensor) -> torch.Tensor:
+        """Keep a forward pass's cosines and its routing decision (``cosine > tau``); returns the decision."""
+        self.last_cosine, self.last_mask = cosine, cosine > self.tau
+        return self.last_mask
 
     @property
     def stacked(self) -> bool:

@@ -48,6 +48,33 @@ class MethodSettings:
             "embedding and head parts keep the method's rate); W12 is what writes into the original stream"
         },
     )
+    auto_layers: bool = field(
+        default=False,
+        metadata={
+            "help": "SCALE-Adapt/Route: choose options.scale.preserve_layers and collab_modules by short probe runs "
+            "instead (the setting that learns most within the forgetting budget; needs data.replay for the "
+            "old-domain measurement; scale_cl.experiments.cpt.layer_choice)"
+        },
+    )
+    auto_layers_budget: float = field(
+        default=0.1,
+        metadata={"help": "with auto_layers: old-domain loss rise allowed per unit of new-domain loss fall in a probe"},
+    )
+    auto_layers_steps: int = field(default=10, metadata={"help": "with auto_layers: optimizer steps of each probe"})
+    route_share: float = field(
+        default=0.0,
+        metadata={
+            "help": "SCALE-Route: choose tau from data instead of options.scale.route_tau: the tau that routes this "
+            "share of an old-domain sample's tokens to the preserve path, set again as training goes "
+            "(scale_cl.route_calibration); 0 = the fixed tau of Eq. 5"
+        },
+    )
+    route_calibrate_every: int = field(
+        default=10, metadata={"help": "SCALE-Route with route_share: optimizer steps between calibrations (0 = once)"}
+    )
+    route_calibration_sequences: int = field(
+        default=16, metadata={"help": "SCALE-Route with route_share: old-domain sequences in the calibration sample"}
+    )
 
     def __post_init__(self) -> None:
         if not isinstance(self.scale, ScaleConfig):
@@ -63,6 +90,25 @@ class MethodSettings:
         self.w12_lr_ratio = float(self.w12_lr_ratio)  # 1 and 1.0 are one setting (cache keys, run folders)
         if not 0 < self.w12_lr_ratio < float("inf"):
             raise ValueError(f"options.w12_lr_ratio must be a positive number, got {self.w12_lr_ratio}")
+        if self.auto_layers_budget < 0:
+            raise ValueError(f"options.auto_layers_budget must be 0 or more, got {self.auto_layers_budget}")
+        if self.auto_layers_steps <= 0:
+            raise ValueError(f"options.auto_layers_steps must be positive, got {self.auto_layers_steps}")
+        if isinstance(self.route_share, bool) or not isinstance(self.route_share, (int, float)):
+            raise ValueError(f"options.route_share must be a number, got {self.route_share!r}")
+        self.route_share = float(self.route_share)
+        if not 0.0 <= self.route_share <= 1.0:
+            raise ValueError(
+                f"options.route_share must be in [0, 1] (a share of tokens; 0 = the fixed tau), got {self.route_share}"
+            )
+        if self.route_calibrate_every < 0:
+            raise ValueError(
+                f"options.route_calibrate_every must be 0 (once) or more steps, got {self.route_calibrate_every}"
+            )
+        if self.route_calibration_sequences <= 0:
+            raise ValueError(
+                f"options.route_calibration_sequences must be positive, got {self.route_calibration_sequences}"
+            )
 
     def scale_config(self, method: str = "route", seed: int = 0) -> ScaleConfig:
         """The ScaleConfig of a run: ``options.scale`` with the run's SCALE method and seed."""
@@ -101,6 +147,14 @@ class MethodSettings:
         if method == "freeze":
             return {"layers": self.freeze_layers}
         return {}
+
+    def chooses_layers(self, method: str) -> bool:
+        """Whether ``method``'s L_fp and collaborative modules come from probe runs (`..cpt.layer_choice`)."""
+        return "auto_layers" in method_spec(method).settings and self.auto_layers
+
+    def calibrates_route(self, method: str) -> bool:
+        """Whether ``method`` chooses its Eq. 5 threshold from data (`scale_cl.route_calibration`)."""
+        return "route_share" in method_spec(method).settings and self.route_share > 0
 
     def lr_ratios(self, method: str) -> dict[str, float]:
         """Learning-rate multiples of parameter groups for ``method``'s optimizer, by parameter-name suffix

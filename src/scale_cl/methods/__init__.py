@@ -43,11 +43,25 @@ from scale_cl.methods.matching import (
 
 # The experiment settings (`scale_cl.experiments.settings.MethodSettings`) each SCALE variant reads.
 _PRESERVE_SETTINGS = ("scale.hidden_up", "scale.ffn_up", "scale.w21_init", "scale.w22_init")
-_ADAPT_SETTINGS = (*_PRESERVE_SETTINGS, "scale.preserve_layers", "scale.collab_modules", "w12_lr_ratio")
+_ADAPT_SETTINGS = (
+    *_PRESERVE_SETTINGS,
+    "scale.preserve_layers",
+    "scale.collab_modules",
+    "w12_lr_ratio",
+    "auto_layers",
+    "auto_layers_budget",
+    "auto_layers_steps",
+)
 _SCALE_SETTINGS = {
     "preserve": _PRESERVE_SETTINGS,
     "adapt": _ADAPT_SETTINGS,
-    "route": (*_ADAPT_SETTINGS, "scale.route_tau"),
+    "route": (
+        *_ADAPT_SETTINGS,
+        "scale.route_tau",
+        "route_share",
+        "route_calibrate_every",
+        "route_calibration_sequences",
+    ),
 }
 
 

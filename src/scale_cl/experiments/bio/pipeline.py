@@ -55,6 +55,7 @@ from scale_cl.experiments.bio.config import BioConfig
 from scale_cl.experiments.bio.datasets import AnswerOnlyQA, PackedText, PadCollator
 from scale_cl.experiments.run_folder import claim_output_folder
 from scale_cl.files import write_json
+from scale_cl.route_calibration import RouteCalibration
 from scale_cl.train.callbacks import PeriodicEval, SaveAtEvaluations
 from scale_cl.train.checkpointing import complete_checkpoints
 from scale_cl.train.trainer import StageConfig, report_to_argument, result_settings, run_stage
@@ -317,6 +318,15 @@ def run_method(
         run_info["lr_ratios"] = lr_ratios
     start = time.perf_counter()
     collator = PadCollator(data.tokenizer.pad_token_id)
+    callbacks: list[Any] = [tracker, saver]
+    if cfg.options.calibrates_route(method):  # before the tracker: an evaluation sees the step's tau
+        o = cfg.options
+        sample = [data.task0_train[i] for i in range(min(o.route_calibration_sequences, len(data.task0_train)))]
+        size = stage.batch_size
+        batches = [collator(sample[i : i + size]) for i in range(0, len(sample), size)]
+        bf16 = torch.cuda.is_available() and torch.cuda.is_bf16_supported()  # as the stage trains
+        callbacks.insert(0, RouteCalibration(model, batches, o.route_share, o.route_calibrate_every, bf16))
+        run_info["route_share"] = o.route_share
     run_stage(
         model,
         data.task1_train,
@@ -324,7 +334,7 @@ def run_method(
         stage,
         run_dir,
         seed,
-        [tracker, saver],
+        callbacks,
         run_info=run_info,
         resume_from=resume,
         save_total_limit=CHECKPOINTS_KEPT,

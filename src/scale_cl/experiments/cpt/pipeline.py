@@ -35,7 +35,7 @@ import math
 import shutil
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -48,10 +48,12 @@ from scale_cl.data.corpus import Corpus, PackedStream, build_corpus, check_corpu
 from scale_cl.data.replay import ReplayMix, ReplayStream, check_ratio
 from scale_cl.eval.perplexity import final_hidden_original, mean_cosine_similarity, perplexity
 from scale_cl.experiments.cpt.config import VOCAB_TEXT_CHARS, CptConfig
+from scale_cl.experiments.cpt.layer_choice import check_probe_data, choose_layers, describe
 from scale_cl.experiments.cpt.report import RESULT_FILE
 from scale_cl.experiments.run_folder import claim_output_folder
 from scale_cl.files import atomic_write, write_json
 from scale_cl.models import BaseModelRef, load_base, save_trained
+from scale_cl.route_calibration import RouteCalibration, sequence_batches
 from scale_cl.train.callbacks import PeriodicEval
 from scale_cl.train.checkpointing import CheckpointingTrainer, complete_checkpoints
 from scale_cl.train.trainer import connect_reporting, report_to_argument
@@ -89,6 +91,17 @@ def validate(cfg: CptConfig, base_config: Any) -> None:
         raise ValueError("data.streaming needs train.max_steps > 0 (a stream has no length to count epochs on)")
     if cfg.data.replay_ratio:
         check_ratio(cfg.data.replay_ratio, t.batch_size)
+    needs_old = [(m, "route_share calibrates its tau") for m in cfg.methods if cfg.options.calibrates_route(m)]
+    needs_old += [(m, "auto_layers measures forgetting") for m in cfg.methods if cfg.options.chooses_layers(m)]
+    if needs_old and not cfg.data.replay:
+        method, what = needs_old[0]
+        raise ValueError(
+            f"{method}: options.{what} on old-domain text, and none is given: set --data.replay NAME=SOURCE "
+            "(documents the old-domain evaluation sets read are left out; with --data.replay_ratio 0 it is only "
+            "measured on, not trained on)"
+        )
+    if any(cfg.options.chooses_layers(m) for m in cfg.methods) and cfg.data.streaming:
+        raise ValueError("options.auto_layers needs a packed training split: drop data.streaming")
 
 
 def total_steps(cfg: CptConfig, train: Any) -> int:
@@ -142,6 +155,12 @@ def training_arguments(
     )
 
 
+def probe_arguments(cfg: CptConfig, method: str, method_dir: Path) -> TrainingArguments:
+    """The Trainer settings of a layer-choice probe: the run's, for ``auto_layers_steps`` steps, never saving."""
+    probe_cfg = replace(cfg, train=replace(cfg.train, save_every=0, report_to=["none"]))
+    return training_arguments(probe_cfg, method, method_dir / "probe", cfg.options.auto_layers_steps)
+
+
 def reference_hidden(cfg: CptConfig, base: PreTrainedModel, corpus: Corpus, out: Path) -> torch.Tensor:
     """Step-0 final hidden states on the first old-domain batch (or held-out if none), computed once per run."""
     grown_base(base, None, corpus)  # the probe may hold new tokens; the sweep evaluates this base at step 0 too
@@ -184,6 +203,9 @@ def evaluate_method(cfg: CptConfig, corpus: Corpus, reference: torch.Tensor, ori
         record["representation_similarity"] = mean_cosine_similarity(reference, hidden)
         if share:
             record["route_preserve_share"] = share
+        route = getattr(model, "scale_route", None)
+        if route is not None and route.active:
+            record["route_tau"] = route.tau  # fixed, or as last calibrated (options.route_share)
         return record
 
     return evaluate
@@ -214,7 +236,17 @@ def run_method(
     method_dir.mkdir(parents=True, exist_ok=True)
     base, tokenizer = grown_base(*load_base(ref), corpus)
     original_width = base.config.hidden_size
-    model = prepare(base, method, **cfg.options.prepare_options(method, cfg.seed))
+    options, layer_choice = cfg.options, None
+    if options.chooses_layers(method):
+        layer_choice = choose_layers(cfg, base, corpus, method, method_dir, probe_arguments(cfg, method, method_dir))
+        shutil.rmtree(method_dir / "probe", ignore_errors=True)  # the probes save nothing; the Trainer made it
+        chosen = layer_choice["chosen"]
+        options = replace(
+            options, scale=replace(options.scale, **{**chosen, "collab_modules": tuple(chosen["collab_modules"])})
+        )
+        if process_state().is_main_process:
+            print(f"[cpt] {method}: collaborative layers from probe runs\n{describe(layer_choice)}")
+    model = prepare(base, method, **options.prepare_options(method, cfg.seed))
     run_dir, logging_dir = method_dir / "run", method_dir / "logs"
     train = training_data(cfg, corpus)
     steps = total_steps(cfg, train)
@@ -229,15 +261,25 @@ def run_method(
         initial=None if initial is None else {**initial, "trainable": trainable_parameter_count(model)},
     )
     run_info = {"method": method, "lr": lr, "base": asdict(ref), "steps": steps, "seed": cfg.seed}
+    if layer_choice is not None:
+        run_info["layers"] = layer_choice["chosen"]
     lr_ratios = cfg.options.lr_ratios(method)
     if lr_ratios:
         run_info["lr_ratios"] = lr_ratios
+    callbacks: list[Any] = [tracker]
+    if cfg.options.calibrates_route(method):  # before the tracker: an evaluation sees the step's tau
+        o = cfg.options
+        sample = corpus.replay.blocks[: o.route_calibration_sequences]
+        batches = sequence_batches(sample, cfg.eval.batch_size)
+        calibration = RouteCalibration(model, batches, o.route_share, o.route_calibrate_every, args.bf16)
+        callbacks.insert(0, calibration)
+        run_info["route_share"] = o.route_share
     trainer = CheckpointingTrainer(
         model=model,
         args=args,
         train_dataset=train,
         data_collator=default_data_collator,
-        callbacks=[tracker],
+        callbacks=callbacks,
         run_info=run_info,
         lr_ratios=lr_ratios,
     )
@@ -251,6 +293,10 @@ def run_method(
     if state.is_main_process:
         replay = f", replay {cfg.data.replay_ratio:.0%} of every batch" if cfg.data.replay_ratio else ""
         groups = "".join(f", *{suffix} at {ratio:g} x lr" for suffix, ratio in lr_ratios.items())
+        if cfg.options.calibrates_route(method):
+            o = cfg.options
+            every = f"every {o.route_calibrate_every} steps" if o.route_calibrate_every else "once"
+            replay += f", tau routes {o.route_share:.0%} of {len(sample)} old-domain sequences to preserve ({every})"
         print(
             f"[cpt] {method}: lr {lr:g}{groups}, {trainable:,} trainable, {steps} steps{replay}"
             + (f", resuming from {resume}" if resume else "")
@@ -259,6 +305,8 @@ def run_method(
     trainer.train(resume_from_checkpoint=resume)
     seconds = time.perf_counter() - start
     summary = {"method": method, "lr": lr, "trainable": trainable, "steps": steps, "seconds": seconds}
+    if layer_choice is not None:
+        summary["layer_choice"] = layer_choice
     if state.is_main_process:
         if save_model:
             save_trained(trainer.model, tokenizer, method, ref, method_dir / "model")
@@ -367,6 +415,8 @@ def run_cpt(cfg: CptConfig, out: Path) -> dict[str, Any]:
     ref = BaseModelRef.parse(cfg.model)
     base, tokenizer = load_base(ref)
     corpus = load_run_corpus(cfg, tokenizer, vocab_rows(base))
+    if any(cfg.options.chooses_layers(m) for m in cfg.methods):
+        check_probe_data(cfg, corpus)
     claim_output_folder(out, CONFIG_FILE, cfg.to_dict(), write=process_state().is_main_process)
     save_run_tokenizer(corpus, out)
     reference = reference_hidden(cfg, base, corpus, out)
