@@ -116,3 +116,25 @@ def test_calibration_without_old_domain_text_is_refused_before_anything_is_writt
     assert not (tmp_path / "out").exists()
     with pytest.raises(ValueError, match=r"route_share must be in \[0, 1\]"):
         replace(cfg.options, route_share=1.5)
+
+
+@pytest.mark.slow
+def test_bio_calibrates_on_task0_training_questions(tmp_path, monkeypatch):
+    import scale_cl.experiments.bio.pipeline as bio
+    from scale_cl.experiments.bio.config import preset
+    from scale_cl.experiments.overrides import apply_overrides
+    from scale_cl.route_calibration import RouteCalibration
+
+    taus, real = [], RouteCalibration._calibrate
+
+    def recorded(self):
+        assert all("attention_mask" in batch for batch in self.batches), "padded questions: pads are left out"
+        real(self)
+        taus.append(self.tau)
+
+    monkeypatch.setattr(RouteCalibration, "_calibrate", recorded)
+    options = {"route_share": 0.9, "route_calibrate_every": 2, "route_calibration_sequences": 8}
+    cfg = apply_overrides(preset("micro"), {"methods": ["scale_route"], "seeds": [0], "options": options})
+    bio.run_bio(cfg, tmp_path / "run")
+    assert len(taus) == 2, "before training and after step 2 of 4"
+    assert all(-1.0 <= tau <= 1.0 for tau in taus) and 0.5 not in taus
