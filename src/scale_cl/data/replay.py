@@ -52,6 +52,13 @@ def check_ratio(ratio: float, batch_size: int) -> None:
         )
 
 
+def _check_replay(replay: torch.Tensor, ratio: float) -> None:
+    if not 0 < ratio < 1:
+        raise ValueError(f"replay ratio must be in (0, 1), got {ratio}")
+    if not len(replay):
+        raise ValueError("replay needs at least one replay sequence")
+
+
 class ReplayOrder:
     """Which replay sequence is used ``used``-th in an epoch: the rows in a permutation drawn from ``(seed, epoch,
     pass)``, a fresh one each time they are used up."""
@@ -80,10 +87,7 @@ class ReplayMix(Dataset):
     """
 
     def __init__(self, new: torch.Tensor, replay: torch.Tensor, ratio: float, seed: int, batch_size: int) -> None:
-        if not 0 < ratio < 1:
-            raise ValueError(f"replay ratio must be in (0, 1), got {ratio}")
-        if not len(replay):
-            raise ValueError("replay needs at least one replay sequence")
+        _check_replay(replay, ratio)
         check_ratio(ratio, batch_size)
         self.new, self.replay, self.ratio, self.seed = new, replay, ratio, seed
         self.replay_order = ReplayOrder(len(replay), seed)
@@ -125,10 +129,7 @@ class ReplayStream(IterableDataset):
     corpus order, replay blocks in the slots the schedule gives them; an epoch ends with the stream."""
 
     def __init__(self, new: Iterable[dict[str, torch.Tensor]], replay: torch.Tensor, ratio: float, seed: int) -> None:
-        if not 0 < ratio < 1:
-            raise ValueError(f"replay ratio must be in (0, 1), got {ratio}")
-        if not len(replay):
-            raise ValueError("replay needs at least one replay sequence")
+        _check_replay(replay, ratio)
         self.new, self.replay, self.ratio = new, replay, ratio
         self.replay_order = ReplayOrder(len(replay), seed)
 

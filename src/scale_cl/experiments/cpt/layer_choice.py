@@ -26,7 +26,7 @@ import torch
 from torch.utils.data import Subset
 from transformers import PreTrainedModel, default_data_collator
 
-from scale_cl.data.corpus import Corpus, PackedDataset, PackedStream
+from scale_cl.data.corpus import Corpus, PackedDataset
 from scale_cl.data.replay import ReplayMix
 from scale_cl.eval.perplexity import perplexity
 from scale_cl.experiments.cpt.config import CptConfig
@@ -74,14 +74,13 @@ def choose(probes: list[LayerProbe], budget: float) -> tuple[LayerProbe, str]:
 
 
 def check_probe_data(cfg: CptConfig, corpus: Corpus) -> None:
-    """Raise a ValueError unless the corpus can feed the probes (checked before any run is written)."""
+    """Raise a ValueError unless the corpus can feed the probes (checked before any run is written; `validate`
+    has refused data.streaming already)."""
     if corpus.replay is None:
         raise ValueError(
             "options.auto_layers measures forgetting on old-domain text no evaluation set reads: set "
             "--data.replay NAME=SOURCE (with --data.replay_ratio 0 it is only measured on, not trained on)"
         )
-    if isinstance(corpus.train, PackedStream):
-        raise ValueError("options.auto_layers needs a packed training split (not data.streaming)")
     if cfg.data.replay_ratio and len(corpus.replay) <= PROBE_SEQUENCES:
         raise ValueError(
             f"options.auto_layers with replay needs more than {PROBE_SEQUENCES} replay sequences (the first "

@@ -263,7 +263,7 @@ def run_method(
     run_info = {"method": method, "lr": lr, "base": asdict(ref), "steps": steps, "seed": cfg.seed}
     if layer_choice is not None:
         run_info["layers"] = layer_choice["chosen"]
-    lr_ratios = cfg.options.lr_ratios(method)
+    lr_ratios = options.lr_ratios(method)
     if lr_ratios:
         run_info["lr_ratios"] = lr_ratios
     callbacks: list[Any] = [tracker]
