@@ -175,3 +175,104 @@ def test_a_ratio_that_is_not_whole_per_batch_fails_before_anything_is_written(wo
     with pytest.raises(ValueError, match="must be exact in every batch"):
         run_cpt(cfg, tmp_path / "run")
     assert not (tmp_path / "run").exists()
+
+
+# The biography benchmark: Task 0's training questions replayed during Task 1.
+
+
+def _bio_micro(tmp_path: Path, ratio: float, **task1):
+    from scale_cl.experiments.bio.config import preset
+    from scale_cl.experiments.bio.pipeline import build_data
+
+    cfg = preset("micro")
+    cfg = replace(cfg, methods=["scale_route"], task1=replace(cfg.task1, replay_ratio=ratio, **task1))
+    return cfg, build_data(cfg, tmp_path / "cache")
+
+
+def _questions(dataset) -> set[tuple[int, ...]]:
+    return {tuple(dataset[i]["input_ids"]) for i in range(len(dataset))}
+
+
+def test_bio_replays_task0_training_questions_at_the_exact_share_and_never_a_held_out_person(tmp_path):
+    from scale_cl.experiments.bio.datasets import IGNORE
+    from scale_cl.experiments.bio.pipeline import task1_training_data
+
+    cfg, data = _bio_micro(tmp_path, 0.25)
+    mix = task1_training_data(cfg, data, seed=0)
+    assert isinstance(mix, ReplayMix)
+    task0, task1 = _questions(data.task0_train), _questions(data.task1_train)
+    assert not task0 & task1
+    batch = cfg.task1.batch_size
+    for epoch in range(2):
+        mix.set_epoch(epoch)
+        items = [mix[i] for i in range(len(mix))]
+        kinds = [tuple(item["input_ids"]) in task0 for item in items]
+        assert all(tuple(item["input_ids"]) in task0 | task1 for item in items)
+        assert all(sum(kinds[b : b + batch]) == batch // 4 for b in range(0, len(items), batch))
+        replayed = [item for item, old in zip(items, kinds, strict=True) if old]
+        assert all(item["labels"][0] == IGNORE for item in replayed), "replayed questions keep their answer-only loss"
+    held_out_prompts = {example.prompt_ids for example in data.task0_test}
+    replay_prompts = {
+        tuple(t for t, label in zip(item["input_ids"], item["labels"], strict=True) if label == IGNORE)
+        for item in (data.task0_train[i] for i in range(len(data.task0_train)))
+    }
+    assert held_out_prompts and not held_out_prompts & replay_prompts, "no held-out Task-0 question is replayed"
+    assert task1_training_data(replace(cfg, task1=replace(cfg.task1, replay_ratio=0.0)), data, 0) is data.task1_train
+
+
+def test_bio_replay_ratio_that_is_not_whole_per_batch_fails_before_anything_is_written(tmp_path):
+    from scale_cl.experiments.bio.pipeline import run_bio
+
+    cfg, _ = _bio_micro(tmp_path, 0.1)  # batch 16: 1.6 questions
+    with pytest.raises(ValueError, match=r"task1\.replay_ratio=0\.1 .*task1\.batch_size"):
+        run_bio(cfg, tmp_path / "run")
+    assert not (tmp_path / "run").exists()
+    with pytest.raises(ValueError, match=r"task1\.replay_ratio must be in \[0, 1\)"):
+        replace(cfg.task1, replay_ratio=1.0)
+
+
+def _rows(batch: torch.Tensor, mask: torch.Tensor) -> list[tuple[int, ...]]:
+    return [tuple(row[m.bool()].tolist()) for row, m in zip(batch, mask, strict=True)]
+
+
+@pytest.mark.slow
+def test_bio_training_batches_hold_the_exact_share_and_a_resumed_run_sees_the_same_batches(tmp_path, monkeypatch):
+    import scale_cl.experiments.bio.pipeline as bio
+    from scale_cl.train.checkpointing import CheckpointingTrainer
+
+    cfg, data = _bio_micro(tmp_path, 0.25)
+    task0 = _questions(data.task0_train)
+    step, seen = CheckpointingTrainer.training_step, []
+
+    def recording(self, model, inputs, *args, **kwargs):
+        if self.args.train_sampling_strategy == "sequential":  # Task 1 (stages 1-2 shuffle)
+            seen.append(_rows(inputs["input_ids"], inputs["attention_mask"]))
+        return step(self, model, inputs, *args, **kwargs)
+
+    monkeypatch.setattr(CheckpointingTrainer, "training_step", recording)
+    bio.run_bio(cfg, tmp_path / "straight")
+    straight, seen[:] = list(seen), []
+    assert len(straight) == cfg.task1.max_steps
+    assert all(sum(row in task0 for row in batch) == cfg.task1.batch_size // 4 for batch in straight)
+
+    def crash_at_step_three(self, model, inputs, *args, **kwargs):
+        if self.args.train_sampling_strategy == "sequential" and self.state.global_step == 3:
+            raise KeyboardInterrupt("interrupted after checkpoint-2")
+        return recording(self, model, inputs, *args, **kwargs)
+
+    monkeypatch.setattr(bio, "CHECKPOINT_MINUTES", 0.0)  # a checkpoint at every evaluation
+    monkeypatch.setattr(CheckpointingTrainer, "training_step", crash_at_step_three)
+    with pytest.raises(KeyboardInterrupt):
+        bio.run_bio(cfg, tmp_path / "resumed")
+    assert (tmp_path / "resumed" / "seed-0" / "scale_route.checkpoints" / "checkpoint-2").is_dir()
+    monkeypatch.setattr(CheckpointingTrainer, "training_step", recording)
+    seen[:] = []
+    bio.run_bio(cfg, tmp_path / "resumed")
+    assert seen == straight[2:], "the resumed run trains on the batches the straight run trained on after step 2"
+    ends = [
+        json.loads((tmp_path / r / "seed-0" / "scale_route.json").read_text())["curve"][-1]
+        for r in ("straight", "resumed")
+    ]
+    assert ends[0]["task0"] == ends[1]["task0"] and ends[0]["task1"] == ends[1]["task1"]
+    report = (tmp_path / "straight" / "results.md").read_text()
+    assert "25% of every Task-1 batch is their training questions" in report

@@ -1,7 +1,8 @@
-"""Replay: old-domain text mixed into continual pre-training at an exact share of every batch.
+"""Replay: old-domain data mixed into training at an exact share of every batch.
 
 Continual pre-training studies mix a little of the original training text back in (about 1-5% for a
-mild domain shift, about 25% for a new language) to forget less. Here the packed training sequences
+mild domain shift, about 25% for a new language) to forget less; the biography benchmark replays Task 0's
+questions during Task 1 the same way. Here the training sequences (packed text blocks, or whole examples)
 run in one fixed order in which sequence ``i`` is a replay sequence exactly when
 ``floor((i + 1) r) > floor(i r)`` for the ratio ``r``: the first ``n`` sequences always hold
 ``floor(n r)`` replay sequences, spread evenly. An optimizer batch of ``B`` consecutive sequences
@@ -16,7 +17,7 @@ and the replay sequences in a permutation drawn afresh each time they are used u
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from fractions import Fraction
 from typing import Any
 
@@ -39,20 +40,25 @@ def is_replay(index: int, ratio: float) -> bool:
     return replay_before(index + 1, ratio) > replay_before(index, ratio)
 
 
-def check_ratio(ratio: float, batch_size: int) -> None:
-    """Raise a ValueError unless ``ratio`` of every batch of ``batch_size`` sequences is a whole number of them."""
+def check_ratio(
+    ratio: float, batch_size: int, ratio_option: str = "data.replay_ratio", batch_option: str = "train.batch_size"
+) -> None:
+    """Raise a ValueError unless ``ratio`` of every batch of ``batch_size`` sequences is a whole number of them.
+
+    ``ratio_option`` and ``batch_option``: the settings' names as the user spells them, for the message.
+    """
     share = as_fraction(ratio) * batch_size
     if share.denominator != 1:
         step = Fraction(1, batch_size)
         choices = ", ".join(f"{float(k * step):g}" for k in range(1, min(batch_size, 4) + 1))
         raise ValueError(
-            f"data.replay_ratio={ratio} of a batch of {batch_size} sequences is {float(share):g} sequences; the share "
-            f"must be exact in every batch: choose a multiple of 1/{batch_size} ({choices}, ...) or a train.batch_size "
+            f"{ratio_option}={ratio} of a batch of {batch_size} sequences is {float(share):g} sequences; the share "
+            f"must be exact in every batch: choose a multiple of 1/{batch_size} ({choices}, ...) or a {batch_option} "
             f"that makes {ratio} x batch_size whole"
         )
 
 
-def _check_replay(replay: torch.Tensor, ratio: float) -> None:
+def _check_replay(replay: Sequence[Any], ratio: float) -> None:
     if not 0 < ratio < 1:
         raise ValueError(f"replay ratio must be in (0, 1), got {ratio}")
     if not len(replay):
@@ -78,15 +84,23 @@ class ReplayOrder:
         return int(self._passes[turn][position])
 
 
+def as_example(item: Any) -> Any:
+    """A training example: a dataset's own item (a dict) as it is, a packed block as a language-modelling one."""
+    return item if isinstance(item, dict) else {"input_ids": item, "labels": item}
+
+
 class ReplayMix(Dataset):
     """New-domain and replay sequences in the fixed order above; one epoch covers the new-domain sequences once.
+
+    ``new`` and ``replay``: packed blocks (rows of a tensor) or any dataset of training examples (dicts, e.g. QA
+    with the loss on the answer only), returned as they are.
 
     An epoch is ``length`` sequences: the most whole batches whose new-domain slots do not outnumber the
     new-domain sequences (a few of them may sit out an epoch; the next epoch's permutation differs). The
     Trainer must read it in order (``train_sampling_strategy="sequential"``) and call `set_epoch`.
     """
 
-    def __init__(self, new: torch.Tensor, replay: torch.Tensor, ratio: float, seed: int, batch_size: int) -> None:
+    def __init__(self, new: Sequence[Any], replay: Sequence[Any], ratio: float, seed: int, batch_size: int) -> None:
         _check_replay(replay, ratio)
         check_ratio(ratio, batch_size)
         self.new, self.replay, self.ratio, self.seed = new, replay, ratio, seed
@@ -118,10 +132,9 @@ class ReplayMix(Dataset):
     def __len__(self) -> int:
         return self.length
 
-    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+    def __getitem__(self, index: int) -> dict[str, Any]:
         kind, row = self.source(index)
-        ids = (self.replay if kind == "replay" else self.new)[row]
-        return {"input_ids": ids, "labels": ids}
+        return as_example((self.replay if kind == "replay" else self.new)[row])
 
 
 class ReplayStream(IterableDataset):

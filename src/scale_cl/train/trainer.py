@@ -243,6 +243,7 @@ def run_stage(
     save_total_limit: int | None = None,
     logging_dir: Path | None = None,
     lr_ratios: dict[str, float] | None = None,
+    in_order: bool = False,
 ) -> Trainer:
     """Train ``model`` in place for one stage; returns the Trainer (its ``state`` holds the log).
 
@@ -250,9 +251,11 @@ def run_stage(
     and checkpoints (asked for by a callback such as `SaveAtEvaluations`) are trainable-only and
     atomic. ``run_info`` is recorded in them; ``resume_from`` continues from one. ``logging_dir``:
     TensorBoard's folder when ``stage.report_to`` names it. ``lr_ratios``: learning-rate multiples of parameter
-    groups (`CheckpointingTrainer`).
+    groups (`CheckpointingTrainer`). ``in_order``: ``dataset`` orders itself (`training_arguments`).
     """
-    args = training_arguments(stage, output_dir, seed, save_total_limit=save_total_limit, logging_dir=logging_dir)
+    args = training_arguments(
+        stage, output_dir, seed, save_total_limit=save_total_limit, logging_dir=logging_dir, in_order=in_order
+    )
     trainer = CheckpointingTrainer(
         model=model,
         args=args,

@@ -86,9 +86,20 @@ class Task1Config(MethodStageConfig):
         },
     )
     early_eval_until: int = field(default=200, metadata={"help": "last step of the early evaluation schedule"})
+    replay_ratio: float = field(
+        default=0.0,
+        metadata={
+            "help": "share of every Task-1 batch replayed from Task 0's training questions (stage 2's QA of people "
+            "[0, N/4)); exact in every batch, so task1.batch_size x ratio must be whole. The held-out Task-0 "
+            "people (the paper's view) are never replayed; the QA-trained view then reads replayed questions. "
+            "0 = no replay"
+        },
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if not 0 <= self.replay_ratio < 1:
+            raise ValueError(f"task1.replay_ratio must be in [0, 1), got {self.replay_ratio}")
         if self.eval_every <= 0 or self.early_eval_every < 0 or self.early_eval_until < 0:
             raise ValueError(
                 "task1.eval_every must be positive and task1.early_eval_every / task1.early_eval_until "

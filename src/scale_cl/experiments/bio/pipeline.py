@@ -50,6 +50,7 @@ from scale_cl.data import (
     splits,
     train_bpe_tokenizer,
 )
+from scale_cl.data.replay import ReplayMix, check_ratio
 from scale_cl.eval.first_token import QAExample, first_token_accuracy
 from scale_cl.experiments.bio.config import BioConfig
 from scale_cl.experiments.bio.datasets import AnswerOnlyQA, PackedText, PadCollator
@@ -263,6 +264,15 @@ def stage_accuracies(data: BioData, seed: int, stage_dirs: tuple[Path, Path], ou
     return result
 
 
+def task1_training_data(cfg: BioConfig, data: BioData, seed: int) -> Any:
+    """Task 1's training questions, or with ``task1.replay_ratio`` those with Task 0's training questions replayed
+    at that exact share of every batch, in an order drawn from ``seed`` (`scale_cl.data.replay`)."""
+    ratio = cfg.task1.replay_ratio
+    if not ratio:
+        return data.task1_train
+    return ReplayMix(data.task1_train, data.task0_train, ratio, seed, cfg.task1.batch_size)
+
+
 def run_method(
     cfg: BioConfig,
     data: BioData,
@@ -297,8 +307,9 @@ def run_method(
     if resume is None:
         log.unlink(missing_ok=True)
         shutil.rmtree(logging_dir, ignore_errors=True)
+    replay = f", {cfg.task1.replay_ratio:.0%} of every batch replayed from Task 0" if cfg.task1.replay_ratio else ""
     print(
-        f"[bio] stage 3 (seed {seed}): {method}, lr {lr:g}, {trainable_parameter_count(model):,} trainable"
+        f"[bio] stage 3 (seed {seed}): {method}, lr {lr:g}, {trainable_parameter_count(model):,} trainable{replay}"
         + (f", resuming from {resume}" if resume else "")
     )
     tracker = PeriodicEval(
@@ -313,6 +324,8 @@ def run_method(
     saver = SaveAtEvaluations(cfg.task1.eval_every, minutes)
     # A checkpoint of another Task-0 model, method or rate is refused (the run folder's config.json guards the rest).
     run_info = {"method": method, "lr": lr, "seed": seed, "task0_model": task0_dir.name}
+    if cfg.task1.replay_ratio:
+        run_info["replay_ratio"] = cfg.task1.replay_ratio
     lr_ratios = cfg.options.lr_ratios(method)
     if lr_ratios:
         run_info["lr_ratios"] = lr_ratios
@@ -329,7 +342,7 @@ def run_method(
         run_info["route_share"] = o.route_share
     run_stage(
         model,
-        data.task1_train,
+        task1_training_data(cfg, data, seed),
         collator,
         stage,
         run_dir,
@@ -340,6 +353,7 @@ def run_method(
         save_total_limit=CHECKPOINTS_KEPT,
         logging_dir=logging_dir,
         lr_ratios=lr_ratios,
+        in_order=bool(cfg.task1.replay_ratio),  # replay's order is its exact share of every batch
     )
     result = {
         "method": method,
@@ -365,6 +379,8 @@ def validate(cfg: BioConfig) -> None:
     if m.hidden_size % m.heads:
         raise ValueError(f"model.hidden_size={m.hidden_size} must be a multiple of model.heads={m.heads}")
     cfg.options.validate(backbone_config(cfg), cfg.methods)
+    if cfg.task1.replay_ratio:
+        check_ratio(cfg.task1.replay_ratio, cfg.task1.batch_size, "task1.replay_ratio", "task1.batch_size")
     for stage in (cfg.pretrain, cfg.task0, cfg.task1):
         report_to_argument(stage.report_to)  # its backends are installed
 
@@ -403,4 +419,5 @@ __all__ = [
     "stage_accuracies",
     "stage_keys",
     "stage_models",
+    "task1_training_data",
 ]

@@ -125,8 +125,14 @@ def results_markdown(results: dict[str, Any]) -> str:
     lines.append("")
     lines.append(
         "Hard first-token accuracy. Task 0 held-out: people whose QA was never trained (the paper's view); "
-        "QA-trained: Task 0's people whose QA was trained in stage 2. "
-        f"Mean ± spread (population std) over seeds {seeds}. "
+        "QA-trained: Task 0's people whose QA was trained in stage 2"
+        + (
+            f" (with replay, {results['config']['task1']['replay_ratio']:.0%} of every Task-1 batch is their "
+            "training questions: that view then reads replayed questions, not forgetting). "
+            if results["config"]["task1"].get("replay_ratio")
+            else ". "
+        )
+        + f"Mean ± spread (population std) over seeds {seeds}. "
         f"Preset `{results['config']['preset']}`, {m['device']}, torch {m['torch']}, {m['date']}."
     )
     return "\n".join(lines) + "\n"
