@@ -308,6 +308,8 @@ def run_method(
         log.unlink(missing_ok=True)
         shutil.rmtree(logging_dir, ignore_errors=True)
     replay = f", {cfg.task1.replay_ratio:.0%} of every batch replayed from Task 0" if cfg.task1.replay_ratio else ""
+    if cfg.options.calibrates_route(method):
+        replay += f", tau routes {cfg.options.route_share:.0%} of Task-0 training questions to preserve"
     print(
         f"[bio] stage 3 (seed {seed}): {method}, lr {lr:g}, {trainable_parameter_count(model):,} trainable{replay}"
         + (f", resuming from {resume}" if resume else "")
