@@ -14,7 +14,7 @@ from scale_cl.cli import build_parser, main
 from scale_cl.experiments.bio.config import preset
 from scale_cl.experiments.sweep.experiments import BASE_FILE, BioExperiment, CptExperiment
 from scale_cl.experiments.sweep.report import write_report
-from scale_cl.experiments.sweep.runner import POINT_FILE, Axis, SweepSettings, plan, run_sweep
+from scale_cl.experiments.sweep.runner import POINT_FILE, Axis, SweepSettings, plan, point_config, run_sweep
 
 METHODS = ["fft", "scale_adapt"]
 
@@ -79,9 +79,29 @@ def test_settings_that_vary_together_form_one_axis():
         run_sweep(BioExperiment(cfg), SweepSettings(axes=(Axis(pair.setting, ("svd,bogus",)),)), Path("/nonexistent"))
 
 
+def test_bio_replay_axis_concerns_every_method_and_with_route_share_only_route():
+    cfg = micro(["fft", "lora", "scale_route"])
+    settings = SweepSettings(
+        lr_scales=(1.0,),
+        axes=(
+            Axis("task1.replay_ratio", ("0.25",)),
+            Axis("task1.replay_ratio,options.route_share", ("0.25,0.9",)),
+        ),
+    )
+    points = plan(BioExperiment(cfg), settings)
+    replay = [p.method for p in points if p.overrides == (("task1.replay_ratio", 0.25),)]
+    assert replay == ["fft", "lora", "scale_route"]
+    both = [p.method for p in points if len(p.overrides) == 2]
+    assert both == ["scale_route"]
+    configs = [point_config(BioExperiment(cfg), p) for p in points if p.overrides]
+    assert [c.task1.replay_ratio for c in configs] == [0.25] * 4
+    assert [c.options.route_share for c in configs] == [0.0, 0.0, 0.0, 0.9]
+
+
 @pytest.mark.parametrize(
     ("settings", "message"),
     [
+        (SweepSettings(axes=(Axis("task1.replay_ratio", ("0.1",)),)), r"task1\.replay_ratio=0\.1 of a batch of 16"),
         (SweepSettings(lr_scales=(1.0,), reference="lora"), "reference method 'lora' is not swept"),
         (SweepSettings(lr_scales=(0.0, 1.0)), "must be positive"),
         (SweepSettings(lr_scales=(1.0, 1.0)), "repeat"),
