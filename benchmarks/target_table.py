@@ -17,6 +17,7 @@ import json
 import math
 import statistics
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -36,48 +37,65 @@ def share(part: float, whole: float) -> float:
     return part / whole if whole else math.nan
 
 
+Metric = Callable[[dict, str], float]  # (a seed's record, the seed) -> a value
+
+
+def reference(folder: Path) -> tuple[dict, list[str]]:
+    """FFT's point at its preset rate (x1, no ablation setting) and its seeds."""
+    fft = next(p for p in points(folder) if p["method"] == "fft" and not p["label"] and p["scale"] == 1.0)
+    return fft, sorted(fft["seeds"])
+
+
+def print_table(
+    folders: list[Path],
+    values: dict[str, tuple[Callable[[dict], float], int]],
+    scale: float,
+    gain: Metric,
+    losses: dict[str, Metric],
+) -> list[str]:
+    """One row per point that has every seed of FFT's x1 point: each value's mean ± std over the seeds, then the
+    point's gain and each loss as a share of FFT's for the same seed. ``values``: header -> (a seed's value, digits
+    shown); ``scale``: their unit (100: a share as %). Returns the seeds."""
+    fft, seeds = reference(folders[0])
+    head = ["point", "lr", *values, "% of FFT's gain", *[f"% of FFT's {name}" for name in losses]]
+    print("| " + " | ".join(head) + " |")
+    print("|" + "---|" * len(head))
+
+    def shares(runs: list[dict], metric: Metric) -> str:
+        pairs = zip(runs, [fft["seeds"][s] for s in seeds], seeds, strict=True)
+        return spread([share(metric(r, s), metric(f, s)) for r, f, s in pairs], 100, 1)
+
+    for folder in folders:
+        for point in points(folder):
+            if not all(s in point["seeds"] for s in seeds):
+                continue
+            runs = [point["seeds"][s] for s in seeds]
+            label = point["method"] + (f" ({point['label']})" if point["label"] else "") + f" [{folder.name}]"
+            row = [label, f"{point['lr']:g}"]
+            row += [spread([value(r) for r in runs], scale, digits) for value, digits in values.values()]
+            row += [shares(runs, gain), *[shares(runs, loss) for loss in losses.values()]]
+            print("| " + " | ".join(row) + " |")
+    return seeds
+
+
 BIO_VIEWS = {"task0_end": "task0", "task0_min": "task0", "task0_trained_end": "task0_trained"}
 
 
 def bio_main(folders: list[Path]) -> None:
     """The biography benchmark's version: accuracies in points, the Task-0 model per seed as the base."""
     base = json.loads((folders[0] / "base_metrics.json").read_text())
-    fft = next(p for p in points(folders[0]) if p["method"] == "fft" and not p["label"] and p["scale"] == 1.0)
-    seeds = sorted(fft["seeds"])
 
-    def gain(record: dict, seed: str) -> float:
-        return record["learning"] - base[seed]["task1"]["overall"]
+    def loss(view: str) -> Metric:
+        return lambda record, seed: base[seed][BIO_VIEWS[view]]["overall"] - record[view]
 
-    def degradation(record: dict, seed: str, view: str) -> float:
-        return base[seed][BIO_VIEWS[view]]["overall"] - record[view]
-
-    head = ["point", "lr", "Task 1 %", *[f"{v} %" for v in BIO_VIEWS], "% of FFT's gain"]
-    head += [f"% of FFT's {v} loss" for v in BIO_VIEWS]
-    print("| " + " | ".join(head) + " |")
-    print("|" + "---|" * len(head))
-    for folder in folders:
-        for point in points(folder):
-            if not all(s in point["seeds"] for s in seeds):
-                continue
-            runs, ref = [point["seeds"][s] for s in seeds], [fft["seeds"][s] for s in seeds]
-            label = point["method"] + (f" ({point['label']})" if point["label"] else "") + f" [{folder.name}]"
-            row = [label, f"{point['lr']:g}", spread([r["learning"] for r in runs], 100, 1)]
-            row += [spread([r[v] for r in runs], 100, 1) for v in BIO_VIEWS]
-            row.append(
-                spread([share(gain(r, s), gain(f, s)) for r, f, s in zip(runs, ref, seeds, strict=True)], 100, 1)
-            )
-            row += [
-                spread(
-                    [
-                        share(degradation(r, s, v), degradation(f, s, v))
-                        for r, f, s in zip(runs, ref, seeds, strict=True)
-                    ],
-                    100,
-                    1,
-                )
-                for v in BIO_VIEWS
-            ]
-            print("| " + " | ".join(row) + " |")
+    values = {"Task 1 %": (lambda r: r["learning"], 1), **{f"{v} %": (lambda r, v=v: r[v], 1) for v in BIO_VIEWS}}
+    seeds = print_table(
+        folders,
+        values,
+        100,
+        gain=lambda record, seed: record["learning"] - base[seed]["task1"]["overall"],
+        losses={f"{v} loss": loss(v) for v in BIO_VIEWS},
+    )
     starts = {
         v: [base[s][key]["overall"] for s in seeds]
         for v, key in (("Task 0 held-out", "task0"), ("QA-trained", "task0_trained"), ("Task 1", "task1"))
@@ -96,35 +114,22 @@ def main(folders: list[Path]) -> None:
         return
     new0 = math.log(base["learning_ppl"])
     old0 = {name: math.log(ppl) for name, ppl in base["forgetting_ppl"].items()}
-    fft = next(p for p in points(folders[0]) if p["method"] == "fft" and not p["label"] and p["scale"] == 1.0)
-    seeds = sorted(fft["seeds"])
-
-    def gain(record: dict) -> float:
-        return new0 - math.log(record["learning"])
-
-    def degradation(record: dict, name: str) -> float:
-        return math.log(record[f"old/{name}"]) - old0[name]
-
     names = sorted(old0)
-    head = ["point", "lr", "new-domain ppl", *[f"`{n}` ppl" for n in names], "% of FFT's gain"]
-    head += [f"% of FFT's `{n}` degradation" for n in names]
-    print("| " + " | ".join(head) + " |")
-    print("|" + "---|" * len(head))
-    for folder in folders:
-        for point in points(folder):
-            runs = [point["seeds"][s] for s in seeds if s in point["seeds"]]
-            if len(runs) < len(seeds):
-                continue
-            ref = [fft["seeds"][s] for s in seeds]
-            label = point["method"] + (f" ({point['label']})" if point["label"] else "") + f" [{folder.name}]"
-            row = [label, f"{point['lr']:g}", spread([r["learning"] for r in runs])]
-            row += [spread([r[f"old/{n}"] for r in runs], digits=1) for n in names]
-            row.append(spread([gain(r) / gain(f) for r, f in zip(runs, ref, strict=True)], 100, 1))
-            row += [
-                spread([degradation(r, n) / degradation(f, n) for r, f in zip(runs, ref, strict=True)], 100, 1)
-                for n in names
-            ]
-            print("| " + " | ".join(row) + " |")
+
+    def degradation(name: str) -> Metric:
+        return lambda record, seed: math.log(record[f"old/{name}"]) - old0[name]
+
+    values = {
+        "new-domain ppl": (lambda r: r["learning"], 2),
+        **{f"`{n}` ppl": (lambda r, n=n: r[f"old/{n}"], 1) for n in names},
+    }
+    seeds = print_table(
+        folders,
+        values,
+        1,
+        gain=lambda record, seed: new0 - math.log(record["learning"]),
+        losses={f"`{n}` degradation": degradation(n) for n in names},
+    )
     print(
         f"\nbase model: new-domain ppl {base['learning_ppl']:,.0f}, "
         + ", ".join(f"`{n}` {ppl:.2f}" for n, ppl in sorted(base["forgetting_ppl"].items()))
