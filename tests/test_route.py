@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from conftest import VOCAB, make_model, randomize_new_weights, upscaled_copy
-from scale_cl import ROUTE_SHARE_KEY, set_method
+from scale_cl import ROUTE_SHARE_KEY, ScaleConfig, set_method
 from scale_cl.layers import ScaleHead, ScaleLinear
 from scale_cl.route import RouteState
 
@@ -355,7 +355,8 @@ def test_route_head_equals_plain_eq5(dtype, bias, tau):
         head.weight_up.copy_(torch.randn(vocab, u, generator=gen))
         if bias:
             head.bias.copy_(torch.randn(vocab, generator=gen))
-    head.route = RouteState(active=True, tau=tau, first_stacked=0)
+    head.route = RouteState({"config": ScaleConfig(hidden_up=u, ffn_up=0, route_tau=tau).to_dict()})
+    head.route.switch(True, first_stacked=0)
     hidden = torch.randn(2 * batch, length, d + u, generator=gen)
     # The adapt half's original part: near the preserve half's for some tokens, unrelated for others.
     noise = torch.linspace(0.05, 3.0, length)[None, :, None]

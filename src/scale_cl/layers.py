@@ -354,23 +354,6 @@ class ScaleHead(SplitInput):
             z = torch.cat((z, F.linear(x, self.weight_new)), dim=-1)
         return z, F.linear(x_up, self.weight_up)
 
-    def _route_extended(self, x: torch.Tensor, x_up: torch.Tensor, tau: float) -> tuple[torch.Tensor, torch.Tensor]:
-        """Eq. 5 over every column, new tokens included, routed on the original vocabulary's logits alone.
-
-        Unlike `route_logits` (which takes the preserve path's logits as constants), the preserve path keeps
-        its gradient: with an extended vocabulary the new rows train, and both paths depend on them. The
-        original columns equal `route_logits`' bitwise (``(Z_p + Z_a) / 2`` is ``Z_a / 2 + Z_p / 2`` exactly).
-        """
-        half = x.shape[0] // 2
-        x_p, x_a = x[:half], x[half:]
-        z_p, z_a = F.linear(x_p, self.weight, self.bias), F.linear(x_a, self.weight, self.bias)
-        cosine = route_cosine(z_p, z_a)
-        keep = (cosine > tau)[..., None]
-        z_p = torch.cat((z_p, F.linear(x_p, self.weight_new)), dim=-1)
-        z_a = torch.cat((z_a, F.linear(x_a, self.weight_new)), dim=-1)
-        z = torch.where(keep, (z_p + z_a) / 2, z_a)
-        return z + F.linear(torch.where(keep, x_up[:half], x_up[half:]), self.weight_up), cosine
-
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         route = self.route
         if route is None or not route.active:
@@ -381,10 +364,7 @@ class ScaleHead(SplitInput):
             route.record(route_cosine(z, z))
             return z + z_up
         x, x_up = hidden.split((self.hidden_size, self.hidden_up), dim=-1)
-        if self.weight_new is None:
-            logits, cosine = route_logits(x, x_up, self.weight, self.bias, self.weight_up, route.tau)
-        else:
-            logits, cosine = self._route_extended(x, x_up, route.tau)
+        logits, cosine = route_logits(x, x_up, self.weight, self.bias, self.weight_up, route.tau, self.weight_new)
         route.record(cosine)
         return logits
 

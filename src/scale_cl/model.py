@@ -18,16 +18,20 @@ from scale_cl.io import save
 from scale_cl.layers import ScaleEmbedding, ScaleLinear, SplitInput
 from scale_cl.route import reorder_cache
 from scale_cl.summary import ParamSummary, parameter_summary
+from scale_cl.vocab.grow import resize_token_rows
 
 
-def set_method(model: nn.Module, method: str) -> nn.Module:
+def set_method(model: nn.Module, method: str, tau: float | None = None) -> nn.Module:
     """Switch a live upscaled model to ``"preserve"``, ``"adapt"`` or ``"route"``; no reload.
 
     Sets how every W12 block is applied and resets trainability: every original parameter frozen,
     every new parameter trainable except W12, which trains only for adapt/route and only in
-    collaborative linears (layer >= preserve_layers, module in collab_modules).
+    collaborative linears (layer >= preserve_layers, module in collab_modules). ``tau`` sets
+    SCALE-Route's threshold of Eq. 5 (a cosine in [-1, 1]; by default the model keeps its own): it is
+    the model's ``ScaleConfig.route_tau``, so what routing uses is what is saved, reloaded and exported
+    (``model.scale_route.tau = ...`` sets the same value).
     """
-    cfg = replace(scale_config_of(model), method=check_method(method))
+    cfg = replace(scale_config_of(model), method=check_method(method), **({} if tau is None else {"route_tau": tau}))
     layers = decoder_layers(model)
     # The original stream is constant (depends on no trainable parameter) below the first layer
     # whose W12 is used; there, the modules skip the gradient through the frozen products.
@@ -49,7 +53,8 @@ def set_method(model: nn.Module, method: str) -> nn.Module:
                 module.constant_preserve_half = method == "route" and stacked and not new_rows
             if isinstance(module, ScaleLinear):
                 module.use_w12 = module.collaborative and method != "preserve"
-    model.scale_route.switch(method == "route", cfg.route_tau, stacked_from)  # created by `upscale`
+    model.config.scale_cl["config"] = cfg.to_dict()  # the method and tau, read by save, export and route
+    model.scale_route.switch(method == "route", stacked_from)  # created by `upscale`
 
     for param in model.parameters():
         param.requires_grad_(False)
@@ -60,7 +65,6 @@ def set_method(model: nn.Module, method: str) -> nn.Module:
                     param.requires_grad_(module.use_w12)
                 elif name not in ("weight", "bias"):
                     param.requires_grad_(True)
-    model.config.scale_cl["config"] = cfg.to_dict()
     return model
 
 
@@ -73,8 +77,8 @@ class ScaleModelMixin:
     def scale_config(self) -> ScaleConfig:
         return scale_config_of(self)
 
-    def set_method(self, method: str) -> nn.Module:
-        return set_method(self, method)
+    def set_method(self, method: str, tau: float | None = None) -> nn.Module:
+        return set_method(self, method, tau)
 
     def save_pretrained(self, save_directory: str, full: bool = False, **kwargs: Any) -> None:
         """Save the new parameters (safetensors) and a JSON config naming the base model.
@@ -100,8 +104,6 @@ class ScaleModelMixin:
     ) -> nn.Module:
         """Grow the vocabulary with `scale_cl.vocab.resize_token_rows`: the original rows stay frozen, the new ones
         train (each the mean of the original rows; ``mean_resizing`` is ignored). Shrinking is refused."""
-        from scale_cl.vocab import resize_token_rows
-
         return resize_token_rows(self, new_num_tokens, pad_to_multiple_of)
 
 

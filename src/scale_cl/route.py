@@ -15,13 +15,14 @@ route mode needs to know lives in one `RouteState` per model, which `set_method`
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers.utils import ModelOutput
+
+from scale_cl.config import ScaleConfig
 
 # The key of the routing share in a route model's output (left out of Trainer's evaluation outputs).
 ROUTE_SHARE_KEY = "route_preserve_share"
@@ -38,11 +39,6 @@ def route_cosine(z_p: torch.Tensor, z_a: torch.Tensor) -> torch.Tensor:
         return (p * a).sum(-1) / norms.clamp_min(1e-8)
 
 
-def route_mask(z_p: torch.Tensor, z_a: torch.Tensor, tau: float) -> torch.Tensor:
-    """Tokens routed to the preserve path, ``cos(Z_p, Z_a) > tau`` over the vocabulary (no gradient)."""
-    return route_cosine(z_p, z_a) > tau
-
-
 def route_logits(
     x: torch.Tensor,
     x_up: torch.Tensor,
@@ -50,8 +46,14 @@ def route_logits(
     bias: torch.Tensor | None,
     weight_up: torch.Tensor,
     tau: float,
+    weight_new: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Eq. 5 from the stacked ``[preserve; adapt]`` head input ``[x; x_up]`` (2B rows): (logits, cosine per token).
+
+    The package's one implementation of Eq. 5 (the exported model's `modeling_scale.RouteHead` keeps a
+    standalone copy, tested equal). ``weight_new``: an extended vocabulary's new token rows
+    (`scale_cl.vocab`); their logits are appended to both paths' and combined alike, and the cosine reads
+    the original vocabulary's logits alone, so a token routes as it would without the extension.
 
     Tensors over the vocabulary (B, T, V) dominate the head's time and memory, so they are few and
     touched only by in-place elementwise passes: no boolean gather / ``index_put`` (slow, and their
@@ -59,16 +61,22 @@ def route_logits(
 
     - ``Z_up = W_up x_up`` is linear, so picking ``Z_p_up`` or ``Z_a_up`` per token is picking
       ``x_up`` per token: W_up runs on B rows instead of 2B.
-    - ``(Z_p + Z_a) / 2`` is ``Z_a / 2 + Z_p / 2`` bitwise (halving is exact), so the original part
-      is ``c * Z_a + (routed ? Z_p / 2 : 0)`` with ``c`` 1/2 or 1 per token, written into Z_a's buffer
+    - ``(Z_p + Z_a) / 2`` is ``Z_a / 2 + Z_p / 2`` bitwise (halving is exact), so the combination is
+      ``c * Z_a + (routed ? Z_p / 2 : 0)`` with ``c`` 1/2 or 1 per token, written into Z_a's buffer
       (``masked_fill`` rather than a multiply by 0, so a non-finite Z_p of an unrouted token stays out).
-    - The preserve path's original logits depend on no trainable parameter: no gradient for them.
+    - Without new rows the preserve path's original logits depend on no trainable parameter (its stream
+      never meets W12, and every original weight is frozen): no gradient is taken for them. New rows feed
+      the original stream of both paths, so then the preserve path keeps its gradient.
     """
     half = x.shape[0] // 2
-    with torch.no_grad():
-        z_p = F.linear(x[:half], weight, bias)
-    z_a = F.linear(x[half:], weight, bias)
+    x_p, x_a = x[:half], x[half:]
+    with torch.set_grad_enabled(torch.is_grad_enabled() and weight_new is not None):
+        z_p = F.linear(x_p, weight, bias)
+    z_a = F.linear(x_a, weight, bias)
     cosine = route_cosine(z_p, z_a)
+    if weight_new is not None:
+        z_p = torch.cat((z_p, F.linear(x_p, weight_new)), dim=-1)
+        z_a = torch.cat((z_a, F.linear(x_a, weight_new)), dim=-1)
     keep = (cosine > tau)[..., None]
     x_up = torch.where(keep, x_up[:half], x_up[half:])
     scale = torch.where(keep, 0.5, 1.0).to(z_a.dtype)
@@ -84,7 +92,6 @@ def _stack(value: Any, batch: int) -> Any:
     return value
 
 
-@dataclass
 class RouteState:
     r"""SCALE-Route's state on one upscaled model: the one object every part of route mode reads.
 
@@ -95,24 +102,36 @@ class RouteState:
     while off, every module behaves as if route did not exist.
 
     Attributes:
+        settings: the model's ``config.scale_cl``, whose ``ScaleConfig`` holds ``route_tau``: tau's one home,
+            so the threshold routing uses is the one saved, reloaded and exported (`tau`).
         active: route mode is on.
-        tau: the cosine threshold of Eq. 5.
         first_stacked: the first collaborative decoder layer, from which the batch runs as
             ``[preserve path; adapt path]`` (2B rows); None when no layer is collaborative (both paths
             are one network and nothing is stacked).
         last_mask: the routing decision of the last forward pass (tokens sent to the preserve path).
         last_cosine: ``cos(Z_p, Z_a)`` per token of the last forward pass (what calibrating tau reads,
-            `scale_cl.route_calibration`).
+            `scale_cl.train.route_calibration`).
     """
 
-    active: bool = False
-    tau: float = 0.5
-    first_stacked: int | None = None
-    last_mask: torch.Tensor | None = None
-    last_cosine: torch.Tensor | None = None
+    def __init__(self, settings: dict[str, Any]) -> None:
+        self.settings = settings
+        self.active = False
+        self.first_stacked: int | None = None
+        self.last_mask: torch.Tensor | None = None
+        self.last_cosine: torch.Tensor | None = None
 
-    def switch(self, active: bool, tau: float, first_stacked: int | None) -> None:
-        self.active, self.tau = active, tau
+    @property
+    def tau(self) -> float:
+        """The cosine threshold of Eq. 5: the model's ``ScaleConfig.route_tau``."""
+        return self.settings["config"]["route_tau"]
+
+    @tau.setter
+    def tau(self, value: float) -> None:
+        config = ScaleConfig.from_dict({**self.settings["config"], "route_tau": value})  # checked there
+        self.settings["config"] = config.to_dict()
+
+    def switch(self, active: bool, first_stacked: int | None) -> None:
+        self.active = active
         self.first_stacked = first_stacked if active else None
         self.last_mask = self.last_cosine = None
 

@@ -25,6 +25,7 @@ from scale_cl.model import scale_class, set_method
 from scale_cl.provenance import base_record
 from scale_cl.route import ROUTE_SHARE_KEY, RouteState, route_share_hook, stack_paths_hook
 from scale_cl.shapes import Dims, base_dims, growth, resolve
+from scale_cl.vocab.grow import split_vocab
 
 
 def _set(root: nn.Module, path: str, module: nn.Module) -> None:
@@ -41,8 +42,6 @@ def upscale(model: PreTrainedModel, config: ScaleConfig) -> PreTrainedModel:
     """
     if not isinstance(config, ScaleConfig):
         raise TypeError(f"config must be a ScaleConfig, got {type(config).__name__}")
-    from scale_cl.vocab.grow import split_vocab  # here, not above: the tuner imports no tokenizer code
-
     spec = spec_for(model)
     model = split_vocab(model)  # a reloaded extended vocabulary: its new rows train, its original rows do not
     dims = base_dims(model.config, spec)
@@ -52,7 +51,7 @@ def upscale(model: PreTrainedModel, config: ScaleConfig) -> PreTrainedModel:
     u = config.hidden_up
 
     backbone = getattr(model, spec.backbone)
-    route = RouteState(tau=config.route_tau)
+    route = RouteState({"arch": spec.backbone, "config": config.to_dict(), "base": base})  # model.config.scale_cl
     param = next(model.parameters())
     devices = [param.device] if param.device.type != "cpu" else []
     with torch.no_grad(), torch.random.fork_rng(devices=devices, device_type=param.device.type):
@@ -92,7 +91,7 @@ def upscale(model: PreTrainedModel, config: ScaleConfig) -> PreTrainedModel:
             layer.register_forward_pre_hook(partial(stack_paths_hook, state=route, index=index), with_kwargs=True)
 
     _widen_config(model.config, spec, dims, config)
-    model.config.scale_cl = {"arch": spec.backbone, "config": config.to_dict(), "base": base}
+    model.config.scale_cl = route.settings
     ignore = list(getattr(model.config, "keys_to_ignore_at_inference", None) or [])
     model.config.keys_to_ignore_at_inference = [*ignore, ROUTE_SHARE_KEY]
     model.scale_route = route

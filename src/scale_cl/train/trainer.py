@@ -1,270 +1,250 @@
-"""Run one training stage on the HF Trainer (accelerate, DDP and resuming come from it)."""
+"""A Trainer whose checkpoints hold only what trains, are written atomically, and which stops on NaN/inf loss.
+
+Why not the stock Trainer checkpoints: they hold every weight (a 1B base model per checkpoint for a
+method that trains a few percent of it), a crash while saving leaves a ``checkpoint-N`` folder
+that looks complete, and a NaN loss is silently averaged away (``logging_nan_inf_filter``).
+
+A checkpoint folder ``checkpoint-N`` here holds ``trainable.safetensors`` (the parameters with
+``requires_grad``, under the names of the model as trained), ``checkpoint.json`` (what was
+trained, from which base model, with the SHA-256 of the weights), and the Trainer's own
+optimizer, scheduler, RNG and trainer-state files. It is written in a hidden staging folder and
+renamed into place once every file (of every process) is there, so ``checkpoint-N`` either is
+complete or does not exist. Resuming (``trainer.train(resume_from_checkpoint=...)``) goes through
+the Trainer's own machinery (data order, RNG, optimizer, scheduler), so a resumed run continues
+bitwise where the interrupted one stopped (on CPU).
+
+A NaN/inf loss raises `NonFiniteLossError` before the optimizer applies it; so do non-finite
+trainable weights at a checkpoint (a finite loss with a non-finite gradient), so a checkpoint the
+error names as the last good one holds finite weights.
+
+FSDP and DeepSpeed keep their own sharded checkpoint formats; with them this class falls back to
+the Trainer's saving and loading.
+"""
 
 from __future__ import annotations
 
-import importlib.util
+import json
 import os
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+import shutil
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch.utils.data import Dataset
-from transformers import Trainer, TrainerCallback, TrainingArguments
-from transformers.integrations import TensorBoardCallback, get_available_reporting_integrations
-from transformers.integrations.integration_utils import INTEGRATION_TO_CALLBACK
+from safetensors.torch import load_file, save_file
+from torch import nn
+from transformers import Trainer
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
 
-from scale_cl.train.callbacks import PeriodicEval
-from scale_cl.train.checkpointing import CheckpointingTrainer
+from scale_cl.files import atomic_write, sha256_of, write_json
+from scale_cl.io import check_tensors
 
-SCHEDULES = ("constant", "linear", "cosine", "cosine_with_min_lr")
-REPORT_ALL, REPORT_NONE = "all", "none"
-# Settings that say where metrics are sent, not what is computed: left out of every run's identity (cache
-# keys, the settings a run folder is claimed with), so changing them reuses finished work.
-REPORTING_SETTINGS = frozenset({"report_to"})
-# Backends whose module or package is not named as the backend: (modules, any of which will do; what
-# `pip install` needs). Every other backend is its own module and package.
-_PACKAGES = {
-    "azure_ml": (("azureml.core",), "azureml-core"),
-    "comet_ml": (("comet_ml",), "comet-ml"),
-    "flyte": (("flytekit",), "flytekit"),
-    "tensorboard": (("tensorboard", "tensorboardX"), "tensorboard"),
-}
-_NO_PACKAGE = ("kubeflow",)  # switched on by its environment, not by a package
+TRAINABLE_WEIGHTS = "trainable.safetensors"
+CHECKPOINT_META = "checkpoint.json"
+STAGING_DIR = ".staging"
 
 
-def report_backends() -> tuple[str, ...]:
-    """The backends ``report_to`` may name: the installed transformers' reporting integrations."""
-    return tuple(INTEGRATION_TO_CALLBACK)
+class NonFiniteLossError(RuntimeError):
+    """Training produced a NaN or infinite loss; nothing after the last good checkpoint was saved."""
 
 
-def check_report_to(report_to: Sequence[str]) -> None:
-    """Raise a ValueError for a ``report_to`` that is not a list of known backends, or ``all`` or ``none`` alone."""
-    valid = (*report_backends(), REPORT_ALL, REPORT_NONE)
-    unknown = [name for name in report_to if name not in valid]
-    if unknown or not report_to:
-        given = ", ".join(map(repr, unknown)) or "nothing"
-        raise ValueError(f"report_to: unknown backend {given}; valid: {', '.join(valid)}")
-    alone = {REPORT_ALL, REPORT_NONE} & set(report_to)
-    if (len(report_to) > 1 and alone) or len(set(report_to)) < len(report_to):
-        raise ValueError(f"report_to: name each backend once, or 'all' or 'none' alone; got {' '.join(report_to)}")
+def trainable_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Every parameter that trains, detached on the CPU (tied parameters once)."""
+    seen: set[int] = set()
+    state = {}
+    for name, param in model.named_parameters():
+        if param.requires_grad and id(param) not in seen:
+            seen.add(id(param))
+            state[name] = param.detach().contiguous().cpu()
+    return state
 
 
-def backend_installed(module: str) -> bool:
-    """Whether ``module`` can be imported (without importing it: some backends are slow to import)."""
-    try:
-        return importlib.util.find_spec(module) is not None
-    except ModuleNotFoundError:  # a dotted name whose parent package is missing
-        return False
+def complete_checkpoints(run_dir: Path) -> list[Path]:
+    """``checkpoint-N`` folders of ``run_dir`` that were written completely, oldest first."""
+    found = []
+    for path in Path(run_dir).glob(f"{PREFIX_CHECKPOINT_DIR}-*"):
+        suffix = path.name.removeprefix(f"{PREFIX_CHECKPOINT_DIR}-")
+        if path.is_dir() and suffix.isdigit() and (path / CHECKPOINT_META).is_file():
+            found.append((int(suffix), path))
+    return [path for _, path in sorted(found)]
 
 
-def report_to_argument(report_to: Sequence[str]) -> list[str]:
-    """``TrainingArguments.report_to`` of a stage's ``report_to``, or a ValueError naming the ``pip install`` it needs.
+class CheckpointingTrainer(Trainer):
+    """HF Trainer with trainable-only atomic checkpoints and a hard stop on non-finite loss.
 
-    Called where settings are validated (before anything is written) and where the Trainer is set up.
+    Args:
+        run_info: JSON-able description written into every checkpoint (method, base model, ...);
+            resuming refuses a checkpoint whose ``run_info`` differs.
+        lr_ratios: ``{name suffix: multiple}``: parameters whose name ends with a suffix train at that multiple
+            of the learning rate (their own optimizer groups, under the same schedule); the others at the rate.
+        other arguments: as `transformers.Trainer`.
     """
-    check_report_to(report_to)
-    if list(report_to) == [REPORT_NONE]:
-        return []
-    if list(report_to) == [REPORT_ALL]:
-        return list(get_available_reporting_integrations())
-    for name in report_to:
-        if name in _NO_PACKAGE:
-            continue
-        modules, package = _PACKAGES.get(name, ((name,), name))
-        if not any(backend_installed(m) for m in modules):
-            raise ValueError(f"report_to {name!r} needs a package that is not installed: pip install {package}")
-    return list(report_to)
 
+    def __init__(
+        self,
+        *args: Any,
+        run_info: dict[str, Any] | None = None,
+        lr_ratios: dict[str, float] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        self.run_info = run_info or {}
+        self.lr_ratios = dict(lr_ratios or {})
 
-def result_settings(settings: dict[str, Any]) -> dict[str, Any]:
-    """``settings`` (nested, as ``asdict`` gives them) without `REPORTING_SETTINGS`: what a run's results depend on."""
-    return {
-        key: result_settings(value) if isinstance(value, dict) else value
-        for key, value in settings.items()
-        if key not in REPORTING_SETTINGS
-    }
+    def create_optimizer(self, model: nn.Module | None = None) -> torch.optim.Optimizer:
+        """The Trainer's optimizer, each of its groups split by `lr_ratios` (before any step, so no state moves)."""
+        optimizer = super().create_optimizer(model)
+        if not self.lr_ratios:
+            return optimizer
+        names = {id(p): n for n, p in (model or self.model).named_parameters()}
+        groups = []
+        for group in optimizer.param_groups:
+            by_ratio: dict[float, list[nn.Parameter]] = {}
+            for param in group["params"]:
+                ratio = next((r for s, r in self.lr_ratios.items() if names[id(param)].endswith(s)), 1.0)
+                by_ratio.setdefault(ratio, []).append(param)
+            groups += [{**group, "params": ps, "lr": group["lr"] * r} for r, ps in by_ratio.items()]
+        unmatched = [s for s in self.lr_ratios if not any(n.endswith(s) for n in names.values())]
+        if unmatched:
+            raise ValueError(f"lr_ratios: no parameter name ends with {unmatched}")
+        optimizer.param_groups.clear()
+        for group in groups:
+            optimizer.add_param_group(group)
+        return optimizer
 
+    def _own_format(self) -> bool:
+        return not (self.is_fsdp_enabled or self.is_deepspeed_enabled)
 
-@dataclass
-class StageConfig:
-    """Optimisation of one training stage (AdamW)."""
+    # --- saving -------------------------------------------------------------------------------
+    def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
+        if not self._own_format():
+            return super()._save(output_dir, state_dict)
+        if not self.args.should_save:
+            return None
+        directory = Path(output_dir or self.args.output_dir)
+        directory.mkdir(parents=True, exist_ok=True)
+        weights = trainable_state(self.accelerator.unwrap_model(self.model))
+        # the weights first, the meta that names them last (also for a save_model outside a checkpoint)
+        atomic_write(directory / TRAINABLE_WEIGHTS, lambda tmp: save_file(weights, tmp, metadata={"format": "pt"}))
+        meta = {
+            "run": self.run_info,
+            "global_step": self.state.global_step,
+            "tensors": {name: list(t.shape) for name, t in weights.items()},
+            "sha256": sha256_of(directory / TRAINABLE_WEIGHTS),
+        }
+        write_json(directory / CHECKPOINT_META, meta)
+        return None
 
-    lr: float = field(default=1e-3, metadata={"help": "peak learning rate"})
-    epochs: float = field(default=1.0, metadata={"help": "passes over the stage's data (ignored if max_steps > 0)"})
-    max_steps: int = field(default=0, metadata={"help": "optimizer steps; 0 = use epochs"})
-    batch_size: int = field(default=32, metadata={"help": "sequences per optimizer step"})
-    warmup_steps: int = field(default=0, metadata={"help": "linear warm-up steps"})
-    weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay"})
-    schedule: str = field(default="constant", metadata={"help": f"learning-rate schedule, one of {SCHEDULES}"})
-    min_lr_ratio: float = field(default=0.1, metadata={"help": "final lr / peak lr for cosine_with_min_lr"})
-    report_to: list[str] = field(
-        default_factory=lambda: [REPORT_NONE],
-        metadata={
-            "help": "send the training loss and the run's own metrics (eval/...) to these transformers "
-            "integrations: tensorboard (events in the run's folder), wandb (offline unless WANDB_MODE is set), "
-            "mlflow, ...; 'all' = every installed one, 'none' = only the run's own files. Not part of the "
-            "settings that identify a run"
-        },
-    )
+    def _save_checkpoint(self, model: nn.Module, trial: Any) -> None:
+        """Write ``checkpoint-N`` under a staging folder, then rename it into place (see module doc).
 
-    def __post_init__(self) -> None:
-        # 120 and 120.0 are one setting: stored as floats, so they hash (cache keys) and print alike
-        for name in ("lr", "epochs", "weight_decay", "min_lr_ratio"):
-            value = getattr(self, name)
-            if isinstance(value, int) and not isinstance(value, bool):
-                setattr(self, name, float(value))
-        if self.schedule not in SCHEDULES:
-            raise ValueError(f"schedule must be one of {SCHEDULES}, got {self.schedule!r}")
-        if self.lr <= 0 or self.batch_size <= 0 or self.epochs <= 0 or self.max_steps < 0 or self.warmup_steps < 0:
-            raise ValueError(f"invalid stage settings: {self}")
-        if isinstance(self.report_to, str):  # a YAML file's ``report_to: tensorboard``
-            self.report_to = [self.report_to]
-        check_report_to(self.report_to)
-
-
-# transformers 5 renamed gradient_checkpointing to activation_checkpointing (the old name warns)
-CHECKPOINTING_ARGUMENT = next(
-    name
-    for name in ("activation_checkpointing", "gradient_checkpointing")
-    if name in TrainingArguments.__dataclass_fields__
-)
-
-
-def training_arguments(
-    stage: StageConfig,
-    output_dir: Path,
-    seed: int,
-    *,
-    learning_rate: float | None = None,
-    max_steps: int | None = None,
-    micro_batch_size: int | None = None,
-    gradient_accumulation_steps: int = 1,
-    warmup_steps: int | None = None,
-    save_every: int = 0,
-    save_total_limit: int | None = None,
-    activation_checkpointing: bool = False,
-    bf16: bool | None = None,
-    logging_steps: int = 50,
-    logging_dir: Path | None = None,
-    in_order: bool = False,
-) -> TrainingArguments:
-    """The Trainer settings of one stage: the one place bio and cpt turn their settings into ``TrainingArguments``.
-
-    Each keyword overrides what ``stage`` says (``learning_rate``: a method's own rate; ``max_steps``:
-    a step count worked out by the caller; ``micro_batch_size`` with ``gradient_accumulation_steps``:
-    ``stage.batch_size`` split over accumulation and processes). ``save_every`` > 0 writes a checkpoint
-    every that many steps (``save_total_limit`` also bounds checkpoints asked for by a callback).
-    ``bf16=None`` trains in bf16 on a GPU that has it. The loss is logged unfiltered: a NaN is not
-    averaged away (`CheckpointingTrainer` stops on it anyway). ``stage.report_to`` picks the reporting
-    integrations (W&B offline unless ``WANDB_MODE`` says otherwise); TensorBoard writes into
-    ``logging_dir`` (on transformers 5, once `connect_reporting` has pointed its callback there).
-    ``in_order``: the Trainer reads a map-style dataset in its own order instead of shuffling it (a dataset that
-    orders itself, such as `scale_cl.data.replay.ReplayMix`).
-    """
-    cuda = torch.cuda.is_available()
-    steps = stage.max_steps if max_steps is None else max_steps
-    report_to = report_to_argument(stage.report_to)
-    if "wandb" in report_to:
-        os.environ.setdefault("WANDB_MODE", "offline")  # a run never uploads unless its user asks
-    kwargs: dict[str, Any] = {CHECKPOINTING_ARGUMENT: activation_checkpointing}
-    if logging_dir is not None and "logging_dir" in TrainingArguments.__dataclass_fields__:  # transformers 4
-        kwargs["logging_dir"] = str(logging_dir)
-    if in_order:
-        if "train_sampling_strategy" not in TrainingArguments.__dataclass_fields__:
-            raise ValueError(
-                "training data in its own order (replay) needs transformers >= 5 (train_sampling_strategy)"
+        The Trainer writes a checkpoint into ``<args.output_dir>/checkpoint-N``, as `TrainingArguments`
+        documents for ``output_dir``; for the length of the write ``args.output_dir`` points at the
+        staging folder. No public hook does this: callbacks' ``on_save`` runs after the files are
+        written, and ``save_model``'s ``output_dir`` covers the weights only, not the optimizer,
+        scheduler, RNG and trainer-state files. So this overrides the private ``Trainer._save_checkpoint``
+        and relies on it reading ``args.output_dir`` when called (through the private ``_get_output_dir``),
+        as transformers 5.23 (the version checked) does; tests/test_checkpointing.py fails naming both
+        if a release changes that. A hyper-parameter search trial (its own sub-folder) keeps the
+        Trainer's saving.
+        """
+        if trial is not None:
+            return super()._save_checkpoint(model, trial)
+        if self._own_format():  # a finite loss can still come with a non-finite gradient
+            params = self.accelerator.unwrap_model(self.model).named_parameters()
+            bad = [name for name, p in params if p.requires_grad and not bool(torch.isfinite(p.detach()).all())]
+            if bad:
+                self._stop(f"the trainable weights {bad[:3]} became non-finite at step {self.state.global_step}")
+        output_dir = self.args.output_dir
+        run_dir = Path(output_dir)
+        staging = run_dir / STAGING_DIR
+        name = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+        if self.args.should_save:
+            shutil.rmtree(staging / name, ignore_errors=True)
+        self.accelerator.wait_for_everyone()
+        self.args.output_dir = str(staging)
+        try:
+            super()._save_checkpoint(model, trial)
+        finally:
+            self.args.output_dir = output_dir
+        self.accelerator.wait_for_everyone()  # every process has written its RNG state
+        if self.args.should_save:
+            _fsync_tree(staging / name)
+            final = run_dir / name
+            if final.exists():
+                shutil.rmtree(final)
+            os.replace(staging / name, final)
+            _fsync_dir(run_dir)
+            rotate_checkpoints(
+                output_dir=str(run_dir),
+                save_total_limit=self.args.save_total_limit,
+                best_model_checkpoint=self.state.best_model_checkpoint,
+                use_mtime=False,
             )
-        kwargs["train_sampling_strategy"] = "sequential"
-    if stage.schedule == "cosine_with_min_lr":
-        kwargs["lr_scheduler_kwargs"] = {"min_lr_rate": stage.min_lr_ratio}
-    return TrainingArguments(
-        output_dir=str(output_dir),
-        learning_rate=stage.lr if learning_rate is None else learning_rate,
-        num_train_epochs=stage.epochs,
-        max_steps=steps if steps > 0 else -1,
-        per_device_train_batch_size=micro_batch_size or stage.batch_size,
-        gradient_accumulation_steps=gradient_accumulation_steps,
-        warmup_steps=stage.warmup_steps if warmup_steps is None else warmup_steps,
-        weight_decay=stage.weight_decay,
-        lr_scheduler_type=stage.schedule,
-        seed=seed,
-        data_seed=seed,
-        save_strategy="steps" if save_every else "no",
-        save_steps=save_every or 500,
-        save_total_limit=save_total_limit,
-        logging_steps=logging_steps,
-        logging_nan_inf_filter=False,
-        report_to=report_to,
-        remove_unused_columns=False,
-        dataloader_num_workers=0,
-        use_cpu=not cuda,
-        bf16=(cuda and torch.cuda.is_bf16_supported()) if bf16 is None else bf16,
-        disable_tqdm=False,
-        **kwargs,
+        self.accelerator.wait_for_everyone()
+
+    # --- loading ------------------------------------------------------------------------------
+    def _load_from_checkpoint(self, resume_from_checkpoint: str, model: nn.Module | None = None) -> None:
+        if not self._own_format():
+            return super()._load_from_checkpoint(resume_from_checkpoint, model)
+        load_trainable(self.accelerator.unwrap_model(model or self.model), Path(resume_from_checkpoint), self.run_info)
+        return None
+
+    # --- non-finite loss ----------------------------------------------------------------------
+    def training_step(self, model: nn.Module, inputs: dict[str, Any], num_items_in_batch: Any = None) -> torch.Tensor:
+        loss = super().training_step(model, inputs, num_items_in_batch)
+        finite = torch.isfinite(loss.detach()).all()
+        if self.args.world_size > 1:  # every process must stop, or the others wait forever
+            finite = self.accelerator.gather(finite.reshape(1).to(loss.device)).all()
+        if not bool(finite):
+            self._stop(
+                f"the training loss became {loss.item()} at step {self.state.global_step + 1}; training stopped "
+                "before the optimizer applied it"
+            )
+        return loss
+
+    def _stop(self, what: str) -> None:
+        last = complete_checkpoints(Path(self.args.output_dir))
+        kept = f"the last good checkpoint is {last[-1]}" if last else "no checkpoint had been written yet"
+        raise NonFiniteLossError(f"{what} ({kept}). Lower the learning rate, add warm-up, or check the data.")
+
+
+def load_trainable(model: nn.Module, checkpoint: Path, run_info: dict[str, Any] | None = None) -> None:
+    """Copy a checkpoint's trainable weights into ``model``; refuse a checkpoint of another run or a damaged one."""
+    meta_path = checkpoint / CHECKPOINT_META
+    if not meta_path.is_file():
+        raise ValueError(f"{checkpoint} is not a complete scale-cl training checkpoint ({CHECKPOINT_META} missing)")
+    meta = json.loads(meta_path.read_text())
+    if run_info is not None and meta["run"] != run_info:
+        raise ValueError(
+            f"{checkpoint} belongs to another run: it records {meta['run']}, this run is {run_info}. "
+            "Use another output folder, or delete the old checkpoints."
+        )
+    weights_path = checkpoint / TRAINABLE_WEIGHTS
+    if not weights_path.is_file() or sha256_of(weights_path) != meta["sha256"]:
+        raise ValueError(f"{weights_path} is missing or does not match its recorded SHA-256; the checkpoint is damaged")
+    weights = load_file(weights_path)
+    params = dict(model.named_parameters())
+    check_tensors(
+        {name: value.shape for name, value in weights.items()},
+        {name: p.shape for name, p in params.items() if p.requires_grad},
+        str(checkpoint),
     )
+    with torch.no_grad():
+        for name, value in weights.items():
+            params[name].copy_(value)
 
 
-def connect_reporting(trainer: Trainer, logging_dir: Path | None = None) -> Trainer:
-    """Send ``trainer``'s `PeriodicEval` records to its reporting integrations, TensorBoard's files to ``logging_dir``.
-
-    ``trainer.log`` hands a record to every integration's ``on_log``, so the run's own metrics sit beside
-    the loss. Called once the Trainer exists (a callback cannot reach it). transformers 5 has no
-    ``TrainingArguments.logging_dir``: its TensorBoard callback keeps its own (``TENSORBOARD_LOGGING_DIR``
-    when set, which is left as it is). Without reporting this changes nothing.
-    """
-    if not trainer.args.report_to:
-        return trainer
-
-    def report(metrics: dict[str, float]) -> None:
-        due = trainer.control.should_log
-        trainer.log(metrics)
-        trainer.control.should_log = due  # on_log clears it: the loss due at this step is still logged
-
-    for callback in trainer.callback_handler.callbacks:
-        if isinstance(callback, PeriodicEval):
-            callback.report = report
-        elif isinstance(callback, TensorBoardCallback) and getattr(callback, "logging_dir", None) is None:
-            callback.logging_dir = None if logging_dir is None else str(logging_dir)
-    return trainer
+def _fsync_tree(directory: Path) -> None:
+    for path in directory.rglob("*"):
+        if path.is_file():
+            with open(path, "rb") as handle:
+                os.fsync(handle.fileno())
+    _fsync_dir(directory)
 
 
-def run_stage(
-    model: torch.nn.Module,
-    dataset: Dataset,
-    collator: Callable,
-    stage: StageConfig,
-    output_dir: Path,
-    seed: int,
-    callbacks: Sequence[TrainerCallback] = (),
-    run_info: dict[str, Any] | None = None,
-    resume_from: Path | None = None,
-    save_total_limit: int | None = None,
-    logging_dir: Path | None = None,
-    lr_ratios: dict[str, float] | None = None,
-    in_order: bool = False,
-) -> Trainer:
-    """Train ``model`` in place for one stage; returns the Trainer (its ``state`` holds the log).
-
-    A `CheckpointingTrainer`: a NaN/inf loss raises `NonFiniteLossError` instead of being trained on,
-    and checkpoints (asked for by a callback such as `SaveAtEvaluations`) are trainable-only and
-    atomic. ``run_info`` is recorded in them; ``resume_from`` continues from one. ``logging_dir``:
-    TensorBoard's folder when ``stage.report_to`` names it. ``lr_ratios``: learning-rate multiples of parameter
-    groups (`CheckpointingTrainer`). ``in_order``: ``dataset`` orders itself (`training_arguments`).
-    """
-    args = training_arguments(
-        stage, output_dir, seed, save_total_limit=save_total_limit, logging_dir=logging_dir, in_order=in_order
-    )
-    trainer = CheckpointingTrainer(
-        model=model,
-        args=args,
-        train_dataset=dataset,
-        data_collator=collator,
-        callbacks=list(callbacks),
-        run_info=run_info,
-        lr_ratios=lr_ratios,
-    )
-    connect_reporting(trainer, logging_dir)
-    trainer.train(resume_from_checkpoint=None if resume_from is None else str(resume_from))
-    return trainer
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

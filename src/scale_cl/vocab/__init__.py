@@ -33,13 +33,11 @@ new merge fires is split into different (fewer) tokens, so its perplexity is ove
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Any
-
-from torch import nn
 
 from scale_cl.vocab.grow import (
     EXTENSION_KEY,
+    VocabExtension,
     extension_record,
     grow_embeddings,
     grow_for_adapter,
@@ -51,20 +49,18 @@ from scale_cl.vocab.grow import (
     vocab_rows,
 )
 from scale_cl.vocab.layers import VocabEmbedding, VocabHead
-from scale_cl.vocab.tokenizer import VocabExtension, extend_tokenizer
+
+# Learning new tokens (`scale_cl.vocab.tokenizer`, which needs the ``tokenizers`` library) is imported when
+# first asked for: the rest of this package is the tuner's (a model with new rows saves, loads and upscales).
+_FROM_TOKENIZER = ("extend_tokenizer", "extend_vocab")
 
 
-def extend_vocab(
-    model: nn.Module, tokenizer: Any, texts: Iterable[str], count: int, min_frequency: int = 2
-) -> tuple[nn.Module, Any, VocabExtension]:
-    """Extend ``tokenizer`` with ``count`` tokens learned from ``texts`` and grow ``model`` for them.
+def __getattr__(name: str) -> Any:
+    if name in _FROM_TOKENIZER:
+        from scale_cl.vocab import tokenizer
 
-    Returns (model grown in place, a new tokenizer, what was added). Every check (a tokenizer that
-    cannot be extended, ids that would collide, more tokens than the text supports) runs before the
-    model is touched; ``tokenizer`` itself is never changed.
-    """
-    extended, added = extend_tokenizer(tokenizer, texts, count, vocab_rows(model), min_frequency)
-    return grow_embeddings(model, added), extended, added
+        return getattr(tokenizer, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 __all__ = [

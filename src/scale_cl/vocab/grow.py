@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,9 +28,26 @@ from torch import nn
 
 from scale_cl.layers import ScaleEmbedding, ScaleHead
 from scale_cl.vocab.layers import VocabEmbedding, VocabHead
-from scale_cl.vocab.tokenizer import VocabExtension
 
 EXTENSION_KEY = "vocab_extension"
+
+
+@dataclass(frozen=True)
+class VocabExtension:
+    """The tokens an extension added: their strings (the tokenizer's internal form, e.g. ``Ġkato``), the first
+    new id, and for each the base-tokenizer ids it is made of (what its new embedding row starts from)."""
+
+    first_id: int
+    tokens: tuple[str, ...]
+    pieces: tuple[tuple[int, ...], ...]
+
+    @property
+    def count(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def ids(self) -> list[int]:
+        return list(range(self.first_id, self.first_id + self.count))
 
 
 def vocab_rows(model: nn.Module) -> int:
@@ -135,8 +153,6 @@ def _grow_plain(model: nn.Module, embedding: Any, head: Any, tied: bool, pieces:
 def _grow_upscaled(
     model: nn.Module, embedding: ScaleEmbedding, head: ScaleHead, tied: bool, pieces: Any, count: int
 ) -> None:
-    from scale_cl.model import set_method
-
     if head.bias is not None:
         raise ValueError("vocabulary extension does not support an LM head with a bias")
     embedding.weight_new = _append(embedding.weight_new, _rows_from(embedding.weight, pieces, count))
@@ -145,7 +161,7 @@ def _grow_upscaled(
     head.weight_new = embedding.weight_new if tied else _append(head.weight_new, _rows_from(head.weight, pieces, count))
     head.weight_up = _append(head.weight_up, torch.zeros(count, head.weight_up.shape[1]))
     head.out_features += count
-    set_method(model, model.scale_config.method)
+    model.set_method(model.scale_config.method)  # the new rows train; the stream they feed is no longer constant
 
 
 def resize_token_rows(model: nn.Module, new_num_tokens: int | None, pad_to_multiple_of: int | None = None) -> nn.Module:

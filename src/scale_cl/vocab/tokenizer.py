@@ -20,34 +20,17 @@ import json
 import re
 from collections import Counter
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
 from itertools import islice
 from typing import Any
 
 from tokenizers import Tokenizer
+from torch import nn
 
+from scale_cl.vocab.grow import VocabExtension, grow_embeddings, vocab_rows
 from scale_cl.vocab.merges import learn_merges
 
 BATCH = 256  # documents per encode_batch call
 _BYTE_FALLBACK = re.compile(r"^<0x[0-9A-Fa-f]{2}>$")
-
-
-@dataclass(frozen=True)
-class VocabExtension:
-    """The tokens an extension added: their strings (the tokenizer's internal form, e.g. ``Ġkato``), the first
-    new id, and for each the base-tokenizer ids it is made of (what its new embedding row starts from)."""
-
-    first_id: int
-    tokens: tuple[str, ...]
-    pieces: tuple[tuple[int, ...], ...]
-
-    @property
-    def count(self) -> int:
-        return len(self.tokens)
-
-    @property
-    def ids(self) -> list[int]:
-        return list(range(self.first_id, self.first_id + self.count))
 
 
 def bpe_state(tokenizer: Any) -> dict[str, Any]:
@@ -162,3 +145,16 @@ def extend_tokenizer(
     extended = copy.deepcopy(tokenizer)
     extended._tokenizer = Tokenizer.from_str(json.dumps(state))
     return extended, VocabExtension(first_id, tuple(tokens), pieces)
+
+
+def extend_vocab(
+    model: nn.Module, tokenizer: Any, texts: Iterable[str], count: int, min_frequency: int = 2
+) -> tuple[nn.Module, Any, VocabExtension]:
+    """Extend ``tokenizer`` with ``count`` tokens learned from ``texts`` and grow ``model`` for them.
+
+    Returns (model grown in place, a new tokenizer, what was added). Every check (a tokenizer that
+    cannot be extended, ids that would collide, more tokens than the text supports) runs before the
+    model is touched; ``tokenizer`` itself is never changed.
+    """
+    extended, added = extend_tokenizer(tokenizer, texts, count, vocab_rows(model), min_frequency)
+    return grow_embeddings(model, added), extended, added
