@@ -14,7 +14,7 @@ import scale_cl.experiments.bio.pipeline as pipeline
 from scale_cl.cli import main, parse_settings
 from scale_cl.experiments.bio.config import ALL_METHODS, BioConfig, preset
 from scale_cl.experiments.overrides import apply_overrides
-from scale_cl.train.checkpointing import NonFiniteLossError, complete_checkpoints, trainable_state
+from scale_cl.train.trainer import NonFiniteLossError, complete_checkpoints, trainable_state
 
 
 def micro(**overrides) -> BioConfig:
@@ -74,7 +74,7 @@ def test_rerun_recomputes_nothing(finished, monkeypatch):
     def no_training(*args, **kwargs):
         raise AssertionError("a finished stage was trained again")
 
-    monkeypatch.setattr(pipeline, "run_stage", no_training)
+    monkeypatch.setattr(pipeline, "train_model", no_training)
     again = pipeline.run_bio(micro(), out)
     assert again["methods"].keys() == results["methods"].keys()
     for method in results["methods"]:
@@ -85,7 +85,7 @@ def test_rerun_recomputes_nothing(finished, monkeypatch):
 def test_killed_run_resumes_without_redoing_finished_work(tmp_path, monkeypatch):
     out = tmp_path / "run"
     cfg = micro(methods=["fft", "lora", "scale_route"])
-    real = pipeline.run_stage
+    real = pipeline.train_model
     calls: list[str] = []
 
     def killed_at_lora(model, dataset, *args, **kwargs):
@@ -94,7 +94,7 @@ def test_killed_run_resumes_without_redoing_finished_work(tmp_path, monkeypatch)
         calls.append(type(model).__name__)
         return real(model, dataset, *args, **kwargs)
 
-    monkeypatch.setattr(pipeline, "run_stage", killed_at_lora)
+    monkeypatch.setattr(pipeline, "train_model", killed_at_lora)
     with pytest.raises(KeyboardInterrupt):
         pipeline.run_bio(cfg, out)
     assert calls == ["GPTNeoXForCausalLM"] * 3  # stage 1, stage 2, fft
@@ -109,7 +109,7 @@ def test_killed_run_resumes_without_redoing_finished_work(tmp_path, monkeypatch)
         calls.append(type(model).__name__)
         return real(model, *args, **kwargs)
 
-    monkeypatch.setattr(pipeline, "run_stage", counted)
+    monkeypatch.setattr(pipeline, "train_model", counted)
     results = pipeline.run_bio(cfg, out)
     assert len(calls) == 2 and calls[0].startswith("Peft")  # lora and scale_route only
     assert set(results["methods"]) == {"fft", "lora", "scale_route"}
@@ -204,7 +204,7 @@ def test_attribute_subset_is_trained_and_reported(tmp_path):
     assert "| fft | " in (tmp_path / "r" / "results.md").read_text().split("per attribute")[1]
 
 
-_RUN_STAGE = pipeline.run_stage
+_TRAIN_MODEL = pipeline.train_model
 
 
 def _without_wall_times(results: dict) -> dict:
@@ -258,18 +258,18 @@ class _Poison(TrainerCallback):
 
 
 def _task1_runs(monkeypatch, extra: list | None = None) -> dict[str, dict]:
-    """Patches run_stage so that Task-1 runs (they have a run_info) get ``extra`` callbacks; returns their weights."""
-    real, trained = _RUN_STAGE, {}
+    """Patches train_model so that Task-1 runs (they have a run_info) get ``extra`` callbacks; returns their weights."""
+    real, trained = _TRAIN_MODEL, {}
 
-    def run_stage(model, dataset, collator, stage, output_dir, seed, callbacks=(), **kwargs):
+    def train_model(model, dataset, args, callbacks=(), **kwargs):
         if kwargs.get("run_info"):
             callbacks = [*callbacks, *(extra or [])]
-        trainer = real(model, dataset, collator, stage, output_dir, seed, callbacks, **kwargs)
+        trainer = real(model, dataset, args, callbacks=callbacks, **kwargs)
         if kwargs.get("run_info"):
             trained[kwargs["run_info"]["method"]] = trainable_state(trainer.model)
         return trainer
 
-    monkeypatch.setattr(pipeline, "run_stage", run_stage)
+    monkeypatch.setattr(pipeline, "train_model", train_model)
     return trained
 
 
@@ -387,13 +387,13 @@ def test_qa_people_trains_task0_qa_on_fewer_people_and_shares_stage_1(tmp_path, 
     assert fewer.task0_trained == data.task0_trained[: 5 * 6] and fewer.task0_test == data.task0_test
     dir1, dir2 = pipeline.stage_models(full, data, 0, cache)
     trained_sizes = []
-    real_run_stage = pipeline.run_stage
+    real_train_model = pipeline.train_model
 
-    def counting_run_stage(model, dataset, *args, **kwargs):
+    def counting_train_model(model, dataset, *args, **kwargs):
         trained_sizes.append(len(dataset))
-        return real_run_stage(model, dataset, *args, **kwargs)
+        return real_train_model(model, dataset, *args, **kwargs)
 
-    monkeypatch.setattr(pipeline, "run_stage", counting_run_stage)
+    monkeypatch.setattr(pipeline, "train_model", counting_train_model)
     few_dir1, few_dir2 = pipeline.stage_models(few, fewer, 0, cache)
     assert few_dir1 == dir1 and few_dir2 != dir2 and trained_sizes == [5 * 6]
 

@@ -13,7 +13,7 @@ from transformers import Trainer, TrainerCallback, TrainingArguments, default_da
 from conftest import VOCAB, make_model
 from scale_cl.data.corpus import PackedDataset
 from scale_cl.methods import prepare
-from scale_cl.train.checkpointing import (
+from scale_cl.train.trainer import (
     CHECKPOINT_META,
     STAGING_DIR,
     TRAINABLE_WEIGHTS,

@@ -17,7 +17,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig
 
 from scale_cl.experiments.base.build import INFO_FILE, build_base
 from scale_cl.experiments.base.config import preset
-from scale_cl.models import CLEAN_EN, BaseModelRef
+from scale_cl.experiments.base.name import CLEAN_EN, resolve_model_name
 
 ENGLISH = [topics[key] for key in sorted(topics)[:30]]  # the Python docs' own English, shipped with every CPython
 
@@ -84,7 +84,7 @@ def test_build_is_deterministic(corpora, micro_base, tmp_path):
 
 
 def test_built_base_is_reused_not_rebuilt(corpora, micro_base, monkeypatch):
-    from scale_cl.train.checkpointing import CheckpointingTrainer
+    from scale_cl.train.trainer import CheckpointingTrainer
 
     before = (micro_base / "model.safetensors").stat().st_mtime_ns
 
@@ -134,11 +134,11 @@ def test_cli_bad_input_exits_2_with_the_reason(tmp_path):
 def test_model_name_clean_en_names_the_built_base_or_says_how_to_build_it(micro_base, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     with pytest.raises(FileNotFoundError, match="scale-cl base"):
-        BaseModelRef.parse(CLEAN_EN)
+        resolve_model_name(CLEAN_EN)
     target = tmp_path / "outputs" / "clean-en" / "model"
     target.parent.mkdir(parents=True)
     target.symlink_to(micro_base, target_is_directory=True)
-    assert Path(BaseModelRef.parse(CLEAN_EN).name_or_path) == target.resolve()
+    assert Path(resolve_model_name(CLEAN_EN)) == target.resolve()
 
 
 def test_scale_preserves_the_clean_base_exactly(micro_base):

@@ -19,7 +19,7 @@ from conftest import cpt_argv, tiny_config
 from scale_cl.experiments.cpt.config import CptConfig
 from scale_cl.experiments.cpt.pipeline import run_cpt
 from scale_cl.models import load_trained
-from scale_cl.train.checkpointing import CHECKPOINT_META, TRAINABLE_WEIGHTS
+from scale_cl.train.trainer import CHECKPOINT_META, TRAINABLE_WEIGHTS
 
 
 @pytest.fixture(scope="module")

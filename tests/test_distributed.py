@@ -24,7 +24,7 @@ import torch.distributed as dist
 from safetensors.torch import load_file
 
 from conftest import cpt_argv, tiny_config
-from scale_cl.train.checkpointing import CHECKPOINT_META
+from scale_cl.train.trainer import CHECKPOINT_META
 
 pytestmark = [
     pytest.mark.slow,

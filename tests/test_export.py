@@ -36,7 +36,7 @@ from scale_cl.io import CONFIG_NAME
 from scale_cl.methods import prepare
 from scale_cl.models import BaseModelRef, load_base, save_trained
 from scale_cl.models.smollm2 import INSTALL_HINT, load_smollm2, smollm2_gguf
-from scale_cl.train.checkpointing import CHECKPOINT_META
+from scale_cl.train.trainer import CHECKPOINT_META
 from scale_cl.vocab import grow_embeddings, new_row_parameters
 from test_generate import padded_prompts  # three rows, left-padded by 0, 3 and 5 tokens
 

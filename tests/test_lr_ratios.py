@@ -13,7 +13,7 @@ from scale_cl.experiments.cpt.pipeline import run_cpt
 from scale_cl.experiments.settings import MethodSettings
 from scale_cl.experiments.sweep.runner import concerns
 from scale_cl.models import load_trained
-from scale_cl.train.checkpointing import CheckpointingTrainer
+from scale_cl.train.trainer import CheckpointingTrainer
 
 
 def _trainer(model, tmp_path, lr_ratios):

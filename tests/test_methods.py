@@ -9,6 +9,7 @@ parameter matching of Section 5.1 (LoRA rank, LLaMA Pro blocks) agrees with brut
 from __future__ import annotations
 
 import copy
+import json
 import re
 import subprocess
 import sys
@@ -559,3 +560,37 @@ def test_matching_on_llama_3_2_1b_shapes_gives_the_papers_16_to_20_layers(method
     assert match_llama_pro_blocks(base, target) == 4
     rank = match_lora_rank(base, target)
     assert abs(lora_trainable_count(base, rank) - target) <= 0.1 * target
+
+
+def test_every_method_declares_the_experiment_settings_it_reads():
+    """The experiment layer, not the registry, says which `MethodSettings` each method reads; every name is real."""
+    from dataclasses import fields, is_dataclass
+
+    from scale_cl.experiments.settings import METHOD_SETTINGS, MethodSettings, settings_of
+
+    assert set(METHOD_SETTINGS) == set(METHOD_NAMES)
+    options = MethodSettings()
+    for method, names in METHOD_SETTINGS.items():
+        assert settings_of(method) == names
+        for dotted in names:
+            node = options
+            for part in dotted.split("."):
+                assert is_dataclass(node) and part in {f.name for f in fields(node)}, f"{method}: {dotted}"
+                node = getattr(node, part)
+    with pytest.raises(ValueError, match="unknown method 'ftt'"):
+        settings_of("ftt")
+
+
+def test_import_scale_cl_loads_the_tuner_only():
+    """``import scale_cl`` is the tuner: no method, training, data, experiment or CLI module, and no library for
+    learning tokens (the vocabulary rows it loads need none) or for the baselines (PEFT)."""
+    code = (
+        "import json, sys, scale_cl; print(json.dumps(sorted({m for m in sys.modules if m.split('.')[0] in "
+        "('peft', 'tokenizers')} | {m.split('.')[1] for m in sys.modules if m.startswith('scale_cl.')})))"
+    )
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    tuner = {"arch", "config", "files", "init", "io", "layers", "model", "provenance", "restore", "route", "shapes"}
+    tuner |= {"summary", "upscale", "vocab"}
+    assert set(json.loads(loaded)) <= tuner, loaded
+    code = "import sys, scale_cl.vocab; print('scale_cl.vocab.tokenizer' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout == "False\n"

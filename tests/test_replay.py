@@ -107,7 +107,7 @@ def _cfg(workspace: Path, ratio: float, **train) -> CptConfig:
 def _record_batches(monkeypatch) -> list[torch.Tensor]:
     """The input ids of every micro-batch the Trainer trains on, in order (recorded in ``training_step``: the
     collator also sees the one batch accelerate's data loader reads ahead)."""
-    from scale_cl.train.checkpointing import CheckpointingTrainer
+    from scale_cl.train.trainer import CheckpointingTrainer
 
     seen: list[torch.Tensor] = []
     step = CheckpointingTrainer.training_step
@@ -128,7 +128,7 @@ def _is_replay_row(rows: torch.Tensor, replay: torch.Tensor) -> list[bool]:
 def test_training_batches_hold_the_exact_share_and_a_resumed_run_sees_the_same_batches(
     workspace, tmp_path, monkeypatch
 ):
-    from scale_cl.train.checkpointing import CheckpointingTrainer
+    from scale_cl.train.trainer import CheckpointingTrainer
 
     step = CheckpointingTrainer.training_step
     cfg = _cfg(workspace, 0.25)
@@ -238,7 +238,7 @@ def _rows(batch: torch.Tensor, mask: torch.Tensor) -> list[tuple[int, ...]]:
 @pytest.mark.slow
 def test_bio_training_batches_hold_the_exact_share_and_a_resumed_run_sees_the_same_batches(tmp_path, monkeypatch):
     import scale_cl.experiments.bio.pipeline as bio
-    from scale_cl.train.checkpointing import CheckpointingTrainer
+    from scale_cl.train.trainer import CheckpointingTrainer
 
     cfg, data = _bio_micro(tmp_path, 0.25)
     task0 = _questions(data.task0_train)

@@ -15,9 +15,10 @@ from scale_cl.experiments.bio.config import preset as bio_preset
 from scale_cl.experiments.bio.pipeline import stage_keys
 from scale_cl.experiments.cpt.pipeline import run_cpt
 from scale_cl.experiments.run_folder import claim_output_folder
-from scale_cl.train import trainer as trainer_module
+from scale_cl.train import reporting
+from scale_cl.train.arguments import training_arguments
 from scale_cl.train.callbacks import _flatten
-from scale_cl.train.trainer import StageConfig
+from scale_cl.train.config import StageConfig
 
 EVENTS = "events.out.tfevents.*"
 
@@ -80,21 +81,21 @@ def test_unknown_backend_is_refused_with_the_valid_names(workspace, tmp_path, ca
 
 
 def test_backend_not_installed_is_refused_before_anything_is_written(workspace, tmp_path, monkeypatch):
-    monkeypatch.setattr(trainer_module, "backend_installed", lambda module: module != "mlflow")
+    monkeypatch.setattr(reporting, "backend_installed", lambda module: module != "mlflow")
     with pytest.raises(ValueError, match="'mlflow' needs a package that is not installed: pip install mlflow"):
         _tiny_run(workspace, tmp_path / "out", ["mlflow"])
     assert not (tmp_path / "out").exists()
 
 
 def test_wandb_runs_offline_unless_the_user_said_otherwise(tmp_path, monkeypatch):
-    monkeypatch.setattr(trainer_module, "backend_installed", lambda module: True)
+    monkeypatch.setattr(reporting, "backend_installed", lambda module: True)
     monkeypatch.setenv("WANDB_MODE", "")  # records the environment as it was, so that it is restored afterwards
     monkeypatch.delenv("WANDB_MODE")
-    args = trainer_module.training_arguments(StageConfig(report_to=["wandb"]), tmp_path, 0)
+    args = training_arguments(StageConfig(report_to=["wandb"]), tmp_path, 0)
     assert args.report_to == ["wandb"]
     assert os.environ["WANDB_MODE"] == "offline"
     monkeypatch.setenv("WANDB_MODE", "online")
-    trainer_module.training_arguments(StageConfig(report_to=["wandb"]), tmp_path, 0)
+    training_arguments(StageConfig(report_to=["wandb"]), tmp_path, 0)
     assert os.environ["WANDB_MODE"] == "online"
 
 

@@ -12,8 +12,8 @@ from conftest import tiny_config
 from scale_cl import load, set_method
 from scale_cl.experiments.cpt.pipeline import run_cpt
 from scale_cl.models import load_trained
-from scale_cl.route_calibration import calibrate_route_tau, route_cosines, sequence_batches, tau_for_share
-from scale_cl.train.checkpointing import CheckpointingTrainer
+from scale_cl.train.route_calibration import calibrate_route_tau, route_cosines, sequence_batches, tau_for_share
+from scale_cl.train.trainer import CheckpointingTrainer
 from test_route import base_hidden_size, input_batch, reference_route, scale_model
 
 
@@ -123,7 +123,7 @@ def test_bio_calibrates_on_task0_training_questions(tmp_path, monkeypatch):
     import scale_cl.experiments.bio.pipeline as bio
     from scale_cl.experiments.bio.config import preset
     from scale_cl.experiments.overrides import apply_overrides
-    from scale_cl.route_calibration import RouteCalibration
+    from scale_cl.train.route_calibration import RouteCalibration
 
     taus, real = [], RouteCalibration._calibrate
 

@@ -344,7 +344,7 @@ def test_lora_adapter_round_trip_keeps_new_rows(tmp_path):
 def test_trainer_checkpoint_holds_the_new_rows(tmp_path):
     from transformers import TrainingArguments
 
-    from scale_cl.train.checkpointing import CheckpointingTrainer, load_trainable
+    from scale_cl.train.trainer import CheckpointingTrainer, load_trainable
 
     base = make_model("llama-gqa2-tied")
     options = method_options("scale_preserve", base)

@@ -66,7 +66,7 @@ class Runner:
     def __call__(self, args: argparse.Namespace, **fixed: Any) -> int:
         """Run the command; ``fixed``: settings the program sets itself (fields that are not options)."""
         assert self.command.run is not None
-        from scale_cl.train.checkpointing import NonFiniteLossError
+        from scale_cl.train.trainer import NonFiniteLossError
 
         try:
             return self.command.run(replace(self.settings(args), **fixed))

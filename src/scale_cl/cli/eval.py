@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from scale_cl.cli.command import Command
 from scale_cl.eval.harness import DTYPES, TASK_PRESETS, EvalSettings, format_markdown
+from scale_cl.experiments.base.name import resolve_model_name
 
 PRESETS = "\n".join(f"  {name:8s} {' '.join(tasks)}" for name, tasks in TASK_PRESETS.items())
 
@@ -11,6 +14,8 @@ PRESETS = "\n".join(f"  {name:8s} {' '.join(tasks)}" for name, tasks in TASK_PRE
 def run(settings: EvalSettings) -> int:
     from scale_cl.eval.harness import run_eval
 
+    if settings.base:  # the experiments' own model names (clean-en) are theirs to resolve
+        settings = replace(settings, base=resolve_model_name(settings.base))
     results, out = run_eval(settings)
     print(format_markdown(results))
     if out is not None:

@@ -97,8 +97,11 @@ class ReplayMix(Dataset):
 
     An epoch is ``length`` sequences: the most whole batches whose new-domain slots do not outnumber the
     new-domain sequences (a few of them may sit out an epoch; the next epoch's permutation differs). The
-    Trainer must read it in order (``train_sampling_strategy="sequential"``) and call `set_epoch`.
+    Trainer must read it in order (``in_order``: `scale_cl.train.recipe.train_model` sets
+    ``train_sampling_strategy="sequential"``) and call `set_epoch`.
     """
+
+    in_order = True
 
     def __init__(self, new: Sequence[Any], replay: Sequence[Any], ratio: float, seed: int, batch_size: int) -> None:
         _check_replay(replay, ratio)
@@ -140,6 +143,8 @@ class ReplayMix(Dataset):
 class ReplayStream(IterableDataset):
     """`ReplayMix` for a streamed training split (`scale_cl.data.corpus.PackedStream`): the new-domain blocks in
     corpus order, replay blocks in the slots the schedule gives them; an epoch ends with the stream."""
+
+    in_order = True
 
     def __init__(self, new: Iterable[dict[str, torch.Tensor]], replay: torch.Tensor, ratio: float, seed: int) -> None:
         _check_replay(replay, ratio)

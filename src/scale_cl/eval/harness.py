@@ -328,7 +328,8 @@ class EvalSettings:
         default=None,
         metadata={
             "help": "evaluate an untrained base model instead, for comparison: a hub id (from the local cache when "
-            "offline), a local folder with config.json, a .gguf file, or smollm2",
+            "offline), a local folder with config.json, a .gguf file, smollm2, or clean-en (the base `scale-cl base` "
+            "builds)",
             "type": str,
             "metavar": "MODEL",
         },

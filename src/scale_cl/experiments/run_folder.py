@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from scale_cl.files import write_json
-from scale_cl.train.trainer import result_settings
+from scale_cl.train.reporting import result_settings
 
 
 def _diff(a: dict, b: dict, prefix: str = "") -> list[str]:

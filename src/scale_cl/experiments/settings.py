@@ -8,16 +8,52 @@ The SCALE methods' settings are a `ScaleConfig` itself, checked against the mode
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from scale_cl.config import ScaleConfig
 from scale_cl.methods import METHOD_NAMES, method_spec
 from scale_cl.shapes import base_dims, resolve
-from scale_cl.train.trainer import StageConfig
+from scale_cl.train.config import StageConfig
+from scale_cl.train.route_calibration import Batch, RouteCalibration
 
 MATCH = "match"
 W12_SUFFIX = ".w12"  # the name of every ScaleLinear's W12 block ends so
+
+# The settings of `MethodSettings` (dotted below ``options``) each method reads: a sweep axis over any other
+# method setting does not re-run it, and only these are checked against the model for it.
+_PRESERVE_SETTINGS = ("scale.hidden_up", "scale.ffn_up", "scale.w21_init", "scale.w22_init")
+_ADAPT_SETTINGS = (
+    *_PRESERVE_SETTINGS,
+    "scale.preserve_layers",
+    "scale.collab_modules",
+    "w12_lr_ratio",
+    "auto_layers",
+    "auto_layers_budget",
+    "auto_layers_steps",
+)
+METHOD_SETTINGS: dict[str, tuple[str, ...]] = {
+    "fft": (),
+    "lora": ("lora_rank",),
+    "freeze": ("freeze_layers",),
+    "llama_pro": ("llama_pro_blocks",),
+    "scale_preserve": _PRESERVE_SETTINGS,
+    "scale_adapt": _ADAPT_SETTINGS,
+    "scale_route": (
+        *_ADAPT_SETTINGS,
+        "scale.route_tau",
+        "route_share",
+        "route_calibrate_every",
+        "route_calibration_sequences",
+    ),
+}
+
+
+def settings_of(method: str) -> tuple[str, ...]:
+    """The `MethodSettings` ``method`` reads (dotted below ``options``), or a ValueError naming the valid methods."""
+    method_spec(method)
+    return METHOD_SETTINGS[method]
 
 
 def _default_scale() -> ScaleConfig:
@@ -66,7 +102,7 @@ class MethodSettings:
         metadata={
             "help": "SCALE-Route: choose tau from data instead of options.scale.route_tau: the tau that routes this "
             "share of an old-domain sample's tokens to the preserve path, set again as training goes "
-            "(scale_cl.route_calibration); 0 = the fixed tau of Eq. 5"
+            "(scale_cl.train.route_calibration); 0 = the fixed tau of Eq. 5"
         },
     )
     route_calibrate_every: int = field(
@@ -120,7 +156,7 @@ class MethodSettings:
         The SCALE settings are checked by `scale_cl.shapes.check_fits`, exactly as `upscale` will check them.
         """
         dims = base_dims(model_config)
-        reads = {setting.split(".")[0] for m in methods for setting in method_spec(m).settings}
+        reads = {setting.split(".")[0] for m in methods for setting in settings_of(m)}
         matched = {"lora_rank": self.lora_rank, "llama_pro_blocks": self.llama_pro_blocks}
         if "scale" in reads or any(matched[name] == MATCH for name in reads & set(matched)):
             try:
@@ -150,16 +186,28 @@ class MethodSettings:
 
     def chooses_layers(self, method: str) -> bool:
         """Whether ``method``'s L_fp and collaborative modules come from probe runs (`..cpt.layer_choice`)."""
-        return "auto_layers" in method_spec(method).settings and self.auto_layers
+        return "auto_layers" in settings_of(method) and self.auto_layers
 
     def calibrates_route(self, method: str) -> bool:
-        """Whether ``method`` chooses its Eq. 5 threshold from data (`scale_cl.route_calibration`)."""
-        return "route_share" in method_spec(method).settings and self.route_share > 0
+        """Whether ``method`` chooses its Eq. 5 threshold from data (`scale_cl.train.route_calibration`)."""
+        return "route_share" in settings_of(method) and self.route_share > 0
+
+    def route_calibration(
+        self, method: str, model: Any, batches: Callable[[int], list[Batch]], bf16: bool
+    ) -> RouteCalibration | None:
+        """``method``'s tau calibration (`scale_cl.train.route_calibration`), or None when its tau is fixed.
+
+        ``batches(n)``: the first ``n`` sequences of the experiment's old-domain sample as model-input batches.
+        """
+        if not self.calibrates_route(method):
+            return None
+        sample = batches(self.route_calibration_sequences)
+        return RouteCalibration(model, sample, self.route_share, self.route_calibrate_every, bf16)
 
     def lr_ratios(self, method: str) -> dict[str, float]:
         """Learning-rate multiples of parameter groups for ``method``'s optimizer, by parameter-name suffix
-        (`scale_cl.train.checkpointing.CheckpointingTrainer`); empty = one rate for everything."""
-        if "w12_lr_ratio" in method_spec(method).settings and self.w12_lr_ratio != 1.0:
+        (`scale_cl.train.trainer.CheckpointingTrainer`); empty = one rate for everything."""
+        if "w12_lr_ratio" in settings_of(method) and self.w12_lr_ratio != 1.0:
             return {W12_SUFFIX: self.w12_lr_ratio}
         return {}
 

@@ -28,7 +28,7 @@ from scale_cl.models import RUN_FILE, read_run_file
 MODEL_DIR = "model"  # a cpt method folder's saved model
 RESULT_FILE = "result.json"  # a finished cpt method's summary (scale_cl.experiments.cpt.report)
 RUN_CONFIG = "cpt_config.json"  # a cpt run folder's settings (scale_cl.experiments.cpt.pipeline)
-TRAINING_CHECKPOINT = "checkpoint.json"  # a resumable training checkpoint (scale_cl.train.checkpointing)
+TRAINING_CHECKPOINT = "checkpoint.json"  # a resumable training checkpoint (scale_cl.train.trainer)
 EXPECTED = (
     f"a finished `scale-cl cpt` method folder (<out>/<method>, holding {MODEL_DIR}/{RUN_FILE}), a model folder "
     f"written by scale_cl.models.save_trained (holding {RUN_FILE}), or a SCALE checkpoint written by "

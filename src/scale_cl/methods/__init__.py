@@ -41,45 +41,19 @@ from scale_cl.methods.matching import (
     trainable_parameter_count,
 )
 
-# The experiment settings (`scale_cl.experiments.settings.MethodSettings`) each SCALE variant reads.
-_PRESERVE_SETTINGS = ("scale.hidden_up", "scale.ffn_up", "scale.w21_init", "scale.w22_init")
-_ADAPT_SETTINGS = (
-    *_PRESERVE_SETTINGS,
-    "scale.preserve_layers",
-    "scale.collab_modules",
-    "w12_lr_ratio",
-    "auto_layers",
-    "auto_layers_budget",
-    "auto_layers_steps",
-)
-_SCALE_SETTINGS = {
-    "preserve": _PRESERVE_SETTINGS,
-    "adapt": _ADAPT_SETTINGS,
-    "route": (
-        *_ADAPT_SETTINGS,
-        "scale.route_tau",
-        "route_share",
-        "route_calibrate_every",
-        "route_calibration_sequences",
-    ),
-}
-
 
 @dataclass(frozen=True)
 class MethodSpec:
-    """One method: its name, where its prepare function lives, and what it reads.
+    """One method: its name and where its prepare function lives.
 
     Attributes:
         name: the method's name (``--methods``, results, output folders).
         prepare: ``"module:function"`` of its prepare function, imported on first use.
-        settings: the experiment settings (fields of ``MethodSettings``, dotted below ``options``)
-            that change this method; a sweep axis over any other setting does not re-run it.
         scale_method: ``ScaleConfig.method`` of a SCALE method, None for a baseline.
     """
 
     name: str
     prepare: str
-    settings: tuple[str, ...] = ()
     scale_method: str | None = None
 
     @property
@@ -93,13 +67,11 @@ class MethodSpec:
 
 REGISTRY: dict[str, MethodSpec] = {
     "fft": MethodSpec("fft", "scale_cl.methods.fft:prepare_fft"),
-    "lora": MethodSpec("lora", "scale_cl.methods.lora:prepare_lora", ("lora_rank",)),
-    "freeze": MethodSpec("freeze", "scale_cl.methods.freeze:prepare_freeze", ("freeze_layers",)),
-    "llama_pro": MethodSpec("llama_pro", "scale_cl.methods.llama_pro:prepare_llama_pro", ("llama_pro_blocks",)),
+    "lora": MethodSpec("lora", "scale_cl.methods.lora:prepare_lora"),
+    "freeze": MethodSpec("freeze", "scale_cl.methods.freeze:prepare_freeze"),
+    "llama_pro": MethodSpec("llama_pro", "scale_cl.methods.llama_pro:prepare_llama_pro"),
     **{
-        f"scale_{variant}": MethodSpec(
-            f"scale_{variant}", "scale_cl.methods.scale:prepare_scale", _SCALE_SETTINGS[variant], variant
-        )
+        f"scale_{variant}": MethodSpec(f"scale_{variant}", "scale_cl.methods.scale:prepare_scale", variant)
         for variant in SCALE_CONFIG_METHODS
     },
 }

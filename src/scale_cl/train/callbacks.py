@@ -34,7 +34,7 @@ class PeriodicEval(TrainerCallback):
     Each record ``{"step": s, **metrics}`` is appended to ``self.records`` and, when ``path`` is
     given, to a JSONL file, so a long run can be watched while it works. With ``tokens_per_step``
     each record after step 0 also holds ``train_tokens_per_s``: training throughput since the
-    previous record, evaluation time excluded. With ``report`` set (`scale_cl.train.trainer.connect_reporting`
+    previous record, evaluation time excluded. With ``report`` set (`scale_cl.train.reporting.connect_reporting`
     sets it to ``trainer.log``) every numeric value of a record also goes to the Trainer's reporting
     integrations (TensorBoard, W&B, MLflow...) as ``eval_<name>``, which they show as ``eval/<name>``
     (nested names joined by ``/``: ``eval/forgetting_ppl/en``).

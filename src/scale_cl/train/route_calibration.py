@@ -91,18 +91,10 @@ def tau_for_share(cosines: torch.Tensor, share: float) -> float:
     return min(1.0, max(-1.0, float(tau)))
 
 
-def set_route_tau(model: nn.Module, tau: float) -> None:
-    """Make ``tau`` the model's Eq. 5 threshold: its route state and its saved ScaleConfig (so save/export keep it)."""
-    if not -1.0 <= tau <= 1.0:
-        raise ValueError(f"tau is a cosine threshold in [-1, 1], got {tau}")
-    model.scale_route.tau = float(tau)
-    model.config.scale_cl["config"]["route_tau"] = float(tau)
-
-
 def calibrate_route_tau(model: nn.Module, batches: Iterable[Batch], share: float, bf16: bool = False) -> float:
     """Set (and return) the tau that routes ``share`` of the real tokens of ``batches`` to the preserve path."""
     tau = tau_for_share(route_cosines(model, batches, bf16), share)
-    set_route_tau(model, tau)
+    model.scale_route.tau = tau  # the model's route_tau: saved and exported with it
     return tau
 
 
@@ -130,8 +122,7 @@ class RouteCalibration(TrainerCallback, ExportableState):
         saved = (state.stateful_callbacks or {}).get(type(self).__name__, {})
         tau = saved.get("attributes", {}).get("tau") if isinstance(saved, dict) else None
         if state.global_step > 0 and tau is not None:  # resumed: the tau the checkpoint was trained with
-            self.tau = tau
-            set_route_tau(self.model, tau)
+            self.tau = self.model.scale_route.tau = tau
         else:
             self._calibrate()
 

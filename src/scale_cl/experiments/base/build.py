@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 import transformers
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast, default_data_collator
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from scale_cl.data.corpus import Corpus, build_corpus, check_corpus, split_documents
 from scale_cl.data.tokenizer import train_bpe_tokenizer
@@ -33,9 +33,10 @@ from scale_cl.eval.perplexity import perplexity
 from scale_cl.experiments.base.config import BaseBuildConfig
 from scale_cl.experiments.run_folder import claim_output_folder
 from scale_cl.files import sha256_of, write_json
+from scale_cl.train.arguments import training_arguments
 from scale_cl.train.callbacks import PeriodicEval
-from scale_cl.train.checkpointing import CheckpointingTrainer, complete_checkpoints
-from scale_cl.train.trainer import connect_reporting, report_to_argument, training_arguments
+from scale_cl.train.recipe import train_model
+from scale_cl.train.reporting import report_to_argument
 
 CONFIG_FILE = "base_config.json"
 INFO_FILE = "clean_base.json"
@@ -176,25 +177,17 @@ def build_base(cfg: BaseBuildConfig, out: Path) -> Path:
         path=out / "metrics.jsonl",
         tokens_per_step=t.batch_size * cfg.data.seq_len,
     )
-    trainer = CheckpointingTrainer(
-        model=model,
-        args=args,
-        train_dataset=corpus.train,
-        data_collator=default_data_collator,
+    parameters = sum(p.numel() for p in model.parameters())
+    print(f"[base] {parameters:,} parameters, {t.max_steps} steps of {t.batch_size} x {cfg.data.seq_len} tokens")
+    trainer = train_model(
+        model,
+        corpus.train,
+        args,
         callbacks=[tracker],
         run_info={"base": "clean", "preset": cfg.preset, "seed": cfg.seed},
+        resume=True,
+        logging_dir=logging_dir,
     )
-    connect_reporting(trainer, logging_dir)
-    checkpoints = complete_checkpoints(out / "run")
-    resume = str(checkpoints[-1]) if checkpoints else None
-    if resume is None:
-        shutil.rmtree(logging_dir, ignore_errors=True)  # a build started afresh: no events of an earlier attempt
-    parameters = sum(p.numel() for p in model.parameters())
-    print(
-        f"[base] {parameters:,} parameters, {t.max_steps} steps of {t.batch_size} x {cfg.data.seq_len} tokens"
-        + (f", resuming from {resume}" if resume else "")
-    )
-    trainer.train(resume_from_checkpoint=resume)
     info = {
         "preset": cfg.preset,
         "parameters": parameters,

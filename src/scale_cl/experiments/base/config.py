@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from scale_cl.data.corpus import CorpusConfig
-from scale_cl.train.trainer import StageConfig
+from scale_cl.train.config import StageConfig
 
 PRESETS = ("clean-en", "micro")
 CORPUS = "outputs/corpora/english-base"  # written by benchmarks/cpt_corpus.py (Debian documentation packages)

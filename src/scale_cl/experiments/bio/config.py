@@ -14,7 +14,7 @@ from scale_cl.data import ATTRIBUTES
 from scale_cl.experiments.settings import MethodSettings, MethodStageConfig
 from scale_cl.methods import METHOD_NAMES as ALL_METHODS
 from scale_cl.methods import check_methods
-from scale_cl.train.trainer import StageConfig
+from scale_cl.train.config import StageConfig
 
 PRESETS = ("micro", "small", "medium", "paper")
 PACKINGS = ("person", "shuffled")

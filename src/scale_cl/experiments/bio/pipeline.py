@@ -56,10 +56,11 @@ from scale_cl.experiments.bio.config import BioConfig
 from scale_cl.experiments.bio.datasets import AnswerOnlyQA, PackedText, PadCollator
 from scale_cl.experiments.run_folder import claim_output_folder
 from scale_cl.files import write_json
-from scale_cl.route_calibration import RouteCalibration
+from scale_cl.train.arguments import training_arguments
 from scale_cl.train.callbacks import PeriodicEval, SaveAtEvaluations
-from scale_cl.train.checkpointing import complete_checkpoints
-from scale_cl.train.trainer import StageConfig, report_to_argument, result_settings, run_stage
+from scale_cl.train.config import StageConfig
+from scale_cl.train.recipe import train_model
+from scale_cl.train.reporting import report_to_argument, result_settings
 
 CONFIG_FILE = "config.json"
 VERSION = 1  # bump when a stage's computation changes, so old caches are not reused
@@ -220,9 +221,9 @@ def stage_models(cfg: BioConfig, data: BioData, seed: int, cache: Path) -> tuple
         return dir1, dir2
 
     def train(model: GPTNeoXForCausalLM, dataset: Any, stage: StageConfig, directory: Path) -> None:
-        logs = directory.with_name(directory.name + ".logs")
-        shutil.rmtree(logs, ignore_errors=True)  # a stage always trains from its start
-        run_stage(model, dataset, collator, stage, cache / "trainer", seed, logging_dir=logs)
+        logs = directory.with_name(directory.name + ".logs")  # a stage always trains from its start
+        args = training_arguments(stage, cache / "trainer", seed, logging_dir=logs)
+        train_model(model, dataset, args, collator=collator, logging_dir=logs)
 
     def pretrain() -> GPTNeoXForCausalLM:
         print(f"[bio] stage 1 (seed {seed}): pre-training on {len(data.pretrain)} blocks of biographies")
@@ -302,18 +303,10 @@ def run_method(
     stage = replace(cfg.task1, lr=lr)
     log = result_path.with_suffix(".jsonl")
     run_dir, logging_dir = result_path.with_suffix(".checkpoints"), result_path.with_suffix(".logs")
-    checkpoints = complete_checkpoints(run_dir)
-    resume = checkpoints[-1] if checkpoints else None
-    if resume is None:
-        log.unlink(missing_ok=True)
-        shutil.rmtree(logging_dir, ignore_errors=True)
     replay = f", {cfg.task1.replay_ratio:.0%} of every batch replayed from Task 0" if cfg.task1.replay_ratio else ""
     if cfg.options.calibrates_route(method):
         replay += f", tau routes {cfg.options.route_share:.0%} of Task-0 training questions to preserve"
-    print(
-        f"[bio] stage 3 (seed {seed}): {method}, lr {lr:g}, {trainable_parameter_count(model):,} trainable{replay}"
-        + (f", resuming from {resume}" if resume else "")
-    )
+    print(f"[bio] stage 3 (seed {seed}): {method}, lr {lr:g}, {trainable_parameter_count(model):,} trainable{replay}")
     tracker = PeriodicEval(
         lambda m: evaluate_tasks(m, data),
         every=cfg.task1.eval_every,
@@ -328,34 +321,26 @@ def run_method(
     run_info = {"method": method, "lr": lr, "seed": seed, "task0_model": task0_dir.name}
     if cfg.task1.replay_ratio:
         run_info["replay_ratio"] = cfg.task1.replay_ratio
-    lr_ratios = cfg.options.lr_ratios(method)
-    if lr_ratios:
-        run_info["lr_ratios"] = lr_ratios
-    start = time.perf_counter()
     collator = PadCollator(data.tokenizer.pad_token_id)
-    callbacks: list[Any] = [tracker, saver]
-    if cfg.options.calibrates_route(method):  # before the tracker: an evaluation sees the step's tau
-        o = cfg.options
-        sample = [data.task0_train[i] for i in range(min(o.route_calibration_sequences, len(data.task0_train)))]
-        size = stage.batch_size
-        batches = [collator(sample[i : i + size]) for i in range(0, len(sample), size)]
-        bf16 = torch.cuda.is_available() and torch.cuda.is_bf16_supported()  # as the stage trains
-        callbacks.insert(0, RouteCalibration(model, batches, o.route_share, o.route_calibrate_every, bf16))
-        run_info["route_share"] = o.route_share
-    run_stage(
+
+    def task0_questions(count: int) -> list[dict[str, torch.Tensor]]:  # the calibration sample
+        sample = [data.task0_train[i] for i in range(min(count, len(data.task0_train)))]
+        return [collator(sample[i : i + stage.batch_size]) for i in range(0, len(sample), stage.batch_size)]
+
+    args = training_arguments(stage, run_dir, seed, save_total_limit=CHECKPOINTS_KEPT, logging_dir=logging_dir)
+    calibration = cfg.options.route_calibration(method, model, task0_questions, args.bf16)
+    start = time.perf_counter()
+    train_model(
         model,
         task1_training_data(cfg, data, seed),
-        collator,
-        stage,
-        run_dir,
-        seed,
-        callbacks,
+        args,
+        collator=collator,
+        callbacks=[tracker, saver],
+        calibration=calibration,
         run_info=run_info,
-        resume_from=resume,
-        save_total_limit=CHECKPOINTS_KEPT,
+        lr_ratios=cfg.options.lr_ratios(method),
+        resume=True,
         logging_dir=logging_dir,
-        lr_ratios=lr_ratios,
-        in_order=bool(cfg.task1.replay_ratio),  # replay's order is its exact share of every batch
     )
     result = {
         "method": method,

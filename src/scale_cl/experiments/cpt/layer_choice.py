@@ -24,14 +24,14 @@ from typing import Any
 
 import torch
 from torch.utils.data import Subset
-from transformers import PreTrainedModel, default_data_collator
+from transformers import PreTrainedModel
 
 from scale_cl.data.corpus import Corpus, PackedDataset
 from scale_cl.data.replay import ReplayMix
 from scale_cl.eval.perplexity import perplexity
 from scale_cl.experiments.cpt.config import CptConfig
 from scale_cl.files import write_json
-from scale_cl.train.checkpointing import CheckpointingTrainer
+from scale_cl.train.recipe import train_model
 
 PROBES = 5  # L_fp candidates besides the top layer
 PROBE_SEQUENCES = 16  # sequences each of the old- and new-domain samples a probe is measured on
@@ -104,7 +104,9 @@ def probe_training_data(cfg: CptConfig, corpus: Corpus) -> Subset:
         )
     else:
         mixed = PackedDataset(new)
-    return Subset(mixed, range(cfg.options.auto_layers_steps * cfg.train.batch_size))
+    steps = Subset(mixed, range(cfg.options.auto_layers_steps * cfg.train.batch_size))
+    steps.in_order = getattr(mixed, "in_order", False)  # the first steps of the run's own order (replay's)
+    return steps
 
 
 def _loss(model: torch.nn.Module, blocks: torch.Tensor, cfg: CptConfig, bf16: bool) -> float:
@@ -121,14 +123,7 @@ def probe(
     model = prepare(copy.deepcopy(base), method, **options.prepare_options(method, cfg.seed))
     new, old = corpus.train.blocks[-PROBE_SEQUENCES:], corpus.replay.blocks[:PROBE_SEQUENCES]
     before = _loss(model, new, cfg, args.bf16), _loss(model, old, cfg, args.bf16)
-    trainer = CheckpointingTrainer(
-        model=model,
-        args=args,
-        train_dataset=probe_training_data(cfg, corpus),
-        data_collator=default_data_collator,
-        lr_ratios=options.lr_ratios(method),
-    )
-    trainer.train()
+    train_model(model, probe_training_data(cfg, corpus), args, lr_ratios=options.lr_ratios(method))
     after = _loss(model, new, cfg, args.bf16), _loss(model, old, cfg, args.bf16)
     return LayerProbe(
         preserve_layers=setting["preserve_layers"],

@@ -42,22 +42,23 @@ from typing import Any
 import torch
 from accelerate import PartialState
 from safetensors.torch import load_file, save_file
-from transformers import AutoConfig, PreTrainedModel, PreTrainedTokenizerBase, TrainingArguments, default_data_collator
+from transformers import AutoConfig, PreTrainedModel, PreTrainedTokenizerBase, TrainingArguments
 
 from scale_cl.data.corpus import Corpus, PackedStream, build_corpus, check_corpus, split_documents
 from scale_cl.data.replay import ReplayMix, ReplayStream, check_ratio
 from scale_cl.eval.perplexity import final_hidden_original, mean_cosine_similarity, perplexity
+from scale_cl.experiments.base.name import resolve_model_name
 from scale_cl.experiments.cpt.config import VOCAB_TEXT_CHARS, CptConfig
 from scale_cl.experiments.cpt.layer_choice import check_probe_data, choose_layers, describe
 from scale_cl.experiments.cpt.report import RESULT_FILE
 from scale_cl.experiments.run_folder import claim_output_folder
 from scale_cl.files import atomic_write, write_json
 from scale_cl.models import BaseModelRef, load_base, save_trained
-from scale_cl.route_calibration import RouteCalibration, sequence_batches
+from scale_cl.train.arguments import training_arguments as stage_training_arguments
 from scale_cl.train.callbacks import PeriodicEval
-from scale_cl.train.checkpointing import CheckpointingTrainer, complete_checkpoints
-from scale_cl.train.trainer import connect_reporting, report_to_argument
-from scale_cl.train.trainer import training_arguments as stage_training_arguments
+from scale_cl.train.recipe import train_model
+from scale_cl.train.reporting import report_to_argument
+from scale_cl.train.route_calibration import sequence_batches
 from scale_cl.vocab import VocabExtension, extend_tokenizer, grow_embeddings, vocab_rows
 
 CONFIG_FILE = "cpt_config.json"
@@ -151,7 +152,6 @@ def training_arguments(
         bf16=use_bf16(cfg),
         logging_steps=max(1, min(cfg.eval.every, 50)),
         logging_dir=logging_dir,
-        in_order=bool(cfg.data.replay_ratio),  # replay's order is its exact share of every batch
     )
 
 
@@ -263,46 +263,34 @@ def run_method(
     run_info = {"method": method, "lr": lr, "base": asdict(ref), "steps": steps, "seed": cfg.seed}
     if layer_choice is not None:
         run_info["layers"] = layer_choice["chosen"]
+
+    def replay_sequences(count: int) -> list[dict[str, torch.Tensor]]:  # the calibration sample
+        return sequence_batches(corpus.replay.blocks[:count], cfg.eval.batch_size)
+
+    calibration = options.route_calibration(method, model, replay_sequences, args.bf16)
     lr_ratios = options.lr_ratios(method)
-    if lr_ratios:
-        run_info["lr_ratios"] = lr_ratios
-    callbacks: list[Any] = [tracker]
-    if cfg.options.calibrates_route(method):  # before the tracker: an evaluation sees the step's tau
-        o = cfg.options
-        sample = corpus.replay.blocks[: o.route_calibration_sequences]
-        batches = sequence_batches(sample, cfg.eval.batch_size)
-        calibration = RouteCalibration(model, batches, o.route_share, o.route_calibrate_every, args.bf16)
-        callbacks.insert(0, calibration)
-        run_info["route_share"] = o.route_share
-    trainer = CheckpointingTrainer(
-        model=model,
-        args=args,
-        train_dataset=train,
-        data_collator=default_data_collator,
-        callbacks=callbacks,
-        run_info=run_info,
-        lr_ratios=lr_ratios,
-    )
-    connect_reporting(trainer, logging_dir)
-    checkpoints = complete_checkpoints(run_dir)
-    resume = str(checkpoints[-1]) if checkpoints else None
-    state = process_state()
-    if resume is None and state.is_main_process:
-        shutil.rmtree(logging_dir, ignore_errors=True)  # a run started afresh: no events of an earlier attempt
     trainable = trainable_parameter_count(model)
+    state = process_state()
     if state.is_main_process:
         replay = f", replay {cfg.data.replay_ratio:.0%} of every batch" if cfg.data.replay_ratio else ""
         groups = "".join(f", *{suffix} at {ratio:g} x lr" for suffix, ratio in lr_ratios.items())
-        if cfg.options.calibrates_route(method):
-            o = cfg.options
-            every = f"every {o.route_calibrate_every} steps" if o.route_calibrate_every else "once"
-            replay += f", tau routes {o.route_share:.0%} of {len(sample)} old-domain sequences to preserve ({every})"
-        print(
-            f"[cpt] {method}: lr {lr:g}{groups}, {trainable:,} trainable, {steps} steps{replay}"
-            + (f", resuming from {resume}" if resume else "")
-        )
+        if calibration is not None:
+            every = f"every {calibration.every} steps" if calibration.every else "once"
+            sequences = min(options.route_calibration_sequences, len(corpus.replay))
+            replay += f", tau routes {calibration.share:.0%} of {sequences} old-domain sequences to preserve ({every})"
+        print(f"[cpt] {method}: lr {lr:g}{groups}, {trainable:,} trainable, {steps} steps{replay}")
     start = time.perf_counter()
-    trainer.train(resume_from_checkpoint=resume)
+    trainer = train_model(
+        model,
+        train,
+        args,
+        callbacks=[tracker],
+        calibration=calibration,
+        run_info=run_info,
+        lr_ratios=lr_ratios,
+        resume=True,
+        logging_dir=logging_dir,
+    )
     seconds = time.perf_counter() - start
     summary = {"method": method, "lr": lr, "trainable": trainable, "steps": steps, "seconds": seconds}
     if layer_choice is not None:
@@ -393,10 +381,15 @@ def save_run_tokenizer(corpus: Corpus, out: Path) -> None:
     write_json(out / TOKENIZER_DIR / VOCAB_FILE, record)
 
 
+def base_model_ref(cfg: CptConfig) -> BaseModelRef:
+    """Where the run's base model comes from (``clean-en`` resolved to the built base's folder)."""
+    return BaseModelRef.parse(resolve_model_name(cfg.model))
+
+
 def base_model_config(cfg: CptConfig) -> Any:
     """The base model's configuration (cheap: no weights), or a FileNotFoundError that names the model."""
     check_corpus(cfg.data)  # cheap input checks first: no model is loaded for a typo in a path
-    ref = BaseModelRef.parse(cfg.model)
+    ref = base_model_ref(cfg)
     kwargs = {"gguf_file": ref.gguf_file} if ref.gguf_file else {}
     try:
         return AutoConfig.from_pretrained(ref.name_or_path, **kwargs)
@@ -412,7 +405,7 @@ def run_cpt(cfg: CptConfig, out: Path) -> dict[str, Any]:
 
     out = Path(out)
     validate(cfg, base_model_config(cfg))
-    ref = BaseModelRef.parse(cfg.model)
+    ref = base_model_ref(cfg)
     base, tokenizer = load_base(ref)
     corpus = load_run_corpus(cfg, tokenizer, vocab_rows(base))
     if any(cfg.options.chooses_layers(m) for m in cfg.methods):

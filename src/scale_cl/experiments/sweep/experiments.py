@@ -174,15 +174,16 @@ class CptExperiment:
     def prepare(self, out: Path) -> dict[str, float]:
         """Corpus, reference hidden states and the base model's evaluation (once); returns the base metrics."""
         from scale_cl.experiments.cpt.pipeline import (
+            base_model_ref,
             evaluate_method,
             load_run_corpus,
             process_state,
             reference_hidden,
             use_bf16,
         )
-        from scale_cl.models import BaseModelRef, load_base
+        from scale_cl.models import load_base
 
-        ref = BaseModelRef.parse(self.cfg.model)
+        ref = base_model_ref(self.cfg)
         base, tokenizer = load_base(ref)
         corpus = load_run_corpus(self.cfg, tokenizer)
         reference = reference_hidden(self.cfg, base, corpus, out)

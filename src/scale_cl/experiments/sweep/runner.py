@@ -23,13 +23,14 @@ from typing import Any
 
 from scale_cl.experiments.overrides import apply_overrides, nest
 from scale_cl.experiments.run_folder import claim_output_folder
+from scale_cl.experiments.settings import METHOD_SETTINGS, settings_of
 from scale_cl.experiments.sweep.experiments import CONFIG_FILE
 from scale_cl.files import write_json
-from scale_cl.methods import METHOD_NAMES, REGISTRY, method_spec
+from scale_cl.methods import METHOD_NAMES
 
 POINT_FILE = "point.json"
 DEFAULT_LR_SCALES = (0.25, 0.5, 1.0, 2.0, 4.0)
-METHOD_SETTINGS = "options."  # settings below it concern only the methods whose registry entry names them
+OPTIONS = "options."  # settings below it concern only the methods that read them (`METHOD_SETTINGS`)
 
 
 def concerns(setting: str, method: str) -> bool:
@@ -38,10 +39,10 @@ def concerns(setting: str, method: str) -> bool:
     A setting no method names (outside ``options``, or unknown) concerns every method; an unknown one
     is then refused when its value is read.
     """
-    name = setting.removeprefix(METHOD_SETTINGS)
-    if not setting.startswith(METHOD_SETTINGS) or not any(name in spec.settings for spec in REGISTRY.values()):
+    name = setting.removeprefix(OPTIONS)
+    if not setting.startswith(OPTIONS) or not any(name in read for read in METHOD_SETTINGS.values()):
         return True
-    return name in method_spec(method).settings
+    return name in settings_of(method)
 
 
 def stored_overrides(overrides: tuple[tuple[str, Any], ...]) -> dict[str, Any]:

@@ -1,0 +1,86 @@
+"""``TrainingArguments`` from a stage's settings: the one place the experiments' settings become the Trainer's."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import TrainingArguments
+
+from scale_cl.train.config import StageConfig
+from scale_cl.train.reporting import report_to_argument
+
+# transformers 5 renamed gradient_checkpointing to activation_checkpointing (the old name warns)
+CHECKPOINTING_ARGUMENT = next(
+    name
+    for name in ("activation_checkpointing", "gradient_checkpointing")
+    if name in TrainingArguments.__dataclass_fields__
+)
+
+
+def training_arguments(
+    stage: StageConfig,
+    output_dir: Path,
+    seed: int,
+    *,
+    learning_rate: float | None = None,
+    max_steps: int | None = None,
+    micro_batch_size: int | None = None,
+    gradient_accumulation_steps: int = 1,
+    warmup_steps: int | None = None,
+    save_every: int = 0,
+    save_total_limit: int | None = None,
+    activation_checkpointing: bool = False,
+    bf16: bool | None = None,
+    logging_steps: int = 50,
+    logging_dir: Path | None = None,
+) -> TrainingArguments:
+    """The Trainer settings of one stage: the one place bio and cpt turn their settings into ``TrainingArguments``.
+
+    Each keyword overrides what ``stage`` says (``learning_rate``: a method's own rate; ``max_steps``:
+    a step count worked out by the caller; ``micro_batch_size`` with ``gradient_accumulation_steps``:
+    ``stage.batch_size`` split over accumulation and processes). ``save_every`` > 0 writes a checkpoint
+    every that many steps (``save_total_limit`` also bounds checkpoints asked for by a callback).
+    ``bf16=None`` trains in bf16 on a GPU that has it. The loss is logged unfiltered: a NaN is not
+    averaged away (`CheckpointingTrainer` stops on it anyway). ``stage.report_to`` picks the reporting
+    integrations (W&B offline unless ``WANDB_MODE`` says otherwise); TensorBoard writes into
+    ``logging_dir`` (on transformers 5, once `connect_reporting` has pointed its callback there).
+    A dataset that orders itself (replay) is read in its order by `scale_cl.train.recipe.train_model`.
+    """
+    cuda = torch.cuda.is_available()
+    steps = stage.max_steps if max_steps is None else max_steps
+    report_to = report_to_argument(stage.report_to)
+    if "wandb" in report_to:
+        os.environ.setdefault("WANDB_MODE", "offline")  # a run never uploads unless its user asks
+    kwargs: dict[str, Any] = {CHECKPOINTING_ARGUMENT: activation_checkpointing}
+    if logging_dir is not None and "logging_dir" in TrainingArguments.__dataclass_fields__:  # transformers 4
+        kwargs["logging_dir"] = str(logging_dir)
+    if stage.schedule == "cosine_with_min_lr":
+        kwargs["lr_scheduler_kwargs"] = {"min_lr_rate": stage.min_lr_ratio}
+    return TrainingArguments(
+        output_dir=str(output_dir),
+        learning_rate=stage.lr if learning_rate is None else learning_rate,
+        num_train_epochs=stage.epochs,
+        max_steps=steps if steps > 0 else -1,
+        per_device_train_batch_size=micro_batch_size or stage.batch_size,
+        gradient_accumulation_steps=gradient_accumulation_steps,
+        warmup_steps=stage.warmup_steps if warmup_steps is None else warmup_steps,
+        weight_decay=stage.weight_decay,
+        lr_scheduler_type=stage.schedule,
+        seed=seed,
+        data_seed=seed,
+        save_strategy="steps" if save_every else "no",
+        save_steps=save_every or 500,
+        save_total_limit=save_total_limit,
+        logging_steps=logging_steps,
+        logging_nan_inf_filter=False,
+        report_to=report_to,
+        remove_unused_columns=False,
+        dataloader_num_workers=0,
+        use_cpu=not cuda,
+        bf16=(cuda and torch.cuda.is_bf16_supported()) if bf16 is None else bf16,
+        disable_tqdm=False,
+        **kwargs,
+    )

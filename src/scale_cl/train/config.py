@@ -1,0 +1,46 @@
+"""The settings of one training stage (AdamW on the HF Trainer): what every experiment's stages are made of."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from scale_cl.train.reporting import REPORT_NONE, check_report_to
+
+SCHEDULES = ("constant", "linear", "cosine", "cosine_with_min_lr")
+
+
+@dataclass
+class StageConfig:
+    """Optimisation of one training stage (AdamW)."""
+
+    lr: float = field(default=1e-3, metadata={"help": "peak learning rate"})
+    epochs: float = field(default=1.0, metadata={"help": "passes over the stage's data (ignored if max_steps > 0)"})
+    max_steps: int = field(default=0, metadata={"help": "optimizer steps; 0 = use epochs"})
+    batch_size: int = field(default=32, metadata={"help": "sequences per optimizer step"})
+    warmup_steps: int = field(default=0, metadata={"help": "linear warm-up steps"})
+    weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay"})
+    schedule: str = field(default="constant", metadata={"help": f"learning-rate schedule, one of {SCHEDULES}"})
+    min_lr_ratio: float = field(default=0.1, metadata={"help": "final lr / peak lr for cosine_with_min_lr"})
+    report_to: list[str] = field(
+        default_factory=lambda: [REPORT_NONE],
+        metadata={
+            "help": "send the training loss and the run's own metrics (eval/...) to these transformers "
+            "integrations: tensorboard (events in the run's folder), wandb (offline unless WANDB_MODE is set), "
+            "mlflow, ...; 'all' = every installed one, 'none' = only the run's own files. Not part of the "
+            "settings that identify a run"
+        },
+    )
+
+    def __post_init__(self) -> None:
+        # 120 and 120.0 are one setting: stored as floats, so they hash (cache keys) and print alike
+        for name in ("lr", "epochs", "weight_decay", "min_lr_ratio"):
+            value = getattr(self, name)
+            if isinstance(value, int) and not isinstance(value, bool):
+                setattr(self, name, float(value))
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"schedule must be one of {SCHEDULES}, got {self.schedule!r}")
+        if self.lr <= 0 or self.batch_size <= 0 or self.epochs <= 0 or self.max_steps < 0 or self.warmup_steps < 0:
+            raise ValueError(f"invalid stage settings: {self}")
+        if isinstance(self.report_to, str):  # a YAML file's ``report_to: tensorboard``
+            self.report_to = [self.report_to]
+        check_report_to(self.report_to)

@@ -1,0 +1,79 @@
+"""Train one model: the one recipe every experiment trains through (bio's stages, cpt's methods, the layer probes,
+the clean base).
+
+What it does, in order: read a dataset that orders itself (replay) in its own order; find the last complete
+checkpoint in ``args.output_dir`` to resume from (or, starting afresh, clear the reporting folder of an earlier
+attempt); put SCALE-Route's tau calibration before every other callback (an evaluation sees the step's tau);
+build the `CheckpointingTrainer` (trainable-only atomic checkpoints, ``run_info`` checked on resume, per-group
+learning rates, a hard stop on a non-finite loss); connect the reporting integrations; train.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+from torch.utils.data import Dataset
+from transformers import TrainerCallback, TrainingArguments, default_data_collator
+
+from scale_cl.train.reporting import connect_reporting
+from scale_cl.train.route_calibration import RouteCalibration
+from scale_cl.train.trainer import CheckpointingTrainer, complete_checkpoints
+
+
+def train_model(
+    model: nn.Module,
+    dataset: Dataset,
+    args: TrainingArguments,
+    *,
+    collator: Callable = default_data_collator,
+    callbacks: Sequence[TrainerCallback] = (),
+    calibration: RouteCalibration | None = None,
+    run_info: dict[str, Any] | None = None,
+    lr_ratios: dict[str, float] | None = None,
+    resume: bool = False,
+    logging_dir: Path | None = None,
+) -> CheckpointingTrainer:
+    """Train ``model`` in place on ``dataset`` with ``args`` (`scale_cl.train.arguments.training_arguments`);
+    returns the Trainer (its ``state`` holds the log).
+
+    Args:
+        collator: batches ``dataset``'s items (the Trainer's default: stacked tensors).
+        callbacks: run in this order, after ``calibration``.
+        calibration: SCALE-Route's tau chosen from data (`RouteCalibration`), first among the callbacks.
+        run_info: what the run is (method, rate, base, ...), written into every checkpoint with ``lr_ratios``
+            and the calibration's share; a checkpoint of another run is refused on resume.
+        lr_ratios: learning-rate multiples of parameter groups by name suffix (`CheckpointingTrainer`).
+        resume: continue from the last complete checkpoint in ``args.output_dir`` when there is one.
+        logging_dir: TensorBoard's folder when ``report_to`` names it; emptied when the run starts afresh.
+    """
+    if getattr(dataset, "in_order", False):  # e.g. replay's exact share of every batch (`scale_cl.data.replay`)
+        if not hasattr(args, "train_sampling_strategy"):
+            raise ValueError("training data in its own order (replay) needs transformers 5 (train_sampling_strategy)")
+        args.train_sampling_strategy = "sequential"
+    run_info = dict(run_info or {})
+    if lr_ratios:
+        run_info["lr_ratios"] = lr_ratios
+    if calibration is not None:
+        run_info["route_share"] = calibration.share
+    checkpoints = complete_checkpoints(Path(args.output_dir)) if resume else []
+    checkpoint = checkpoints[-1] if checkpoints else None
+    trainer = CheckpointingTrainer(
+        model=model,
+        args=args,
+        train_dataset=dataset,
+        data_collator=collator,
+        callbacks=[*([calibration] if calibration is not None else []), *callbacks],
+        run_info=run_info,
+        lr_ratios=lr_ratios,
+    )
+    if checkpoint is None and logging_dir is not None and trainer.is_world_process_zero():
+        shutil.rmtree(logging_dir, ignore_errors=True)  # a run started afresh: no events of an earlier attempt
+    connect_reporting(trainer, logging_dir)
+    if checkpoint is not None and trainer.is_world_process_zero():
+        print(f"[train] resuming from {checkpoint}")
+    trainer.train(resume_from_checkpoint=None if checkpoint is None else str(checkpoint))
+    return trainer
