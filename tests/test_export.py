@@ -77,9 +77,10 @@ for job in json.loads(open(sys.argv[2]).read()):
     out = {}
     with torch.no_grad():
         out["logits"] = model(ids, attention_mask=mask, position_ids=position_ids).logits
-        routed = getattr(model.get_output_embeddings(), "last_mask", None)  # route: Eq. 5's choice per token
+        head = model.get_output_embeddings()
+        routed = getattr(head, "last_mask", None)  # route: Eq. 5's choice per token
         if routed is not None:
-            out["routed"] = routed
+            out["routed"], out["tau"] = routed, torch.tensor(head.tau, dtype=torch.float64)
         new = job["new_tokens"]
         out["greedy"] = model.generate(ids, max_new_tokens=new, min_new_tokens=new, **kwargs)
         if job["beams"]:
@@ -180,19 +181,17 @@ def lively_scale_model(arch: str, method: str, preserve_layers: int = 1):
 
 def balance_route(model):
     """Route with the tau (from a grid) that sends the share of tokens closest to half to each branch of Eq. 5,
-    so that the comparison covers both; left in the model's config, as a trained model's tau is."""
+    so that the comparison covers both; kept by the model, as a trained model's tau is."""
     ids, mask = padded_prompts()
     shares = {}
     for tau in torch.linspace(-0.9, 0.9, 19).tolist():
-        model.config.scale_cl["config"]["route_tau"] = tau
-        set_method(model, "route")
+        set_method(model, "route", tau=tau)
         with torch.no_grad():
             model(ids, attention_mask=mask)
         shares[tau] = model.scale_route.last_mask[mask.bool()].float().mean().item()
     tau = min(shares, key=lambda t: abs(shares[t] - 0.5))
     assert 0.1 < shares[tau] < 0.9, shares
-    model.config.scale_cl["config"]["route_tau"] = tau
-    return set_method(model, "route")
+    return set_method(model, "route", tau=tau)
 
 
 def perturb_trainable(model, seed: int = 3):
@@ -225,8 +224,79 @@ def scale_exports(tmp_path_factory):
         expected[name] = reference(model, ids, mask, beams=True)
         export_model(model, root / name)
         jobs.append(job(name, root / name, True, ids, mask, beams=True))
+    model = tau_saved_and_reloaded(root / "tau-checkpoint")  # set, saved, loaded, then exported
+    expected[TAU_CASE] = reference(model, ids, mask)
+    export_model(model, root / TAU_CASE)
+    jobs.append(job(TAU_CASE, root / TAU_CASE, True, ids, mask))
     got, summary = load_in_clean_python(jobs, root)
     return root, expected, got, summary, mask
+
+
+TAU_CASE = "route-tau-set-saved-loaded"
+TAU = -0.0625  # exact in binary: the same number in the route state, JSON and float64
+
+
+def tau_saved_and_reloaded(directory: Path):
+    """A route model whose tau was set on the live model (both ways), saved with it and loaded back."""
+    model = lively_scale_model("llama-gqa2-tied", "route")
+    set_method(model, "route", tau=0.3)
+    assert model.scale_route.tau == scale_cl.scale_config_of(model).route_tau == 0.3
+    model.scale_route.tau = TAU
+    assert scale_cl.scale_config_of(model).route_tau == TAU
+    with pytest.raises(ValueError, match=r"route_tau must be a number in \[-1, 1\]"):
+        set_method(model, "route", tau=1.5)
+    assert model.scale_route.tau == TAU and model.scale_route.active  # a refused tau changes nothing
+    model.save_pretrained(directory, full=True)
+    assert json.loads((directory / CONFIG_NAME).read_text())["scale_config"]["route_tau"] == TAU
+    loaded = scale_cl.load(directory).eval()
+    assert loaded.scale_route.tau == TAU
+    ids, mask = padded_prompts()
+    with torch.no_grad():
+        model(ids, attention_mask=mask)
+        loaded(ids, attention_mask=mask)
+    assert torch.equal(loaded.scale_route.last_mask, model.scale_route.last_mask)
+    return loaded
+
+
+def test_tau_set_on_the_live_model_is_the_saved_loaded_and_exported_one(scale_exports):
+    """One value from `set_method(model, "route", tau=...)` to the exported model: its config and its routing."""
+    root, expected, got, _, mask = scale_exports
+    assert json.loads((root / TAU_CASE / "config.json").read_text())["scale_route_tau"] == TAU
+    assert got[TAU_CASE]["tau"].item() == TAU
+    routed = expected[TAU_CASE]["routed"][mask.bool()]
+    assert routed.any() and not routed.all()
+    assert_matches(got[TAU_CASE], expected[TAU_CASE], mask)
+
+
+@pytest.mark.parametrize("new_rows", [0, 5], ids=["vocabulary", "extended"])
+@pytest.mark.parametrize("tau", [-1.0, 0.2, 1.0])
+def test_exported_route_head_is_the_packages_eq5(new_rows, tau):
+    """modeling_scale.RouteHead (a standalone copy, the exported file imports nothing of scale-cl) computes what
+    scale_cl.route.route_logits does: the same routing, and logits equal up to the order of the halves' sums."""
+    from types import SimpleNamespace
+
+    from scale_cl.route import route_logits
+
+    gen = torch.Generator().manual_seed(0)
+    batch, length, d, u, vocab = 2, 7, 24, 8, 40
+    weight = torch.randn(vocab, d, generator=gen) / d**0.5
+    weight_new = torch.randn(new_rows, d, generator=gen) / d**0.5 if new_rows else None
+    weight_up = torch.randn(vocab + new_rows, u, generator=gen)
+    hidden = torch.randn(2 * batch, length, d + u, generator=gen)
+    noise = torch.linspace(0.05, 3.0, length)[None, :, None]  # adapt near preserve for some tokens, not others
+    hidden[batch:, :, :d] = hidden[:batch, :, :d] + noise * torch.randn(batch, length, d, generator=gen)
+
+    config = SimpleNamespace(scale_hidden_size=d, scale_route_tau=tau, scale_route_vocab_size=vocab if new_rows else 0)
+    head = modeling_scale.RouteHead(d + u, vocab + new_rows, config)
+    with torch.no_grad():
+        original = weight if weight_new is None else torch.cat((weight, weight_new))
+        head.weight.copy_(torch.cat((original, weight_up), dim=1))
+        exported = head(hidden)
+        ours, cosine = route_logits(hidden[..., :d], hidden[..., d:], weight, None, weight_up, tau, weight_new)
+    assert torch.equal(head.last_mask, cosine > tau)
+    torch.testing.assert_close(exported, ours, atol=1e-6, rtol=1e-6)
+    config.scale_route_tau = tau - 0.5  # the head reads its config's tau at every forward
+    assert head.tau == tau - 0.5
 
 
 @pytest.mark.parametrize(("arch", "method"), SCALE_CASES)

@@ -124,14 +124,22 @@ class RouteHead(nn.Linear):
         cos(Z_p, Z_a) > tau  ->  (Z_p + Z_a) / 2 + Z_p_up
         otherwise            ->  Z_a + Z_a_up
 
-    The cosine reads the first ``route_vocab_size`` logits (the vocabulary before an extension).
-    ``last_mask`` keeps the last decision (True: preserve path).
+    ``tau`` is the config's ``scale_route_tau`` (read at every forward: one value, the one saved). The cosine
+    reads the first ``scale_route_vocab_size`` logits (the vocabulary before an extension; 0: all).
+    ``last_mask`` keeps the last decision (True: preserve path). A standalone copy of scale-cl's
+    ``route_logits`` (this file must import nothing but torch and transformers), tested equal to it.
     """
 
-    def __init__(self, in_features: int, out_features: int, split: int, tau: float, route_vocab_size: int) -> None:
+    def __init__(self, in_features: int, out_features: int, config: Any) -> None:
         super().__init__(in_features, out_features, bias=False)
-        self.split, self.tau, self.route_vocab_size = split, tau, route_vocab_size
+        self.config = config
+        self.split = config.scale_hidden_size
+        self.route_vocab_size = config.scale_route_vocab_size or out_features
         self.last_mask: torch.Tensor | None = None
+
+    @property
+    def tau(self) -> float:
+        return self.config.scale_route_tau
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         half, d = hidden.shape[0] // 2, self.split
@@ -237,10 +245,7 @@ class ScaleMixin:
                 setattr(layer.get_submodule(parent), name, new)
             layer.register_forward_pre_hook(partial(stack_paths, first=index == self.route_from), with_kwargs=True)
         head = self.get_output_embeddings()
-        vocab = config.scale_route_vocab_size or head.out_features
-        self.set_output_embeddings(
-            RouteHead(head.in_features, head.out_features, config.scale_hidden_size, config.scale_route_tau, vocab)
-        )
+        self.set_output_embeddings(RouteHead(head.in_features, head.out_features, config))
 
     def _reorder_cache(self, cache: Any, beam_idx: torch.Tensor) -> Any:
         """Beam search: the layers holding both route paths (2n rows) reorder both halves alike."""
