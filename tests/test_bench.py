@@ -14,8 +14,7 @@ from scale_cl import ScaleConfig, upscale
 from scale_cl.bench import BenchConfig
 from scale_cl.bench.measure import forward_flops_per_token, train_flops_per_token
 from scale_cl.bench.report import RATIO_METRICS, evaluate_targets
-from scale_cl.cli import parse_settings
-from scale_cl.cli.bench import main
+from scale_cl.cli import main, parse_settings
 from scale_cl.layers import ScaleLinear
 from scale_cl.methods import METHOD_NAMES
 
@@ -27,7 +26,7 @@ SMOKE += ["--infer-rounds", "1", "--gen-prompt", "4", "--gen-tokens", "2", "--no
 def smoke(tmp_path_factory):
     """One run of every method on the tiny shape (memory children skipped here; see the next fixture)."""
     out = tmp_path_factory.mktemp("bench")
-    assert main([*SMOKE, "--skip-memory", "--out", str(out)]) == 0
+    assert main(["bench", *SMOKE, "--skip-memory", "--out", str(out)]) == 0
     return json.loads((out / "results.json").read_text()), (out / "results.md").read_text()
 
 
@@ -86,7 +85,7 @@ def test_smoke_markdown_tables_and_upscale(smoke):
 def test_smoke_peak_memory_in_fresh_processes(tmp_path):
     out = tmp_path / "mem"
     args = [*SMOKE, "--methods", "fft", "scale_preserve", "--skip-inference", "--skip-flops", "--skip-upscale"]
-    assert main([*args, "--out", str(out)]) == 0
+    assert main(["bench", *args, "--out", str(out)]) == 0
     methods = json.loads((out / "results.json").read_text())["shapes"]["tiny"]["methods"]
     for record in methods.values():
         assert "memory_error" not in record
@@ -95,20 +94,12 @@ def test_smoke_peak_memory_in_fresh_processes(tmp_path):
     assert methods["scale_preserve"]["vs_fft"]["peak_train_mib"] > 0
 
 
-@pytest.mark.parametrize("prefix", [["bench"], []], ids=["scale-cl bench", "python -m scale_cl.bench"])
-def test_options_and_yaml_reach_the_config(prefix, tmp_path):
+def test_options_and_yaml_reach_the_config(tmp_path):
     """The SMOKE options (dashed, as written in the docs) and a YAML file, before the options, give the BenchConfig."""
     config = tmp_path / "bench.yaml"
     config.write_text("rounds: 4\nmethods: [fft, lora]\nskip_flops: true\n")
     argv = [*SMOKE, "--config", str(config), "--rounds", "2", "--upscale-only", "--skip-memory"]
-    if prefix:
-        settings = parse_settings([*prefix, *argv])
-    else:
-        from scale_cl.cli.bench import COMMAND
-        from scale_cl.cli.command import command_parser
-
-        args = command_parser(COMMAND, "python -m scale_cl.bench").parse_args(argv)
-        settings = args.func.settings(args)
+    settings = parse_settings(["bench", *argv])
     cfg = settings.bench
     assert (cfg.shapes, cfg.batch, cfg.seq, cfg.warmup, cfg.threads) == (("tiny",), 2, 16, 1, 1)
     assert (cfg.infer_rounds, cfg.gen_prompt, cfg.gen_tokens, cfg.progress) == (1, 4, 2, False)
@@ -120,10 +111,10 @@ def test_options_and_yaml_reach_the_config(prefix, tmp_path):
 
 def test_bad_options_exit_2(capsys):
     with pytest.raises(SystemExit) as exit_info:
-        main(["--shapes", "gpt-5"])
+        main(["bench", "--shapes", "gpt-5"])
     assert exit_info.value.code == 2 and "invalid choice: 'gpt-5'" in capsys.readouterr().err
-    assert main(["--shapes", "tiny", "--batch", "0"]) == 2  # BenchConfig's own check, before anything runs
-    assert "python -m scale_cl.bench: error: batch must be at least 1" in capsys.readouterr().err
+    assert main(["bench", "--shapes", "tiny", "--batch", "0"]) == 2  # checked before anything runs
+    assert "scale-cl bench: error: batch must be at least 1" in capsys.readouterr().err
 
 
 def test_config_refuses_bad_settings():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 import pytest
 
@@ -313,15 +314,19 @@ def test_bad_settings_are_refused_with_exit_code_2_before_running(argv, message,
     assert not list(tmp_path.glob("outputs*"))
 
 
-def test_python_m_bench_runs_the_same_command_and_records_it(tmp_path, monkeypatch, capsys):
-    """``python -m scale_cl.bench ARGS`` is ``scale-cl bench ARGS``; called with ARGS, it records them as such."""
-    from scale_cl.cli import bench
-
+@pytest.mark.parametrize(
+    ("argv0", "recorded"),
+    [("/venv/bin/scale-cl", "scale-cl bench"), ("/src/scale_cl/cli/__main__.py", "python -m scale_cl.cli bench")],
+)
+def test_bench_records_how_it_was_started(tmp_path, monkeypatch, capsys, argv0, recorded):
+    """The results say which command made them: ``scale-cl bench ARGS`` or ``python -m scale_cl.cli bench ARGS``."""
     calls = []
     monkeypatch.setattr("scale_cl.bench.runner.run_bench", lambda cfg, out, command: calls.append((cfg, out, command)))
     (tmp_path / "results.md").write_text("| table |\n")
-    assert bench.main(["--shapes", "tiny", "--skip-memory", "--out", str(tmp_path)]) == 0
+    args = ["bench", "--shapes", "tiny", "--skip-memory", "--out", str(tmp_path)]
+    monkeypatch.setattr(sys, "argv", [argv0, *args])
+    assert main(args) == 0
     cfg, out, command = calls[0]
     assert cfg.shapes == ("tiny",) and cfg.skip_memory is True and out == tmp_path
-    assert command == f"scale-cl bench --shapes tiny --skip-memory --out {tmp_path}"
+    assert command == f"{recorded} --shapes tiny --skip-memory --out {tmp_path}"
     assert "| table |" in capsys.readouterr().out

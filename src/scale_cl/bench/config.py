@@ -149,3 +149,16 @@ class BenchConfig:
     def from_dict(cls, data: dict[str, Any]) -> BenchConfig:
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in known})
+
+
+@dataclass
+class BenchCommand:
+    """``scale-cl bench``: what to measure (`BenchConfig`) and where the results go."""
+
+    out: str = field(
+        default="outputs/bench", metadata={"help": "output folder for results.md and results.json", "metavar": "DIR"}
+    )
+    command: str | None = field(
+        default=None, metadata={"help": "how the run was started, recorded in the results", "cli": False}
+    )
+    bench: BenchConfig = field(default_factory=BenchConfig, metadata={"inline": True})

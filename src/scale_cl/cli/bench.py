@@ -1,15 +1,14 @@
-"""``scale-cl bench`` (and ``python -m scale_cl.bench``): the settings are `BenchConfig`'s, plus the output folder."""
+"""``scale-cl bench``: a `Command` over `scale_cl.bench.config.BenchCommand` (what to measure, where it goes)."""
 
 from __future__ import annotations
 
 import shlex
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from scale_cl.bench.config import BenchConfig
+from scale_cl.bench.config import BenchCommand
 from scale_cl.bench.shapes import SHAPES
-from scale_cl.cli.command import Command, command_parser
+from scale_cl.cli.command import Command
 
 DESCRIPTION = (
     "Time every method of scale_cl.prepare on random-weight models of real shapes, in one process run with the "
@@ -29,27 +28,12 @@ EPILOG = (
 )
 
 
-@dataclass
-class BenchCommand:
-    """``scale-cl bench``: what to measure (`BenchConfig`) and where the results go."""
-
-    out: str = field(
-        default="outputs/bench", metadata={"help": "output folder for results.md and results.json", "metavar": "DIR"}
-    )
-    command: str | None = field(
-        default=None, metadata={"help": "how the run was started, recorded in the results", "cli": False}
-    )
-    bench: BenchConfig = field(default_factory=BenchConfig, metadata={"inline": True})
-
-
 def _command_line() -> str:
-    """How this run was started, for the record: ``scale-cl bench ...`` or ``python -m scale_cl.bench ...``."""
+    """How this run was started, for the record: ``scale-cl bench ...`` or ``python -m scale_cl.cli bench ...``."""
     argv = sys.argv
-    if argv and Path(argv[0]).name == "scale-cl":
-        return shlex.join(["scale-cl", *argv[1:]])
-    if argv and argv[0].endswith(("scale_cl/bench/__main__.py", "-m")):
-        return shlex.join(["python", "-m", "scale_cl.bench", *argv[1:]])
-    return shlex.join(["scale-cl", "bench", *argv[1:]])
+    if argv and argv[0].endswith("scale_cl/cli/__main__.py"):
+        return shlex.join(["python", "-m", "scale_cl.cli", *argv[1:]])
+    return shlex.join(["scale-cl", *argv[1:]])
 
 
 def run(settings: BenchCommand) -> int:
@@ -71,11 +55,3 @@ COMMAND = Command(
     run=run,
     config_example="{shapes: [tiny, smollm2], rounds: 9, skip_memory: true}",
 )
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m scale_cl.bench``: the same command without the ``scale-cl`` entry point."""
-    args = command_parser(COMMAND, "python -m scale_cl.bench").parse_args(argv)
-    if argv is None:
-        return args.func(args)
-    return args.func(args, command=shlex.join(["scale-cl", "bench", *argv]))

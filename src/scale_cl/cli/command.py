@@ -115,15 +115,3 @@ def _epilog(command: Command) -> str | None:
     if command.subcommands:
         return command.epilog
     return f"{command.epilog}\n\n{SPELLING}" if command.epilog else SPELLING
-
-
-def command_parser(command: Command, prog: str) -> argparse.ArgumentParser:
-    """A parser of ``command`` alone (``python -m scale_cl.bench``)."""
-    parser = argparse.ArgumentParser(
-        prog=prog,
-        description=command.description,
-        epilog=_epilog(command),
-        usage=None if command.usage is None else command.usage.replace(f"scale-cl {command.name}", prog, 1),
-        formatter_class=HelpFormatter,
-    )
-    return configure(parser, command)

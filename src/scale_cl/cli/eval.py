@@ -5,14 +5,14 @@ from __future__ import annotations
 from dataclasses import replace
 
 from scale_cl.cli.command import Command
-from scale_cl.eval.harness import DTYPES, TASK_PRESETS, EvalSettings, format_markdown
+from scale_cl.eval.config import DTYPES, TASK_PRESETS, EvalSettings
 from scale_cl.experiments.base.name import resolve_model_name
 
 PRESETS = "\n".join(f"  {name:8s} {' '.join(tasks)}" for name, tasks in TASK_PRESETS.items())
 
 
 def run(settings: EvalSettings) -> int:
-    from scale_cl.eval.harness import run_eval
+    from scale_cl.eval.harness import format_markdown, run_eval
 
     if settings.base:  # the experiments' own model names (clean-en) are theirs to resolve
         settings = replace(settings, base=resolve_model_name(settings.base))

@@ -1,42 +1,14 @@
-"""``scale-cl bio``, ``scale-cl cpt`` and ``scale-cl base``: an experiment's settings (preset, then YAML, then options)
-and its folder."""
+"""``scale-cl bio``, ``scale-cl cpt`` and ``scale-cl base``: each a `Command` over its experiment's settings (preset,
+then YAML, then options) and output folder, which live with the experiment (``experiments/<name>/config.py``)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from scale_cl.cli.command import Command
-from scale_cl.experiments.base.config import BaseBuildConfig
-from scale_cl.experiments.base.config import preset as base_preset
-from scale_cl.experiments.bio.config import BioConfig
-from scale_cl.experiments.bio.config import preset as bio_preset
-from scale_cl.experiments.cpt.config import CptConfig
-from scale_cl.experiments.cpt.config import preset as cpt_preset
-
-
-@dataclass
-class BioCommand:
-    """``scale-cl bio``: the benchmark's settings (`BioConfig`) and its output folder."""
-
-    out: str | None = field(
-        default=None,
-        metadata={"help": "output folder (default: outputs/bio-<preset>)", "type": str, "metavar": "DIR"},
-    )
-    cache: str | None = field(
-        default=None,
-        metadata={
-            "help": "folder of the tokenizer and stage-1/2 models (default: <out>/cache); runs that differ only "
-            "in Task-1 settings (rates, methods, schedule) can share one, one run at a time",
-            "type": str,
-            "metavar": "DIR",
-        },
-    )
-    bio: BioConfig = field(default_factory=lambda: bio_preset("small"), metadata={"inline": True})
-
-
-def bio_settings(preset: str = "small") -> BioCommand:
-    return BioCommand(bio=bio_preset(preset))
+from scale_cl.experiments.base.config import BaseCommand, base_settings
+from scale_cl.experiments.bio.config import BioCommand, bio_settings
+from scale_cl.experiments.cpt.config import CptCommand, cpt_settings
 
 
 def run_bio_command(settings: BioCommand) -> int:
@@ -72,21 +44,6 @@ BIO = Command(
     run=run_bio_command,
     config_example="{task1: {lr: 1e-4}, methods: [fft, scale_route]}",
 )
-
-
-@dataclass
-class CptCommand:
-    """``scale-cl cpt``: the run's settings (`CptConfig`) and its output folder."""
-
-    out: str | None = field(
-        default=None,
-        metadata={"help": "output folder (default: outputs/cpt-<preset>)", "type": str, "metavar": "DIR"},
-    )
-    cpt: CptConfig = field(default_factory=lambda: cpt_preset("smollm2"), metadata={"inline": True})
-
-
-def cpt_settings(preset: str = "smollm2") -> CptCommand:
-    return CptCommand(cpt=cpt_preset(preset))
 
 
 def run_cpt_command(settings: CptCommand) -> int:
@@ -126,25 +83,6 @@ CPT = Command(
     run=run_cpt_command,
     config_example="{data: {train: [ko/*.jsonl]}, train: {max_steps: 50}}",
 )
-
-
-@dataclass
-class BaseCommand:
-    """``scale-cl base``: the clean base's settings (`BaseBuildConfig`) and its output folder."""
-
-    out: str | None = field(
-        default=None,
-        metadata={
-            "help": "output folder (default: outputs/<preset>; outputs/clean-en is what --model clean-en names)",
-            "type": str,
-            "metavar": "DIR",
-        },
-    )
-    base: BaseBuildConfig = field(default_factory=lambda: base_preset("clean-en"), metadata={"inline": True})
-
-
-def base_settings(preset: str = "clean-en") -> BaseCommand:
-    return BaseCommand(base=base_preset(preset))
 
 
 def run_base_command(settings: BaseCommand) -> int:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from scale_cl.cli.command import Command
-from scale_cl.export.export import DTYPES, ExportSettings
+from scale_cl.export.config import DTYPES, ExportSettings
 
 
 def run(settings: ExportSettings) -> int:

@@ -12,6 +12,7 @@ Modules: `modeling_scale` (the code that travels), `merge` (SCALE weights -> sto
 (which run or checkpoint a folder holds), `card` (README.md), `export` (writing the folder; the command).
 """
 
-from scale_cl.export.export import ExportSettings, export_model
+from scale_cl.export.config import ExportSettings
+from scale_cl.export.export import export_model
 
 __all__ = ["ExportSettings", "export_model"]

@@ -16,7 +16,6 @@ from __future__ import annotations
 import os
 import shutil
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -25,43 +24,8 @@ from transformers import PreTrainedTokenizerBase
 
 from scale_cl.export import modeling_scale
 from scale_cl.export.card import CardInfo, model_card
+from scale_cl.export.config import DEFAULT_SHARD_SIZE, ExportSettings
 from scale_cl.export.merge import MODELING_FILE, exported_model
-
-DTYPES = ("float32", "bfloat16", "float16")
-DEFAULT_SHARD_SIZE = "5GB"
-
-
-@dataclass
-class ExportSettings:
-    """What ``scale-cl export`` writes (`export`); every field is an option of the same name."""
-
-    source: str | None = field(
-        default=None,
-        metadata={
-            "help": "a finished `scale-cl cpt` method folder (<out>/<method>), its model/ folder, or a SCALE "
-            "checkpoint written by model.save_pretrained(dir)",
-            "positional": True,
-            "type": str,
-            "metavar": "RUN_OR_CHECKPOINT",
-        },
-    )
-    out: str | None = field(
-        default=None,
-        metadata={
-            "help": "the folder to write (must not exist, or be empty)",
-            "positional": True,
-            "type": str,
-            "metavar": "OUT",
-        },
-    )
-    dtype: str | None = field(
-        default=None,
-        metadata={"help": "dtype of the exported weights (default: the model's)", "type": str, "choices": DTYPES},
-    )
-    max_shard_size: str = field(
-        default=DEFAULT_SHARD_SIZE,
-        metadata={"help": "largest weight file; a larger model is split into shards with an index (e.g. 500MB)"},
-    )
 
 
 def check_out(out: str | os.PathLike) -> Path:

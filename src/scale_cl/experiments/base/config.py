@@ -116,3 +116,23 @@ def preset(name: str) -> BaseBuildConfig:
             save_every=6,
         )
     raise ValueError(f"unknown preset {name!r}; valid presets: {', '.join(PRESETS)}")
+
+
+@dataclass
+class BaseCommand:
+    """``scale-cl base``: the clean base's settings (`BaseBuildConfig`) and its output folder."""
+
+    out: str | None = field(
+        default=None,
+        metadata={
+            "help": "output folder (default: outputs/<preset>; outputs/clean-en is what --model clean-en names)",
+            "type": str,
+            "metavar": "DIR",
+        },
+    )
+    base: BaseBuildConfig = field(default_factory=lambda: preset("clean-en"), metadata={"inline": True})
+
+
+def base_settings(name: str = "clean-en") -> BaseCommand:
+    """The command's settings with preset ``name``'s experiment settings."""
+    return BaseCommand(base=preset(name))

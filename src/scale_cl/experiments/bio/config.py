@@ -223,3 +223,28 @@ def preset(name: str) -> BioConfig:
             options=MethodSettings(scale=_scale(hidden_up=128, ffn_up=128), freeze_layers=3, llama_pro_blocks="4"),
         )
     raise ValueError(f"unknown preset {name!r}; valid presets: {', '.join(PRESETS)}")
+
+
+@dataclass
+class BioCommand:
+    """``scale-cl bio``: the benchmark's settings (`BioConfig`) and its output folder."""
+
+    out: str | None = field(
+        default=None,
+        metadata={"help": "output folder (default: outputs/bio-<preset>)", "type": str, "metavar": "DIR"},
+    )
+    cache: str | None = field(
+        default=None,
+        metadata={
+            "help": "folder of the tokenizer and stage-1/2 models (default: <out>/cache); runs that differ only "
+            "in Task-1 settings (rates, methods, schedule) can share one, one run at a time",
+            "type": str,
+            "metavar": "DIR",
+        },
+    )
+    bio: BioConfig = field(default_factory=lambda: preset("small"), metadata={"inline": True})
+
+
+def bio_settings(name: str = "small") -> BioCommand:
+    """The command's settings with preset ``name``'s experiment settings."""
+    return BioCommand(bio=preset(name))

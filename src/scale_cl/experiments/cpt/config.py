@@ -209,3 +209,19 @@ def preset(name: str) -> CptConfig:
             ),
         )
     raise ValueError(f"unknown preset {name!r}; valid presets: {', '.join(PRESETS)}")
+
+
+@dataclass
+class CptCommand:
+    """``scale-cl cpt``: the run's settings (`CptConfig`) and its output folder."""
+
+    out: str | None = field(
+        default=None,
+        metadata={"help": "output folder (default: outputs/cpt-<preset>)", "type": str, "metavar": "DIR"},
+    )
+    cpt: CptConfig = field(default_factory=lambda: preset("smollm2"), metadata={"inline": True})
+
+
+def cpt_settings(name: str = "smollm2") -> CptCommand:
+    """The command's settings with preset ``name``'s experiment settings."""
+    return CptCommand(cpt=preset(name))
