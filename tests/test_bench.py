@@ -114,7 +114,7 @@ def test_bad_options_exit_2(capsys):
         main(["bench", "--shapes", "gpt-5"])
     assert exit_info.value.code == 2 and "invalid choice: 'gpt-5'" in capsys.readouterr().err
     assert main(["bench", "--shapes", "tiny", "--batch", "0"]) == 2  # checked before anything runs
-    assert "scale-cl bench: error: batch must be at least 1" in capsys.readouterr().err
+    assert "scale-cl bench: error: batch must be >= 1, got 0" in capsys.readouterr().err
 
 
 def test_config_refuses_bad_settings():

@@ -298,7 +298,7 @@ def test_bad_values_are_refused_with_exit_code_2(argv, capsys):
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["bench", "--batch", "0"], "scale-cl bench: error: batch must be at least 1"),
+        (["bench", "--batch", "0"], "scale-cl bench: error: batch must be >= 1, got 0"),
         (["bench", "--config", "{yaml}"], "scale-cl bench: error: unknown setting 'nonsense'"),
         (["eval", "--tasks", "english"], "scale-cl eval: error: give either MODEL_DIR"),
         (["eval", "m", "--batch_size", "-3", "--tasks", "x"], "scale-cl eval: error: --batch_size must be"),

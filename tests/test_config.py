@@ -30,12 +30,12 @@ def new_params(model) -> dict[str, torch.Tensor]:
 
 @pytest.mark.parametrize("hidden_up", [0, -32])
 def test_hidden_up_must_be_positive(hidden_up):
-    with pytest.raises(ValueError, match=r"hidden_up must be positive.*" + str(hidden_up)):
+    with pytest.raises(ValueError, match=rf"ScaleConfig.hidden_up must be > 0, got {hidden_up}"):
         ScaleConfig(hidden_up=hidden_up, ffn_up=16)
 
 
 def test_negative_ffn_up():
-    with pytest.raises(ValueError, match="ffn_up must be 0 or more, got -1"):
+    with pytest.raises(ValueError, match=r"ScaleConfig\.ffn_up must be >= 0, got -1"):
         ScaleConfig(hidden_up=32, ffn_up=-1)
 
 
@@ -58,13 +58,19 @@ def test_negative_preserve_layers_count_from_the_top(given, concrete):
 @pytest.mark.parametrize("value", [32.0, "32", True])
 def test_int_fields_reject_other_types(field, value):
     kwargs = {"hidden_up": 32, "ffn_up": 16, field: value}
-    with pytest.raises(ValueError, match=f"{field} must be an int"):
+    with pytest.raises(ValueError, match=f"ScaleConfig.{field} must be a whole number"):
         ScaleConfig(**kwargs)
 
 
-@pytest.mark.parametrize("tau", [1.5, -2, 1.0000001, math.nan, "0.5", True])
-def test_route_tau_outside_minus_one_one(tau):
-    with pytest.raises(ValueError, match=r"route_tau must be a number in \[-1, 1\]"):
+@pytest.mark.parametrize(
+    ("tau", "why"),
+    [
+        *[(tau, r"in \[-1, 1\]") for tau in (1.5, -2, 1.0000001)],
+        *[(math.nan, "a finite number"), ("0.5", "a number"), (True, "a number")],
+    ],
+)
+def test_route_tau_outside_minus_one_one(tau, why):
+    with pytest.raises(ValueError, match=f"ScaleConfig.route_tau must be {why}, got"):
         ScaleConfig(hidden_up=32, ffn_up=16, route_tau=tau)
 
 

@@ -381,11 +381,11 @@ def test_check_corpus_finds_unreadable_sources_without_reading_the_corpus(tmp_pa
 @pytest.mark.parametrize(
     ("overrides", "pattern"),
     [
-        ({"seq_len": 1}, "seq_len must be at least 2"),
+        ({"seq_len": 1}, "data.seq_len must be >= 2, got 1"),
         ({"on_decode_error": "ignore"}, r"on_decode_error must be one of \('error', 'skip'\)"),
         ({"heldout_fraction": 1.0}, r"heldout_fraction must be in \[0, 1\)"),
-        ({"max_train_tokens": 100, "seq_len": 128}, "max_train_tokens must be 0 .* or at least seq_len=128"),
-        ({"max_eval_sequences": 0}, "max_eval_sequences must be at least 1"),
+        ({"max_train_tokens": 100, "seq_len": 128}, r"data.max_train_tokens must be 0 .* or at least data.seq_len=128"),
+        ({"max_eval_sequences": 0}, "data.max_eval_sequences must be >= 1, got 0"),
         ({"text_field": ""}, "text_field must name"),
     ],
 )

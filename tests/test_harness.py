@@ -231,7 +231,7 @@ def test_presets_are_lm_eval_task_names():
         (["{missing}", "--base", "smollm2", "--tasks", "english"], "give either MODEL_DIR"),
         (["--base", "smollm2"], "--tasks is required"),
         (["--base", "smollm2", "--tasks", "english", "--batch-size", "0"], "--batch_size must be a positive integer"),
-        (["--base", "smollm2", "--tasks", "english", "--limit", "-1"], "--limit must be positive"),
+        (["--base", "smollm2", "--tasks", "english", "--limit", "-1"], "limit must be > 0, got -1.0"),
         (["--base", "smollm2", "--config", "{yaml}", "--limit", "5"], "--batch_size must be a positive integer"),
     ],
 )

@@ -73,5 +73,5 @@ def test_only_the_methods_that_train_w12_read_the_ratio():
     assert settings.lr_ratios("scale_preserve") == settings.lr_ratios("fft") == {}
     assert MethodSettings().lr_ratios("scale_route") == {}
     assert concerns("options.w12_lr_ratio", "scale_route") and not concerns("options.w12_lr_ratio", "lora")
-    with pytest.raises(ValueError, match="w12_lr_ratio must be a positive number"):
+    with pytest.raises(ValueError, match=r"options\.w12_lr_ratio must be > 0, got 0"):
         MethodSettings(w12_lr_ratio=0)

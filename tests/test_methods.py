@@ -589,8 +589,8 @@ def test_import_scale_cl_loads_the_tuner_only():
         "('peft', 'tokenizers')} | {m.split('.')[1] for m in sys.modules if m.startswith('scale_cl.')})))"
     )
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    tuner = {"arch", "config", "files", "init", "io", "layers", "model", "provenance", "restore", "route", "shapes"}
-    tuner |= {"summary", "upscale", "vocab"}
+    tuner = {"arch", "bounds", "config", "files", "init", "io", "layers", "model", "provenance", "restore", "route"}
+    tuner |= {"shapes", "summary", "upscale", "vocab"}
     assert set(json.loads(loaded)) <= tuner, loaded
     code = "import sys, scale_cl.vocab; print('scale_cl.vocab.tokenizer' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout == "False\n"

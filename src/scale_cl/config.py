@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from scale_cl.bounds import check_fields
+
 METHODS = ("preserve", "adapt", "route")
 INITS = ("zero", "random", "svd")
 MODULES = ("attn", "ffn")
@@ -37,8 +39,10 @@ class ScaleConfig:
         seed: seed of the random and randomised-SVD initialisers (upscaling is deterministic).
     """
 
-    hidden_up: int = field(metadata={"help": "width added to the residual stream (a multiple of head_dim x GQA group)"})
-    ffn_up: int = field(metadata={"help": "width added to every FFN's hidden layer (0 or more)"})
+    hidden_up: int = field(
+        metadata={"gt": 0, "help": "width added to the residual stream (a multiple of head_dim x GQA group)"}
+    )
+    ffn_up: int = field(metadata={"ge": 0, "help": "width added to every FFN's hidden layer (0 or more)"})
     # method and seed are each run's own in the experiments ("cli": False: no command-line option there)
     method: str = field(default="preserve", metadata={"help": f"one of {METHODS}", "cli": False})
     preserve_layers: int = field(
@@ -52,21 +56,24 @@ class ScaleConfig:
     )
     w21_init: str = field(default="svd", metadata={"help": f"W21 initialiser, one of {INITS}"})
     w22_init: str = field(default="zero", metadata={"help": f"W22 initialiser, one of {INITS}"})
-    route_tau: float = field(default=0.5, metadata={"help": "SCALE-Route: cosine threshold of Eq. 5, in [-1, 1]"})
-    seed: int = field(default=0, metadata={"help": "seed of the random and randomised-SVD initialisers", "cli": False})
+    route_tau: float = field(
+        default=0.5, metadata={"ge": -1, "le": 1, "help": "SCALE-Route: cosine threshold of Eq. 5, in [-1, 1]"}
+    )
+    seed: int = field(
+        default=0,
+        metadata={
+            "ge": 0,
+            "le": 4294967295,
+            "help": "seed of the random and randomised-SVD initialisers",
+            "cli": False,
+        },
+    )
 
     def __post_init__(self) -> None:
         self.collab_modules = tuple(self.collab_modules)
-        for name in ("hidden_up", "ffn_up", "preserve_layers", "seed"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise ValueError(f"ScaleConfig.{name} must be an int, got {value!r}")
-        if self.hidden_up <= 0:
-            raise ValueError(
-                f"ScaleConfig.hidden_up must be positive (the width added to the residual stream), got {self.hidden_up}"
-            )
-        if self.ffn_up < 0:
-            raise ValueError(f"ScaleConfig.ffn_up must be 0 or more, got {self.ffn_up}")
+        check_fields(self)  # hidden_up, ffn_up, route_tau, seed
+        if isinstance(self.preserve_layers, bool) or not isinstance(self.preserve_layers, int):
+            raise ValueError(f"ScaleConfig.preserve_layers must be a whole number, got {self.preserve_layers!r}")
         check_method(self.method)
         for name in ("w21_init", "w22_init"):
             if getattr(self, name) not in INITS:
@@ -78,10 +85,7 @@ class ScaleConfig:
             )
         if len(set(self.collab_modules)) != len(self.collab_modules):
             raise ValueError(f"ScaleConfig.collab_modules has duplicates: {self.collab_modules!r}")
-        tau = self.route_tau
-        if isinstance(tau, bool) or not isinstance(tau, (int, float)) or not -1.0 <= tau <= 1.0:
-            raise ValueError(f"ScaleConfig.route_tau must be a number in [-1, 1] (a cosine), got {tau!r}")
-        self.route_tau = float(tau)
+        self.route_tau = float(self.route_tau)
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
 from scale_cl.bench.shapes import SHAPES
+from scale_cl.bounds import check_fields
 from scale_cl.config import INITS
 from scale_cl.methods import METHOD_NAMES
 
@@ -18,40 +19,49 @@ MATCH_TARGETS = ("preserve", "adapt", "route")
 class BenchConfig:
     """Settings of one benchmark run; every field is a ``scale-cl bench`` option of the same name."""
 
+    section: ClassVar[str] = ""  # where its settings are given (messages name them so)
+
     shapes: tuple[str, ...] = field(
         default=("tiny", "smollm2", "llama-1b"), metadata={"help": "model shapes to measure", "choices": list(SHAPES)}
     )
     methods: tuple[str, ...] = field(
         default=METHOD_NAMES, metadata={"help": "methods (keep fft: ratios)", "choices": list(METHOD_NAMES)}
     )
-    batch: int = field(default=4, metadata={"help": "training / forward batch size (sequences)"})
-    seq: int = field(default=256, metadata={"help": "tokens per sequence"})
+    batch: int = field(default=4, metadata={"ge": 1, "help": "training / forward batch size (sequences)"})
+    seq: int = field(default=256, metadata={"ge": 1, "help": "tokens per sequence"})
     warmup: int = field(
         default=2,
-        metadata={"help": "untimed optimizer steps per method before timing (the first ones touch fresh memory)"},
+        metadata={
+            "ge": 0,
+            "help": "untimed optimizer steps per method before timing (the first ones touch fresh memory)",
+        },
     )
-    steps: int = field(default=1, metadata={"help": "timed optimizer steps per method in each round"})
-    rounds: int = field(default=5, metadata={"help": "timed rounds; each runs --steps steps of every method in turn"})
-    lr: float = field(default=1e-4, metadata={"help": "AdamW learning rate (timing does not depend on it)"})
+    steps: int = field(default=1, metadata={"ge": 1, "help": "timed optimizer steps per method in each round"})
+    rounds: int = field(
+        default=5, metadata={"ge": 1, "help": "timed rounds; each runs --steps steps of every method in turn"}
+    )
+    lr: float = field(default=1e-4, metadata={"gt": 0, "help": "AdamW learning rate (timing does not depend on it)"})
     device: str = field(
         default="auto", metadata={"help": "auto: cuda when available", "choices": ["auto", "cpu", "cuda"]}
     )
     dtype: str = field(
         default="auto", metadata={"help": "auto: bf16 on CUDA, fp32 on CPU", "choices": ["auto", "fp32", "bf16"]}
     )
-    threads: int = field(default=0, metadata={"help": "torch intra-op threads (0: torch's default)"})
+    threads: int = field(default=0, metadata={"ge": 0, "help": "torch intra-op threads (0: torch's default)"})
     adapt_top: int = field(
         default=3,
         metadata={
+            "ge": 1,
             "help": "scale_adapt: how many top layers are collaborative (preserve_layers = layers - N); the smollm2 "
-            "cpt preset's setting is 24 (L_fp 6 of 30)"
+            "cpt preset's setting is 24 (L_fp 6 of 30)",
         },
     )
     route_top: int = field(
         default=1,
         metadata={
+            "ge": 1,
             "help": "scale_route: how many top layers are collaborative (the smollm2 cpt preset's setting: 24); "
-            "each runs twice, as the [preserve; adapt] pair of Eq. 5"
+            "each runs twice, as the [preserve; adapt] pair of Eq. 5",
         },
     )
     match: str = field(
@@ -75,10 +85,10 @@ class BenchConfig:
             "metavar": "SHAPE",
         },
     )
-    infer_rounds: int = field(default=3, metadata={"help": "timed inference rounds (after one warm-up round)"})
-    gen_batch: int = field(default=1, metadata={"help": "generate(): prompts per call"})
-    gen_prompt: int = field(default=32, metadata={"help": "generate(): prompt length in tokens"})
-    gen_tokens: int = field(default=32, metadata={"help": "generate(): new tokens (greedy; 0 skips generate)"})
+    infer_rounds: int = field(default=3, metadata={"ge": 0, "help": "timed inference rounds (after one warm-up round)"})
+    gen_batch: int = field(default=1, metadata={"ge": 1, "help": "generate(): prompts per call"})
+    gen_prompt: int = field(default=32, metadata={"ge": 1, "help": "generate(): prompt length in tokens"})
+    gen_tokens: int = field(default=32, metadata={"ge": 0, "help": "generate(): new tokens (greedy; 0 skips generate)"})
     skip_training: bool = field(default=False, metadata={"help": "do not time training"})
     skip_memory: bool = field(
         default=False, metadata={"help": "do not measure peak training memory (one process per method)"}
@@ -86,7 +96,7 @@ class BenchConfig:
     skip_inference: bool = field(default=False, metadata={"help": "do not time forward passes and generate()"})
     skip_flops: bool = field(default=False, metadata={"help": "do not count FLOPs"})
     skip_upscale: bool = field(default=False, metadata={"help": "do not measure upscale's cost"})
-    seed: int = field(default=0, metadata={"help": "seed of the random weights and inputs"})
+    seed: int = field(default=0, metadata={"ge": 0, "le": 4294967295, "help": "seed of the random weights and inputs"})
     progress: bool = field(default=True, metadata={"help": "progress bars", "negative": "no_progress"})
 
     def __post_init__(self) -> None:
@@ -103,12 +113,7 @@ class BenchConfig:
             unknown = [s for s in self.upscale_only if s not in SHAPES]
             if unknown:
                 raise ValueError(f"upscale_only: unknown shapes {unknown}; choose from {list(SHAPES)}")
-        for name in ("batch", "seq", "steps", "rounds", "adapt_top", "route_top", "gen_batch", "gen_prompt"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
-        for name in ("warmup", "threads", "infer_rounds", "gen_tokens"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be 0 or more, got {getattr(self, name)}")
+        check_fields(self)
         if self.device not in ("auto", "cpu", "cuda"):
             raise ValueError(f"device must be auto, cpu or cuda, got {self.device!r}")
         if self.dtype not in ("auto", "fp32", "bf16"):

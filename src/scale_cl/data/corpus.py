@@ -45,11 +45,13 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import islice
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 from tqdm.auto import tqdm
+
+from scale_cl.bounds import check_fields
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -68,6 +70,8 @@ _DECODE_HINT = "fix the file (e.g. `iconv -f latin1 -t utf-8`) or set on_decode_
 class CorpusConfig:
     """Text for continual pre-training: new-domain sources, old-domain evaluation sets, packing."""
 
+    section: ClassVar[str] = "data."  # where its settings are given (messages name them so)
+
     train: list[str] = field(
         default_factory=list,
         metadata={"help": "new-domain sources: .txt/.jsonl/.parquet files, globs, or hf:PATH[:CONFIG[:SPLIT]]"},
@@ -77,15 +81,16 @@ class CorpusConfig:
         metadata={"help": "old-domain evaluation sets, one source each; NAME=SOURCE gives one a name"},
     )
     text_field: str = field(default="text", metadata={"help": "JSONL field / parquet or dataset column of the text"})
-    seq_len: int = field(default=512, metadata={"help": "tokens per packed training sequence"})
+    seq_len: int = field(default=512, metadata={"ge": 2, "help": "tokens per packed training sequence"})
     max_train_tokens: int = field(
-        default=0, metadata={"help": "read only this many training tokens (whole sequences); 0 = all"}
+        default=0, metadata={"ge": 0, "help": "read only this many training tokens (whole sequences); 0 = all"}
     )
     heldout_fraction: float = field(
-        default=0.01, metadata={"help": "fraction of new-domain documents held out (by text hash); 0 = none"}
+        default=0.01,
+        metadata={"ge": 0, "lt": 1, "help": "fraction of new-domain documents held out (by text hash); 0 = none"},
     )
     max_eval_sequences: int = field(
-        default=64, metadata={"help": "sequences in the held-out set and in each old-domain set, at most"}
+        default=64, metadata={"ge": 1, "help": "sequences in the held-out set and in each old-domain set, at most"}
     )
     streaming: bool = field(
         default=False, metadata={"help": "pack training data on the fly (needs max_steps); streams hub datasets"}
@@ -104,8 +109,10 @@ class CorpusConfig:
     replay_ratio: float = field(
         default=0.0,
         metadata={
+            "ge": 0,
+            "lt": 1,
             "help": "share of every training batch (sequences, hence tokens) taken from the replay sources, exact "
-            "per batch (ratio x train.batch_size must be whole); 0 = no replay"
+            "per batch (ratio x train.batch_size must be whole); 0 = no replay",
         },
     )
 
@@ -113,15 +120,10 @@ class CorpusConfig:
         self.train, self.old_eval = list(self.train), list(self.old_eval)
         if self.on_decode_error not in DECODE_POLICIES:
             raise ValueError(f"on_decode_error must be one of {DECODE_POLICIES}, got {self.on_decode_error!r}")
-        if self.seq_len < 2:
-            raise ValueError(f"seq_len must be at least 2 (a causal LM predicts the next token), got {self.seq_len}")
-        if not 0.0 <= self.heldout_fraction < 1.0:
-            raise ValueError(f"heldout_fraction must be in [0, 1), got {self.heldout_fraction}")
-        if self.max_eval_sequences < 1:
-            raise ValueError(f"max_eval_sequences must be at least 1, got {self.max_eval_sequences}")
-        if self.max_train_tokens < 0 or 0 < self.max_train_tokens < self.seq_len:
+        check_fields(self)
+        if 0 < self.max_train_tokens < self.seq_len:
             raise ValueError(
-                f"max_train_tokens must be 0 (all) or at least seq_len={self.seq_len} (one sequence), "
+                f"data.max_train_tokens must be 0 (all) or at least data.seq_len={self.seq_len} (one sequence), "
                 f"got {self.max_train_tokens}"
             )
         if not self.text_field:
@@ -129,8 +131,6 @@ class CorpusConfig:
         self.replay = list(self.replay)
         if isinstance(self.replay_ratio, int) and not isinstance(self.replay_ratio, bool):
             self.replay_ratio = float(self.replay_ratio)  # 0 and 0.0 are one setting (cache keys, run folders)
-        if not 0.0 <= self.replay_ratio < 1.0:
-            raise ValueError(f"replay_ratio must be in [0, 1), got {self.replay_ratio}")
         if self.replay_ratio > 0 and not self.replay:
             raise ValueError(
                 f"replay_ratio={self.replay_ratio} needs old-domain text to replay: set replay to NAME=SOURCE"

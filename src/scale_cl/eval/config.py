@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
+
+from scale_cl.bounds import check_fields
 
 TASK_PRESETS: dict[str, tuple[str, ...]] = {
     "english": ("arc_challenge", "hellaswag", "mmlu", "truthfulqa_mc2", "winogrande"),
@@ -16,6 +19,8 @@ LIST_TASKS_HINT = "list the available names with `lm-eval ls tasks` (add `--incl
 @dataclass
 class EvalSettings:
     """What ``scale-cl eval`` evaluates, and how (`run_eval`); every field is an option of the same name."""
+
+    section: ClassVar[str] = ""  # where its settings are given (messages name them so)
 
     model_dir: str | None = field(
         default=None,
@@ -60,6 +65,7 @@ class EvalSettings:
     num_fewshot: int | None = field(
         default=None,
         metadata={
+            "ge": 0,
             "help": "few-shot examples per prompt (default: each task's own default, 0 for the presets as in the "
             "paper)",
             "type": int,
@@ -69,6 +75,7 @@ class EvalSettings:
     limit: float | None = field(
         default=None,
         metadata={
+            "gt": 0,
             "help": "evaluate at most N documents per task (a fraction of each task if < 1): quick checks only, "
             "the numbers are not comparable with full runs",
             "type": float,
@@ -90,7 +97,12 @@ class EvalSettings:
     )
     max_length: int | None = field(
         default=None,
-        metadata={"help": "longest input in tokens (default: from the model config)", "type": int, "metavar": "N"},
+        metadata={
+            "ge": 1,
+            "help": "longest input in tokens (default: from the model config)",
+            "type": int,
+            "metavar": "N",
+        },
     )
     merge_lora: bool = field(
         default=False,
@@ -99,11 +111,12 @@ class EvalSettings:
     bootstrap_iters: int = field(
         default=100_000,
         metadata={
+            "ge": 0,
             "help": "bootstrap iterations for the stderr of non-mean metrics, 0 for none (lm-eval's default)",
             "metavar": "N",
         },
     )
-    seed: int = field(default=0, metadata={"help": "random seed"})
+    seed: int = field(default=0, metadata={"ge": 0, "le": 4294967295, "help": "random seed"})
     out: str | None = field(
         default=None,
         metadata={
@@ -112,3 +125,6 @@ class EvalSettings:
             "metavar": "FILE.json",
         },
     )
+
+    def __post_init__(self) -> None:
+        check_fields(self)

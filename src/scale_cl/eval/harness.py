@@ -312,10 +312,9 @@ def _batch_size(text: str | int) -> int | str:
 
 
 def _limit(value: float | None) -> int | float | None:
+    """lm-eval's limit: a count of documents (>= 1) or a fraction of each task (< 1); `EvalSettings` checks > 0."""
     if value is None:
         return None
-    if value <= 0:
-        raise ValueError(f"--limit must be positive, got {value:g}")
     return int(value) if value >= 1 else value
 
 

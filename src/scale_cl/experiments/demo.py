@@ -9,9 +9,11 @@ from __future__ import annotations
 import copy
 import time
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import torch
 
+from scale_cl.bounds import check_fields
 from scale_cl.config import METHODS, ScaleConfig
 from scale_cl.upscale import upscale
 
@@ -39,13 +41,20 @@ class DemoResult:
 class DemoSettings:
     """How SmolLM2-135M is upscaled for the check (``scale-cl demo``'s options)."""
 
-    hidden_up: int = field(default=192, metadata={"help": "width added to the residual stream (multiple of 192)"})
-    ffn_up: int = field(default=512, metadata={"help": "width added to every FFN"})
-    preserve_layers: int = field(
-        default=27, metadata={"help": "L_fp: layers below it keep W12 frozen (SmolLM2 has 30)"}
+    section: ClassVar[str] = ""  # where its settings are given (messages name them so)
+
+    hidden_up: int = field(
+        default=192, metadata={"gt": 0, "help": "width added to the residual stream (multiple of 192)"}
     )
-    max_new_tokens: int = field(default=16, metadata={"help": "greedy tokens generated per prompt"})
+    ffn_up: int = field(default=512, metadata={"ge": 0, "help": "width added to every FFN"})
+    preserve_layers: int = field(
+        default=27, metadata={"ge": -30, "le": 30, "help": "L_fp: layers below it keep W12 frozen (SmolLM2 has 30)"}
+    )
+    max_new_tokens: int = field(default=16, metadata={"ge": 1, "help": "greedy tokens generated per prompt"})
     methods: tuple[str, ...] = field(default=METHODS, metadata={"help": "methods to check", "choices": METHODS})
+
+    def __post_init__(self) -> None:
+        check_fields(self)
 
 
 def run_demo(settings: DemoSettings | None = None) -> list[DemoResult]:

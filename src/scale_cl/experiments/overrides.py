@@ -1,7 +1,9 @@
 """Settings as nested dataclasses: apply nested overrides (a YAML file's, a command line's, a sweep point's).
 
 Used by the command line (`scale_cl.cli.options`) and by the sweep, which re-applies a point's
-settings to the experiment's; an unknown key is an error naming the known ones.
+settings to the experiment's; an unknown key is an error naming the known ones, and a value outside the
+setting's declared range (`scale_cl.bounds`) an error naming the setting and its range, before any
+dataclass (or anything else) is built from it.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from scale_cl.bounds import checked
 
 
 def nest(dotted_values: Iterable[tuple[str, Any]]) -> dict[str, Any]:
@@ -68,9 +72,9 @@ def apply_overrides(config: Any, overrides: dict[str, Any], where: str = "") -> 
         elif isinstance(current, dict):  # a mapping setting: the given keys replace those of the preset
             if not isinstance(value, dict):
                 raise ValueError(f"setting {where}{key} is a mapping; give it KEY: VALUE pairs, got {value!r}")
-            changes[key] = {**current, **value}
+            changes[key] = {**current, **checked(f"{where}{key}", known[key], value)}
         else:
-            changes[key] = value
+            changes[key] = checked(f"{where}{key}", known[key], value)  # its declared range (`scale_cl.bounds`)
     for owner, values in routed.items():
         changes[owner] = apply_overrides(changes.get(owner, getattr(config, owner)), values, where)
     return replace(config, **changes)

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, ClassVar
 
+from scale_cl.bounds import check_fields
 from scale_cl.config import ScaleConfig
 from scale_cl.methods import METHOD_NAMES, method_spec
 from scale_cl.shapes import base_dims, resolve
@@ -64,6 +65,8 @@ def _default_scale() -> ScaleConfig:
 class MethodSettings:
     """How each continual-learning method is set up (its options of `scale_cl.prepare`)."""
 
+    section: ClassVar[str] = "options."  # where its settings are given (messages name them so)
+
     scale: ScaleConfig = field(
         default_factory=_default_scale,
         metadata={"help": "the SCALE methods' ScaleConfig (its method and seed are set per run)"},
@@ -72,7 +75,7 @@ class MethodSettings:
         default=MATCH, metadata={"help": "LoRA rank, or 'match' for SCALE-Route's trainable parameters"}
     )
     freeze_layers: int = field(
-        default=1, metadata={"help": "Freeze: bottom decoder layers frozen (with the embedding)"}
+        default=1, metadata={"ge": 0, "help": "Freeze: bottom decoder layers frozen (with the embedding)"}
     )
     llama_pro_blocks: str = field(
         default=MATCH, metadata={"help": "LLaMA Pro: blocks added, or 'match' for SCALE-Route's trainable parameters"}
@@ -80,8 +83,9 @@ class MethodSettings:
     w12_lr_ratio: float = field(
         default=1.0,
         metadata={
+            "gt": 0,
             "help": "SCALE-Adapt/Route: W12's learning rate as a multiple of the method's (W21, W22, the new norm, "
-            "embedding and head parts keep the method's rate); W12 is what writes into the original stream"
+            "embedding and head parts keep the method's rate); W12 is what writes into the original stream",
         },
     )
     auto_layers: bool = field(
@@ -94,22 +98,31 @@ class MethodSettings:
     )
     auto_layers_budget: float = field(
         default=0.1,
-        metadata={"help": "with auto_layers: old-domain loss rise allowed per unit of new-domain loss fall in a probe"},
+        metadata={
+            "ge": 0,
+            "help": "with auto_layers: old-domain loss rise allowed per unit of new-domain loss fall in a probe",
+        },
     )
-    auto_layers_steps: int = field(default=10, metadata={"help": "with auto_layers: optimizer steps of each probe"})
+    auto_layers_steps: int = field(
+        default=10, metadata={"ge": 1, "help": "with auto_layers: optimizer steps of each probe"}
+    )
     route_share: float = field(
         default=0.0,
         metadata={
+            "ge": 0,
+            "le": 1,
             "help": "SCALE-Route: choose tau from data instead of options.scale.route_tau: the tau that routes this "
             "share of an old-domain sample's tokens to the preserve path, set again as training goes "
-            "(scale_cl.train.route_calibration); 0 = the fixed tau of Eq. 5"
+            "(scale_cl.train.route_calibration); 0 = the fixed tau of Eq. 5",
         },
     )
     route_calibrate_every: int = field(
-        default=10, metadata={"help": "SCALE-Route with route_share: optimizer steps between calibrations (0 = once)"}
+        default=10,
+        metadata={"ge": 0, "help": "SCALE-Route with route_share: optimizer steps between calibrations (0 = once)"},
     )
     route_calibration_sequences: int = field(
-        default=16, metadata={"help": "SCALE-Route with route_share: old-domain sequences in the calibration sample"}
+        default=16,
+        metadata={"ge": 1, "help": "SCALE-Route with route_share: old-domain sequences in the calibration sample"},
     )
 
     def __post_init__(self) -> None:
@@ -119,32 +132,9 @@ class MethodSettings:
             value = getattr(self, name)
             if value != MATCH and not (str(value).isdigit() and int(value) > 0):
                 raise ValueError(f"options.{name} must be '{MATCH}' or a positive integer, got {value!r}")
-        if self.freeze_layers < 0:
-            raise ValueError(f"options.freeze_layers must be 0 or more, got {self.freeze_layers}")
-        if isinstance(self.w12_lr_ratio, bool) or not isinstance(self.w12_lr_ratio, (int, float)):
-            raise ValueError(f"options.w12_lr_ratio must be a number, got {self.w12_lr_ratio!r}")
+        check_fields(self)
         self.w12_lr_ratio = float(self.w12_lr_ratio)  # 1 and 1.0 are one setting (cache keys, run folders)
-        if not 0 < self.w12_lr_ratio < float("inf"):
-            raise ValueError(f"options.w12_lr_ratio must be a positive number, got {self.w12_lr_ratio}")
-        if self.auto_layers_budget < 0:
-            raise ValueError(f"options.auto_layers_budget must be 0 or more, got {self.auto_layers_budget}")
-        if self.auto_layers_steps <= 0:
-            raise ValueError(f"options.auto_layers_steps must be positive, got {self.auto_layers_steps}")
-        if isinstance(self.route_share, bool) or not isinstance(self.route_share, (int, float)):
-            raise ValueError(f"options.route_share must be a number, got {self.route_share!r}")
         self.route_share = float(self.route_share)
-        if not 0.0 <= self.route_share <= 1.0:
-            raise ValueError(
-                f"options.route_share must be in [0, 1] (a share of tokens; 0 = the fixed tau), got {self.route_share}"
-            )
-        if self.route_calibrate_every < 0:
-            raise ValueError(
-                f"options.route_calibrate_every must be 0 (once) or more steps, got {self.route_calibrate_every}"
-            )
-        if self.route_calibration_sequences <= 0:
-            raise ValueError(
-                f"options.route_calibration_sequences must be positive, got {self.route_calibration_sequences}"
-            )
 
     def scale_config(self, method: str = "route", seed: int = 0) -> ScaleConfig:
         """The ScaleConfig of a run: ``options.scale`` with the run's SCALE method and seed."""
@@ -162,7 +152,7 @@ class MethodSettings:
             try:
                 resolve(self.scale_config(), dims)
             except ValueError as err:
-                raise ValueError(f"options.scale: {err}") from err
+                raise ValueError(f"options.scale.{err}") from err  # names the setting: options.scale.hidden_up=...
         if "freeze_layers" in reads and self.freeze_layers > dims.layers:
             raise ValueError(
                 f"options.freeze_layers={self.freeze_layers} exceeds the model's {dims.layers} decoder layers"
@@ -219,6 +209,7 @@ class MethodStageConfig(StageConfig):
     method_lr: dict[str, float] = field(
         default_factory=dict,
         metadata={
+            "gt": 0,
             "help": "learning rate per method, METHOD=LR (methods not named use lr)",
             "keys": METHOD_NAMES,
             "key_suffix": "_lr",
@@ -227,11 +218,9 @@ class MethodStageConfig(StageConfig):
     )
 
     def __post_init__(self) -> None:
-        super().__post_init__()
-        for method, lr in self.method_lr.items():
+        super().__post_init__()  # the rates' range too
+        for method in self.method_lr:
             method_spec(method)
-            if not (isinstance(lr, (int, float)) and lr > 0):
-                raise ValueError(f"the learning rate of {method} must be positive, got {lr!r}")
 
     def lr_of(self, method: str) -> float:
         return self.method_lr.get(method, self.lr)

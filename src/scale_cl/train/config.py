@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from scale_cl.bounds import check_fields
 from scale_cl.train.reporting import REPORT_NONE, check_report_to
 
 SCHEDULES = ("constant", "linear", "cosine", "cosine_with_min_lr")
@@ -13,14 +14,18 @@ SCHEDULES = ("constant", "linear", "cosine", "cosine_with_min_lr")
 class StageConfig:
     """Optimisation of one training stage (AdamW)."""
 
-    lr: float = field(default=1e-3, metadata={"help": "peak learning rate"})
-    epochs: float = field(default=1.0, metadata={"help": "passes over the stage's data (ignored if max_steps > 0)"})
-    max_steps: int = field(default=0, metadata={"help": "optimizer steps; 0 = use epochs"})
-    batch_size: int = field(default=32, metadata={"help": "sequences per optimizer step"})
-    warmup_steps: int = field(default=0, metadata={"help": "linear warm-up steps"})
-    weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay"})
+    lr: float = field(default=1e-3, metadata={"gt": 0, "help": "peak learning rate"})
+    epochs: float = field(
+        default=1.0, metadata={"gt": 0, "help": "passes over the stage's data (ignored if max_steps > 0)"}
+    )
+    max_steps: int = field(default=0, metadata={"ge": 0, "help": "optimizer steps; 0 = use epochs"})
+    batch_size: int = field(default=32, metadata={"ge": 1, "help": "sequences per optimizer step"})
+    warmup_steps: int = field(default=0, metadata={"ge": 0, "help": "linear warm-up steps"})
+    weight_decay: float = field(default=0.0, metadata={"ge": 0, "help": "AdamW weight decay"})
     schedule: str = field(default="constant", metadata={"help": f"learning-rate schedule, one of {SCHEDULES}"})
-    min_lr_ratio: float = field(default=0.1, metadata={"help": "final lr / peak lr for cosine_with_min_lr"})
+    min_lr_ratio: float = field(
+        default=0.1, metadata={"ge": 0, "le": 1, "help": "final lr / peak lr for cosine_with_min_lr"}
+    )
     report_to: list[str] = field(
         default_factory=lambda: [REPORT_NONE],
         metadata={
@@ -39,8 +44,7 @@ class StageConfig:
                 setattr(self, name, float(value))
         if self.schedule not in SCHEDULES:
             raise ValueError(f"schedule must be one of {SCHEDULES}, got {self.schedule!r}")
-        if self.lr <= 0 or self.batch_size <= 0 or self.epochs <= 0 or self.max_steps < 0 or self.warmup_steps < 0:
-            raise ValueError(f"invalid stage settings: {self}")
+        check_fields(self)
         if isinstance(self.report_to, str):  # a YAML file's ``report_to: tensorboard``
             self.report_to = [self.report_to]
         check_report_to(self.report_to)

@@ -11,8 +11,9 @@ English-centric models.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
+from scale_cl.bounds import check_fields
 from scale_cl.data.corpus import CorpusConfig
 from scale_cl.train.config import StageConfig
 
@@ -24,17 +25,20 @@ CORPUS = "outputs/corpora/english-base"  # written by benchmarks/cpt_corpus.py (
 class ArchitectureConfig:
     """A Llama-family decoder as in SmolLM2 / Llama-3.2: GQA, RMSNorm, SwiGLU, RoPE, tied embeddings."""
 
-    vocab_size: int = field(default=8192, metadata={"help": "byte-level BPE vocabulary trained on the English text"})
-    hidden_size: int = field(default=192, metadata={"help": "residual stream width"})
-    layers: int = field(default=6, metadata={"help": "decoder layers"})
-    heads: int = field(default=6, metadata={"help": "query heads (head_dim = hidden_size / heads)"})
-    kv_heads: int = field(default=3, metadata={"help": "key/value heads (grouped-query attention)"})
-    intermediate_size: int = field(default=512, metadata={"help": "SwiGLU hidden width"})
-    rope_theta: float = field(default=10000.0, metadata={"help": "RoPE base"})
+    section: ClassVar[str] = "model."  # where its settings are given (messages name them so)
+
+    vocab_size: int = field(
+        default=8192, metadata={"ge": 257, "help": "byte-level BPE vocabulary trained on the English text"}
+    )
+    hidden_size: int = field(default=192, metadata={"ge": 1, "help": "residual stream width"})
+    layers: int = field(default=6, metadata={"ge": 1, "help": "decoder layers"})
+    heads: int = field(default=6, metadata={"ge": 1, "help": "query heads (head_dim = hidden_size / heads)"})
+    kv_heads: int = field(default=3, metadata={"ge": 1, "help": "key/value heads (grouped-query attention)"})
+    intermediate_size: int = field(default=512, metadata={"ge": 1, "help": "SwiGLU hidden width"})
+    rope_theta: float = field(default=10000.0, metadata={"gt": 0, "help": "RoPE base"})
 
     def __post_init__(self) -> None:
-        if min(self.vocab_size, self.hidden_size, self.layers, self.heads, self.kv_heads, self.intermediate_size) <= 0:
-            raise ValueError(f"model sizes must be positive: {self}")
+        check_fields(self)
         if self.hidden_size % self.heads or self.heads % self.kv_heads:
             raise ValueError(
                 f"model.hidden_size={self.hidden_size} must be a multiple of model.heads={self.heads}, and heads "
@@ -46,19 +50,30 @@ class ArchitectureConfig:
 class BaseBuildConfig:
     """Every setting of one clean base model; a folder holds one (a different setting needs another --out)."""
 
+    section: ClassVar[str] = ""  # where its settings are given (messages name them so)
+
     preset: str = field(default="clean-en", metadata={"help": "starting point of every setting", "choices": PRESETS})
-    seed: int = field(default=0, metadata={"help": "seed of the initialisation and the data order"})
+    seed: int = field(
+        default=0, metadata={"ge": 0, "le": 4294967295, "help": "seed of the initialisation and the data order"}
+    )
     data: CorpusConfig = field(default_factory=CorpusConfig)
     model: ArchitectureConfig = field(default_factory=ArchitectureConfig)
     train: StageConfig = field(default_factory=StageConfig)
-    eval_every: int = field(default=250, metadata={"help": "measure English perplexity every this many steps"})
-    save_every: int = field(default=250, metadata={"help": "write a resumable checkpoint every this many steps"})
+    eval_every: int = field(default=250, metadata={"ge": 1, "help": "measure English perplexity every this many steps"})
+    save_every: int = field(
+        default=250, metadata={"ge": 0, "help": "write a resumable checkpoint every this many steps"}
+    )
     tokenizer_chars: int = field(
-        default=0, metadata={"help": "train the tokenizer on this many characters of the text at most; 0 = all"}
+        default=0,
+        metadata={"ge": 0, "help": "train the tokenizer on this many characters of the text at most; 0 = all"},
     )
     min_english_share: float = field(
         default=0.9,
-        metadata={"help": "least share of ASCII among the text's letters (refuses text that is not English)"},
+        metadata={
+            "ge": 0,
+            "le": 1,
+            "help": "least share of ASCII among the text's letters (refuses text that is not English)",
+        },
     )
 
     def __post_init__(self) -> None:
@@ -66,10 +81,7 @@ class BaseBuildConfig:
             raise ValueError(f"unknown preset {self.preset!r}; valid presets: {', '.join(PRESETS)}")
         if self.train.max_steps <= 0:
             raise ValueError("train.max_steps must be positive: pre-training is budgeted in optimizer steps")
-        if self.eval_every <= 0 or self.save_every < 0 or self.tokenizer_chars < 0:
-            raise ValueError("eval_every must be positive; save_every and tokenizer_chars 0 or more")
-        if not 0.0 <= self.min_english_share <= 1.0:
-            raise ValueError(f"min_english_share must be in [0, 1], got {self.min_english_share}")
+        check_fields(self)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

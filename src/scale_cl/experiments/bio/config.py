@@ -7,8 +7,9 @@ its ``metadata["help"]`` is the option's help text.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any
+from typing import Any, ClassVar
 
+from scale_cl.bounds import check_fields
 from scale_cl.config import ScaleConfig
 from scale_cl.data import ATTRIBUTES
 from scale_cl.experiments.settings import MethodSettings, MethodStageConfig
@@ -24,18 +25,27 @@ PACKINGS = ("person", "shuffled")
 class DataConfig:
     """The synthetic people and the tokenizer trained on their text."""
 
-    people: int = field(default=600, metadata={"help": "number of synthetic people (splits keep the paper's shares)"})
+    section: ClassVar[str] = "data."  # where its settings are given (messages name them so)
+
+    people: int = field(
+        default=600, metadata={"ge": 10, "help": "number of synthetic people (splits keep the paper's shares)"}
+    )
     pools: str = field(default="small", metadata={"help": "name-pool sizes: a biography preset (micro, small, paper)"})
-    seed: int = field(default=0, metadata={"help": "seed of the generated people and biographies"})
+    seed: int = field(
+        default=0, metadata={"ge": 0, "le": 4294967295, "help": "seed of the generated people and biographies"}
+    )
     attributes: list[str] = field(
         default_factory=lambda: list(ATTRIBUTES), metadata={"help": "attributes asked about in Task 0 and Task 1 QA"}
     )
-    vocab_size: int = field(default=3072, metadata={"help": "vocabulary of the byte-level BPE trained on the data"})
+    vocab_size: int = field(
+        default=3072, metadata={"ge": 257, "help": "vocabulary of the byte-level BPE trained on the data"}
+    )
     qa_people: int = field(
         default=0,
         metadata={
+            "ge": 0,
             "help": "train Task-0 QA (stage 2) on only the first this many of its N/4 people (0 = all); the "
-            "held-out people stay the same, so this measures extraction against QA-trained people"
+            "held-out people stay the same, so this measures extraction against QA-trained people",
         },
     )
     packing: str = field(
@@ -52,6 +62,7 @@ class DataConfig:
     )
 
     def __post_init__(self) -> None:
+        check_fields(self)
         if self.packing not in PACKINGS:
             raise ValueError(f"data.packing must be one of {PACKINGS}, got {self.packing!r}")
         if not 0 <= self.qa_people <= self.people // 4:
@@ -65,58 +76,66 @@ class DataConfig:
 class BackboneConfig:
     """The GPT-NeoX (Pythia-style) model pre-trained from scratch in stage 1."""
 
-    hidden_size: int = field(default=128, metadata={"help": "model width"})
-    layers: int = field(default=4, metadata={"help": "decoder layers"})
-    heads: int = field(default=4, metadata={"help": "attention heads"})
-    intermediate_size: int = field(default=512, metadata={"help": "FFN width"})
-    rotary_pct: float = field(default=0.25, metadata={"help": "share of each head's dims that get rotary embeddings"})
-    max_seq_len: int = field(default=256, metadata={"help": "pre-training sequence length (packed)"})
+    section: ClassVar[str] = "model."  # where its settings are given (messages name them so)
+
+    hidden_size: int = field(default=128, metadata={"ge": 1, "help": "model width"})
+    layers: int = field(default=4, metadata={"ge": 1, "help": "decoder layers"})
+    heads: int = field(default=4, metadata={"ge": 1, "help": "attention heads"})
+    intermediate_size: int = field(default=512, metadata={"ge": 1, "help": "FFN width"})
+    rotary_pct: float = field(
+        default=0.25, metadata={"ge": 0, "le": 1, "help": "share of each head's dims that get rotary embeddings"}
+    )
+    max_seq_len: int = field(default=256, metadata={"ge": 2, "help": "pre-training sequence length (packed)"})
+
+    def __post_init__(self) -> None:
+        check_fields(self)
 
 
 @dataclass
 class Task1Config(MethodStageConfig):
     """Task 1 (new people's QA): one learning rate per method, and the evaluation schedule."""
 
-    eval_every: int = field(default=20, metadata={"help": "evaluate Task 0 and Task 1 every this many steps"})
+    section: ClassVar[str] = "task1."  # where its settings are given (messages name them so)
+
+    eval_every: int = field(default=20, metadata={"ge": 1, "help": "evaluate Task 0 and Task 1 every this many steps"})
     early_eval_every: int = field(
         default=5,
         metadata={
+            "ge": 0,
             "help": "also evaluate every this many steps up to task1.early_eval_until, where the early "
-            "collapse of Task 0 happens (0 = no early schedule)"
+            "collapse of Task 0 happens (0 = no early schedule)",
         },
     )
-    early_eval_until: int = field(default=200, metadata={"help": "last step of the early evaluation schedule"})
+    early_eval_until: int = field(default=200, metadata={"ge": 0, "help": "last step of the early evaluation schedule"})
     replay_ratio: float = field(
         default=0.0,
         metadata={
+            "ge": 0,
+            "lt": 1,
             "help": "share of every Task-1 batch replayed from Task 0's training questions (stage 2's QA of people "
             "[0, N/4)); exact in every batch, so task1.batch_size x ratio must be whole. The held-out Task-0 "
             "people (the paper's view) are never replayed; the QA-trained view then reads replayed questions. "
-            "0 = no replay"
+            "0 = no replay",
         },
     )
 
     def __post_init__(self) -> None:
-        super().__post_init__()
-        if not 0 <= self.replay_ratio < 1:
-            raise ValueError(f"task1.replay_ratio must be in [0, 1), got {self.replay_ratio}")
-        if self.eval_every <= 0 or self.early_eval_every < 0 or self.early_eval_until < 0:
-            raise ValueError(
-                "task1.eval_every must be positive and task1.early_eval_every / task1.early_eval_until "
-                f"non-negative, got {self.eval_every} / {self.early_eval_every} / {self.early_eval_until}"
-            )
+        super().__post_init__()  # every field's range, these included
 
 
 @dataclass
 class BioConfig:
     """Every setting of one biography benchmark run."""
 
+    section: ClassVar[str] = ""  # where its settings are given (messages name them so)
+
     preset: str = field(default="small", metadata={"help": "starting point of every setting", "choices": PRESETS})
     methods: list[str] = field(default_factory=lambda: list(ALL_METHODS), metadata={"help": "methods to run"})
     seeds: list[int] = field(
-        default_factory=lambda: [0], metadata={"help": "training seeds (mean and spread)", "aliases": ("seed",)}
+        default_factory=lambda: [0],
+        metadata={"ge": 0, "le": 4294967295, "help": "training seeds (mean and spread)", "aliases": ("seed",)},
     )
-    eval_people: int = field(default=200, metadata={"help": "people evaluated per test split (0 = all)"})
+    eval_people: int = field(default=200, metadata={"ge": 0, "help": "people evaluated per test split (0 = all)"})
     data: DataConfig = field(default_factory=DataConfig)
     model: BackboneConfig = field(default_factory=BackboneConfig)
     pretrain: StageConfig = field(default_factory=StageConfig)
@@ -128,6 +147,7 @@ class BioConfig:
         if self.preset not in PRESETS:
             raise ValueError(f"unknown preset {self.preset!r}; valid presets: {', '.join(PRESETS)}")
         check_methods(self.methods)
+        check_fields(self)
         if not self.seeds:
             raise ValueError("seeds must name at least one seed")
 

@@ -8,8 +8,9 @@ option's help text.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
+from scale_cl.bounds import check_fields
 from scale_cl.config import ScaleConfig
 from scale_cl.data.corpus import CorpusConfig
 from scale_cl.experiments.base.name import CLEAN_EN
@@ -39,40 +40,46 @@ PRECISIONS = ("auto", "bf16", "fp32")
 class CptTrainConfig(MethodStageConfig):
     """Optimisation (AdamW on the HF Trainer): one learning rate per method, batch, schedule, checkpoints."""
 
+    section: ClassVar[str] = "train."  # where its settings are given (messages name them so)
+
     micro_batch_size: int = field(
-        default=4, metadata={"help": "sequences per forward pass and process; gradient accumulation fills batch_size"}
+        default=4,
+        metadata={"ge": 1, "help": "sequences per forward pass and process; gradient accumulation fills batch_size"},
     )
-    warmup_ratio: float = field(default=0.0, metadata={"help": "share of the steps with linear warm-up"})
+    warmup_ratio: float = field(
+        default=0.0, metadata={"ge": 0, "lt": 1, "help": "share of the steps with linear warm-up"}
+    )
     gradient_checkpointing: bool = field(default=False, metadata={"help": "recompute activations in backward"})
     precision: str = field(
         default="auto", metadata={"help": f"one of {PRECISIONS}; auto = bf16 on a GPU that has it, else fp32"}
     )
-    save_every: int = field(default=50, metadata={"help": "write a resumable checkpoint every this many steps"})
-    save_total_limit: int = field(default=2, metadata={"help": "checkpoints kept per method (oldest deleted)"})
+    save_every: int = field(
+        default=50, metadata={"ge": 0, "help": "write a resumable checkpoint every this many steps"}
+    )
+    save_total_limit: int = field(default=2, metadata={"ge": 1, "help": "checkpoints kept per method (oldest deleted)"})
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.precision not in PRECISIONS:
             raise ValueError(f"train.precision must be one of {PRECISIONS}, got {self.precision!r}")
-        if self.micro_batch_size <= 0 or self.save_every < 0 or self.save_total_limit <= 0:
-            raise ValueError("train.micro_batch_size and train.save_total_limit must be positive, save_every >= 0")
-        if not 0 <= self.warmup_ratio < 1:
-            raise ValueError(f"train.warmup_ratio must be in [0, 1), got {self.warmup_ratio}")
 
 
 @dataclass
 class EvalConfig:
     """What is measured during training (learning and forgetting perplexity, representation drift)."""
 
-    every: int = field(default=20, metadata={"help": "measure every this many optimizer steps (and at 0 and the end)"})
-    batch_size: int = field(default=4, metadata={"help": "sequences per evaluation forward pass"})
+    section: ClassVar[str] = "eval."  # where its settings are given (messages name them so)
+
+    every: int = field(
+        default=20, metadata={"ge": 1, "help": "measure every this many optimizer steps (and at 0 and the end)"}
+    )
+    batch_size: int = field(default=4, metadata={"ge": 1, "help": "sequences per evaluation forward pass"})
     representation_sequences: int = field(
-        default=4, metadata={"help": "old-domain sequences whose final hidden states are compared with step 0"}
+        default=4, metadata={"ge": 1, "help": "old-domain sequences whose final hidden states are compared with step 0"}
     )
 
     def __post_init__(self) -> None:
-        if min(self.every, self.batch_size, self.representation_sequences) <= 0:
-            raise ValueError(f"eval settings must be positive: {self}")
+        check_fields(self)
 
 
 VOCAB_TEXT_CHARS = 50_000_000  # new-domain training text read to learn --data.extend_vocab's tokens
@@ -85,21 +92,19 @@ class CptDataConfig(CorpusConfig):
     extend_vocab: int = field(
         default=0,
         metadata={
+            "ge": 0,
             "help": "add this many tokens to the base tokenizer (and rows to every method's embedding and LM head), "
             "learned as BPE merges on the base tokenizer's own segmentation of the new-domain training split "
-            f"(its first {VOCAB_TEXT_CHARS:,} characters; never the held-out or old-domain text); 0 = off"
+            f"(its first {VOCAB_TEXT_CHARS:,} characters; never the held-out or old-domain text); 0 = off",
         },
     )
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if isinstance(self.extend_vocab, bool) or not isinstance(self.extend_vocab, int) or self.extend_vocab < 0:
-            raise ValueError(f"data.extend_vocab must be 0 (off) or a number of tokens, got {self.extend_vocab!r}")
 
 
 @dataclass
 class CptConfig:
     """Every setting of one continual pre-training run (all its methods)."""
+
+    section: ClassVar[str] = ""  # where its settings are given (messages name them so)
 
     preset: str = field(default="smollm2", metadata={"help": "starting point of every setting", "choices": PRESETS})
     model: str = field(
@@ -110,7 +115,7 @@ class CptConfig:
         },
     )
     methods: list[str] = field(default_factory=lambda: list(METHOD_NAMES), metadata={"help": "methods to run"})
-    seed: int = field(default=0, metadata={"help": "seed of data order and initialisation"})
+    seed: int = field(default=0, metadata={"ge": 0, "le": 4294967295, "help": "seed of data order and initialisation"})
     data: CptDataConfig = field(default_factory=CptDataConfig)
     train: CptTrainConfig = field(default_factory=CptTrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
@@ -120,6 +125,7 @@ class CptConfig:
         if self.preset not in PRESETS:
             raise ValueError(f"unknown preset {self.preset!r}; valid presets: {', '.join(PRESETS)}")
         check_methods(self.methods)
+        check_fields(self)
         if not isinstance(self.data, CptDataConfig):  # a plain CorpusConfig: no vocabulary extension
             self.data = CptDataConfig(**asdict(self.data))
 

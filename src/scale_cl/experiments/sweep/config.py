@@ -32,7 +32,7 @@ class SweepOptions:
     )
     lr_scales: tuple[float, ...] = field(
         default=DEFAULT_LR_SCALES,
-        metadata={"help": "multiples of each method's preset learning rate to run", "metavar": "X"},
+        metadata={"gt": 0, "help": "multiples of each method's preset learning rate to run", "metavar": "X"},
     )
     method_lr_scales: list[list[str]] = field(
         default_factory=list,
@@ -67,6 +67,7 @@ class SweepOptions:
     target: float | None = field(
         default=None,
         metadata={
+            "gt": 0,
             "help": "the learning level to compare methods at, instead of --reference's (an accuracy in [0, 1] for "
             "bio, a perplexity for cpt)",
             "type": float,
@@ -88,6 +89,8 @@ class SweepOptions:
                 extra[str(method)] = tuple(float(v) for v in values)
             except ValueError as err:
                 raise ValueError(f"--method_lr_scales {method}: multiples must be numbers, got {values}") from err
+            if not all(0 < x < float("inf") for x in extra[str(method)]):
+                raise ValueError(f"--method_lr_scales {method}: multiples must be > 0, got {values}")
         return SweepSettings(
             lr_scales=tuple(self.lr_scales),
             axes=axes,
@@ -108,6 +111,8 @@ class CptSweepOptions(SweepOptions):
     seeds: list[int] = field(
         default_factory=list,
         metadata={
+            "ge": 0,
+            "le": 4294967295,
             "help": "run every point once per seed (initialisation and data order; default: --seed alone); the "
             "tables give the spread over seeds and the landscape error bars; re-run with more seeds to add them",
             "metavar": "S",

@@ -1,0 +1,154 @@
+"""Every numeric setting of every command has a declared range: a value outside it is refused with a message that
+names the setting and its range, before the output folder (or anything else) is written (issue 27).
+
+The settings are walked from each command's settings dataclass, so a numeric setting added later without a range
+fails `test_every_numeric_setting_declares_its_range`. Ranges that depend on the model (a SCALE config's
+``preserve_layers``) are checked against the model's config, before anything is written, too.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import fields, is_dataclass
+from pathlib import Path
+
+import pytest
+
+from scale_cl.bounds import bounds, describe
+from scale_cl.cli import commands, main
+
+# Settings whose valid range is the model's: the out-of-range value tried, and what the message says.
+MODEL_BOUND = {"options.scale.preserve_layers": ("1000000", "options.scale.preserve_layers=1000000 does not fit")}
+
+
+def leaf_settings(settings, prefix: str = ""):
+    """(option name, field, value) of every leaf option of a command's settings (inline sections unprefixed)."""
+    for f in fields(settings):
+        if f.metadata.get("cli") is False:
+            continue
+        value = getattr(settings, f.name)
+        if f.metadata.get("inline"):
+            yield from leaf_settings(value, prefix)
+        elif is_dataclass(value):
+            yield from leaf_settings(value, f"{prefix}{f.name}.")
+        else:
+            yield f"{prefix}{f.name}", f, value
+
+
+def is_numeric(f, value) -> bool:
+    annotation = str(f.type)
+    if "bool" in annotation or "str" in annotation:
+        return False
+    return "int" in annotation or "float" in annotation
+
+
+def numeric_settings():
+    """(command path, option name, field) of every numeric option of every command."""
+    for command in commands():
+        for sub in command.subcommands or (command,):
+            path = (command.name, sub.name) if command.subcommands else (command.name,)
+            for name, f, value in leaf_settings(sub.settings()):
+                if is_numeric(f, value):
+                    yield path, name, f
+
+
+CASES = list(numeric_settings())
+
+
+def test_every_numeric_setting_declares_its_range():
+    assert len(CASES) > 150  # bio, cpt, base, sweeps, eval, bench, demo: the walk found them
+    missing = sorted({name for _, name, f in CASES if not bounds(f.metadata) and name not in MODEL_BOUND})
+    assert not missing, f"numeric settings without a declared range (metadata ge/gt/le/lt): {missing}"
+
+
+def out_of_range(f) -> str:
+    """A value just outside the field's declared range, as typed on the command line."""
+    found = bounds(f.metadata)
+    is_float = "float" in str(f.type)
+    if "ge" in found or "gt" in found:
+        low = found.get("ge", found.get("gt"))
+        value = low - (0.5 if is_float and "le" in found else 1)
+    else:
+        value = found.get("le", found.get("lt")) + 1
+    return str(float(value)) if is_float else str(int(value))
+
+
+@pytest.fixture(scope="module")
+def inputs(workspace, tmp_path_factory) -> dict[str, list[str]]:
+    """The arguments each command needs besides the bad setting (valid inputs, so only the setting is wrong)."""
+    root = tmp_path_factory.mktemp("inputs")
+    english = root / "en.jsonl"
+    english.write_text("".join(json.dumps({"text": f"the cat sat on the mat {i} times."}) + "\n" for i in range(50)))
+    cpt = ["--model", str(workspace / "base"), "--data.train", str(workspace / "new.jsonl")]
+    cpt += ["--data.old_eval", f"toy={workspace / 'old.jsonl'}", "--methods", "fft", "scale_route"]
+    return {
+        "demo": [],
+        "bio": ["--preset", "micro"],
+        "cpt": cpt,
+        "base": ["--preset", "micro", "--data.train", str(english)],
+        "eval": ["--base", "smollm2", "--tasks", "arc_easy"],
+        "bench": ["--shapes", "tiny"],
+        "sweep bio": [],
+        "sweep cpt": cpt,
+    }
+
+
+@pytest.mark.parametrize(("path", "name", "f"), CASES, ids=[f"{' '.join(p)}:{n}" for p, n, _ in CASES])
+def test_out_of_range_value_is_named_with_its_range_before_anything_is_written(
+    path, name, f, inputs, tmp_path, monkeypatch, capsys
+):
+    monkeypatch.chdir(tmp_path)  # a default output folder (outputs/...) would appear here
+    out = tmp_path / "out"
+    value, message = MODEL_BOUND.get(name) or (out_of_range(f), f"{name} must be {describe(f.metadata)}")
+    argv = [*path, *inputs[" ".join(path)]]
+    if any(option.startswith("out") for option, _, _ in leaf_settings(commands_settings(path))):
+        argv += ["--out", str(out)]
+    if isinstance(getattr(f, "default", None), dict) or "dict" in str(f.type):
+        argv += [f"--{name}", f"fft={value}"]
+    else:
+        argv += [f"--{name}", value]
+    assert main(argv) == 2, argv
+    err = capsys.readouterr().err
+    assert message in err, err
+    assert not out.exists() and not list(tmp_path.iterdir()), "something was written"
+
+
+def commands_settings(path: tuple[str, ...]):
+    command = next(c for c in commands() if c.name == path[0])
+    sub = next(s for s in command.subcommands if s.name == path[1]) if command.subcommands else command
+    return sub.settings()
+
+
+@pytest.mark.parametrize(
+    ("argv", "message", "folder"),
+    [
+        # the issue's two examples, as a new user typed them
+        (["cpt", "--preset", "clean-en", "--train.lr", "-1"], "train.lr must be > 0, got -1.0", "outputs/cpt-clean-en"),
+        (
+            ["bio", "--preset", "micro", "--seeds", "-1"],
+            "seeds must be in [0, 4294967295], got -1",
+            "outputs/bio-micro",
+        ),
+        # a YAML file's values are checked the same way (and YAML 1.1's string 1e-3 is a number)
+        (["bio", "--preset", "micro", "--config", "{yaml}"], "task1.lr must be > 0, got -0.001", "outputs/bio-micro"),
+    ],
+)
+def test_the_issues_examples_name_the_setting_and_write_nothing(argv, message, folder, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    Path("bad.yaml").write_text("task1: {lr: -1e-3}\n")
+    assert main([a.replace("{yaml}", "bad.yaml") for a in argv]) == 2
+    assert f"error: {message}" in capsys.readouterr().err
+    assert not Path(folder).exists() and sorted(p.name for p in tmp_path.iterdir()) == ["bad.yaml"]
+
+
+def test_a_numeric_string_in_yaml_is_read_as_the_number(tmp_path):
+    """PyYAML reads ``1e-3`` (no dot) as a string: it is the number the user meant, and still range-checked."""
+    from scale_cl.cli import parse_settings
+
+    config = tmp_path / "rates.yaml"
+    config.write_text("task1: {lr: 1e-3, method_lr: {fft: 2e-4}}\n")
+    settings = parse_settings(["bio", "--preset", "micro", "--config", str(config)]).bio
+    assert settings.task1.lr == 1e-3 and settings.task1.lr_of("fft") == 2e-4
+    config.write_text("task1: {lr: fast}\n")
+    with pytest.raises(ValueError, match=r"task1\.lr must be a number, got 'fast'"):
+        parse_settings(["bio", "--preset", "micro", "--config", str(config)])
