@@ -213,7 +213,7 @@ def test_experiment_options_reach_their_settings(dash):
 @pytest.mark.parametrize(
     "argv",
     [
-        # as README.md, benchmarks/README.md and benchmarks/*.sh write them
+        # spellings the docs use: dashed aliases, bools standing alone, negative values in an axis
         "bench --shapes tiny --seq 64 --rounds 2 --skip-memory",
         "bench --shapes smollm2 --methods fft lora scale_adapt --skip-inference --skip-upscale --no-progress",
         "eval runs/lora/model --tasks arc_easy,hellaswag --limit 100 --merge-lora",
@@ -330,3 +330,64 @@ def test_bench_records_how_it_was_started(tmp_path, monkeypatch, capsys, argv0, 
     assert cfg.shapes == ("tiny",) and cfg.skip_memory is True and out == tmp_path
     assert command == f"{recorded} --shapes tiny --skip-memory --out {tmp_path}"
     assert "| table |" in capsys.readouterr().out
+
+
+def documented_command_lines() -> list[tuple[str, list[str]]]:
+    """Every ``scale-cl ...`` (or ``... -m scale_cl.cli ...``) command in the fenced code blocks of the README,
+    docs/ and benchmarks/README.md, and in benchmarks/*.sh: (where, argv after the program). A shell variable stands
+    for a value (``1``), an array expansion (``"${common[@]}"``, ``"$@"``) for nothing, a trailing ``...`` for
+    more options, and ``--help`` is left out (it only prints)."""
+    import re
+    import shlex
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    found = []
+    sources = [root / "README.md", *sorted((root / "docs").rglob("*.md")), root / "benchmarks" / "README.md"]
+    for path in [*sources, *sorted((root / "benchmarks").glob("*.sh"))]:
+        text = path.read_text()
+        if path.suffix == ".md":
+            text = "\n".join(re.findall(r"```(?:bash|sh|console)?\n(.*?)```", text, flags=re.S))
+        for line in text.replace("\\\n", " ").splitlines():  # continued lines joined
+            if "scale-cl" not in line and "scale_cl.cli" not in line:
+                continue
+            for command in re.split(r"&&|;", line):
+                words = shlex.split(command, comments=True)
+                array = re.fullmatch(r"\w+=\((.+)", words[0]) if words else None  # cmd=(scale-cl ... "$@")
+                if array:
+                    words = [array.group(1), *words[1:-1], words[-1].removesuffix(")")]
+                env = 0  # VAR=value words before the program
+                while env < len(words) and re.fullmatch(r"\w+=\S*", words[env]):
+                    env += 1
+                starts = [env + 1] if env < len(words) and Path(words[env]).name == "scale-cl" else []
+                starts += [i + 2 for i, w in enumerate(words[:-1]) if w == "-m" and words[i + 1] == "scale_cl.cli"]
+                if not starts:
+                    continue
+                argv = []
+                for word in words[starts[0] :]:
+                    if re.fullmatch(r"\$@|\$\{\w+\[@\]\}", word) or word == "--help":
+                        continue
+                    if word == "...":  # more options, or an option's value
+                        if argv and argv[-1].startswith("--"):
+                            argv.append("X")
+                        continue
+                    argv.append("1" if "$" in word else word)
+                found.append((f"{path.relative_to(root)}: {line.strip()[:70]}", argv))
+    return found
+
+
+DOCUMENTED = documented_command_lines()
+
+
+def test_the_docs_document_commands():
+    assert len(DOCUMENTED) > 30 and {argv[0] for _, argv in DOCUMENTED} >= {"bio", "cpt", "base", "sweep", "export"}
+
+
+@pytest.mark.parametrize(("where", "argv"), DOCUMENTED, ids=[where for where, _ in DOCUMENTED])
+def test_every_documented_command_parses(where, argv, tmp_path):
+    """Every command line the README, docs/ and benchmarks/ show still parses into its command's settings (a
+    ``--config FILE`` named there is read as an empty one)."""
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("{}\n")
+    argv = [str(empty) if i and argv[i - 1] == "--config" else a for i, a in enumerate(argv)]
+    assert parse_settings(argv) is not None, where

@@ -51,7 +51,7 @@ class RefSplitNorm(nn.Module):
     """Reference split norm: ``x`` (first ``d``) and ``x_up`` (last ``u``) normalised separately.
 
     ``rms`` copies transformers' LlamaRMSNorm (float32 statistics, gain applied after the cast back);
-    ``layer`` is LayerNorm with bias. Parameter names follow DESIGN.md §3 so the upscaled model's
+    ``layer`` is LayerNorm with bias. Parameter names follow docs/design.md §5 so the upscaled model's
     values load by name.
     """
 

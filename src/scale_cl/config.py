@@ -1,4 +1,4 @@
-"""ScaleConfig: what to add to a model and how the added blocks train (DESIGN.md §1).
+"""ScaleConfig: what to add to a model and how the added blocks train (docs/design.md §1).
 
 Only checks that need no model live here; checks against a model's shapes (head size, GQA
 group, number of layers) are made by `scale_cl.shapes.check_fits`, which `upscale` and the

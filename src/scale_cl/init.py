@@ -1,4 +1,4 @@
-"""Initialisers of the expansion blocks W21 and W22 (paper Fig. 5, DESIGN.md §1).
+"""Initialisers of the expansion blocks W21 and W22 (paper Fig. 5, docs/design.md §1).
 
 `svd` is defined as follows (the paper only says "dimension-reduced SVD of W"). With the frozen
 weight ``W = U S V^T`` (singular values descending):

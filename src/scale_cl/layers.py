@@ -1,4 +1,4 @@
-"""The widened building blocks: one small module each (DESIGN.md §1 and §3).
+"""The widened building blocks: one small module each (docs/design.md §1 and §5).
 
 Every module here reads a hidden vector laid out as ``[x; x_up]`` (original part first) and keeps
 the pre-trained tensors under their original names ``weight``/``bias`` (frozen); what it adds is
@@ -253,7 +253,7 @@ class SplitNorm(SplitInput):
     """Normalises ``x`` with the frozen original norm over ``d`` and ``x_up`` with a new one over ``u``.
 
     A norm over the whole ``d + u`` would let ``x_up`` rescale ``x`` and break preservation, so
-    the two parts never share statistics (DESIGN.md §1). ``kind`` is ``"rms"`` (Llama family) or
+    the two parts never share statistics (docs/design.md §1). ``kind`` is ``"rms"`` (Llama family) or
     ``"layer"`` (LayerNorm with bias, GPT-NeoX).
     """
 

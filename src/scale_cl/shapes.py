@@ -1,4 +1,4 @@
-"""The base model's sizes and what a `ScaleConfig` adds to them (DESIGN.md §1).
+"""The base model's sizes and what a `ScaleConfig` adds to them (docs/design.md §1).
 
 The one place that decides whether a config fits a model: `upscale`, parameter matching and the
 experiments' settings all call `check_fits` / `resolve` with the same `Dims`, so a config that

@@ -1,4 +1,4 @@
-"""Model surgery: widen a transformers causal LM in place (DESIGN.md §1).
+"""Model surgery: widen a transformers causal LM in place (docs/design.md §1).
 
 `upscale` swaps every attention/FFN linear for a `ScaleLinear`, every FFN for a `ScaleMLP` (its
 activation applied per part), every norm for a `SplitNorm`, the embedding and LM head for their

