@@ -1,1 +1,3 @@
-"""HF Trainer glue shared by the experiments."""
+"""HF Trainer glue shared by the experiments: one recipe (`recipe.train_model`) over the checkpointing Trainer
+(`trainer`), the stage settings (`config`) and their ``TrainingArguments`` (`arguments`), callbacks, reporting
+integrations (`reporting`) and SCALE-Route's tau calibration (`route_calibration`)."""

@@ -103,7 +103,8 @@ class RouteCalibration(TrainerCallback, ExportableState):
 
     The tau in use is part of each checkpoint (the Trainer's ``stateful_callbacks`` in
     ``trainer_state.json``), so a resumed run continues with the tau the interrupted one had, and goes on
-    calibrating at the same steps. Put it before callbacks that evaluate, so they see the step's tau.
+    calibrating at the same steps. `scale_cl.train.recipe.train_model` puts it before every other callback, so an
+    evaluation sees the step's tau.
     """
 
     def __init__(self, model: nn.Module, batches: list[Batch], share: float, every: int, bf16: bool = False) -> None:
