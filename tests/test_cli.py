@@ -391,3 +391,19 @@ def test_every_documented_command_parses(where, argv, tmp_path):
     empty.write_text("{}\n")
     argv = [str(empty) if i and argv[i - 1] == "--config" else a for i, a in enumerate(argv)]
     assert parse_settings(argv) is not None, where
+
+
+@pytest.mark.parametrize(
+    ("argv", "shown"),
+    [
+        (["bio"], "number of synthetic people (splits keep the paper's shares) (default: 600)"),
+        (["bio", "--preset", "micro"], "(splits keep the paper's shares) (default: 120)"),
+        (["sweep", "bio", "--preset=small"], "(splits keep the paper's shares) (default: 600)"),
+        (["cpt", "--preset", "clean-en"], "(default: clean-en)"),
+    ],
+)
+def test_help_shows_the_named_presets_defaults(argv, shown, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main([*argv, "--help"])
+    assert exit_info.value.code == 0
+    assert shown in " ".join(capsys.readouterr().out.split())  # help text wraps lines

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Sequence
 from typing import Any
 
-from scale_cl.cli.command import SPELLING, Command, add_command
+from scale_cl.cli.command import SPELLING, Command, add_command, preset_named
 from scale_cl.cli.options import HelpFormatter
 
 
@@ -32,7 +33,10 @@ def commands() -> tuple[Command, ...]:
     )
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
+    """The ``scale-cl`` parser; given the command line ``argv``, its ``--help`` shows the defaults of the preset it
+    names (``scale-cl bio --preset micro --help``)."""
+    preset = preset_named(list(argv))
     parser = argparse.ArgumentParser(
         prog="scale-cl",
         description="SCALE: width-upscaled continual learning of LLMs (arXiv 2511.03270).",
@@ -42,18 +46,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     subparsers = parser.add_subparsers(dest="command", required=True)
     for command in commands():
-        add_command(subparsers, command)
+        add_command(subparsers, command, preset)
     return parser
 
 
 def parse_settings(argv: list[str]) -> Any:
     """The settings object that ``scale-cl *argv`` would run with (its preset, YAML and options applied)."""
-    args = build_parser().parse_args(argv)
+    args = build_parser(argv).parse_args(argv)
     return args.func.settings(args)
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser(argv).parse_args(argv)
     return args.func(args)
 
 

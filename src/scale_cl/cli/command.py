@@ -78,12 +78,13 @@ class Runner:
             return 1
 
 
-def configure(parser: argparse.ArgumentParser, command: Command) -> argparse.ArgumentParser:
-    """Give ``parser`` the options of ``command`` (or its subcommands) and what runs it."""
+def configure(parser: argparse.ArgumentParser, command: Command, preset: str | None = None) -> argparse.ArgumentParser:
+    """Give ``parser`` the options of ``command`` (or its subcommands) and what runs it; their defaults (shown by
+    ``--help``) are preset ``preset``'s where the command has it."""
     if command.subcommands:
         choices = parser.add_subparsers(dest=command.name, required=True)
         for sub in command.subcommands:
-            add_command(choices, sub)
+            add_command(choices, sub, preset)
         return parser
     assert command.settings is not None and command.run is not None, command.name
     parser.add_argument(
@@ -92,13 +93,35 @@ def configure(parser: argparse.ArgumentParser, command: Command) -> argparse.Arg
         help="YAML file of settings, applied before the options given here (the same names; a section "
         f"is a mapping){', e.g. ' + command.config_example if command.config_example else ''}",
     )
-    dests = add_dataclass_options(parser, command.settings())
+    dests = add_dataclass_options(parser, _defaults(command, preset))
     parser.set_defaults(func=Runner(command, parser.prog, dests))
     return parser
 
 
-def add_command(commands: argparse._SubParsersAction, command: Command) -> argparse.ArgumentParser:
-    """Register ``command`` on the ``add_subparsers()`` object of a parser."""
+def _defaults(command: Command, preset: str | None) -> Any:
+    """The settings ``--help`` shows: preset ``preset``'s when the command has one of that name, else the default."""
+    if command.presets and preset:
+        try:
+            return command.settings(preset)
+        except ValueError:  # another command's preset name, or a typo: refused when the settings are resolved
+            pass
+    return command.settings()
+
+
+def preset_named(argv: list[str]) -> str | None:
+    """The value of ``--preset`` on a command line, if there is one (``--preset micro`` or ``--preset=micro``)."""
+    for index, word in enumerate(argv):
+        if word == "--preset" and index + 1 < len(argv):
+            return argv[index + 1]
+        if word.startswith("--preset="):
+            return word.partition("=")[2]
+    return None
+
+
+def add_command(
+    commands: argparse._SubParsersAction, command: Command, preset: str | None = None
+) -> argparse.ArgumentParser:
+    """Register ``command`` on the ``add_subparsers()`` object of a parser (defaults: see `configure`)."""
     parser = commands.add_parser(
         command.name,
         help=command.help,
@@ -107,7 +130,7 @@ def add_command(commands: argparse._SubParsersAction, command: Command) -> argpa
         usage=command.usage,
         formatter_class=HelpFormatter,
     )
-    return configure(parser, command)
+    return configure(parser, command, preset)
 
 
 def _epilog(command: Command) -> str | None:

@@ -29,7 +29,8 @@ BIO = Command(
         "then, for every method, fine-tune QA of Task 1 while measuring Task 0 and Task 1 with hard "
         "first-token accuracy (stage 3). Stages 1-2 are cached and shared by the methods; a re-run "
         "resumes and skips what is done. Settings come from --preset, then --config (YAML, same nesting "
-        "as the options), then the options below. Defaults shown are the small preset's."
+        "as the options), then the options below. Defaults shown are the preset's given with --help "
+        "(scale-cl bio --preset micro --help), else the small preset's."
     ),
     epilog=(
         "examples:\n"
@@ -67,7 +68,7 @@ CPT = Command(
         "--eval.every steps. Writes metrics.jsonl per method, results.md/json and figures. Re-running the "
         "same command resumes from the last checkpoint. Runs under torchrun / accelerate launch (DDP). "
         "Settings come from --preset, then --config (YAML), then the options below. Defaults shown are "
-        "the smollm2 preset's."
+        "the preset's given with --help, else the smollm2 preset's."
     ),
     epilog=(
         "examples:\n"
@@ -103,7 +104,8 @@ BASE = Command(
         "folder. It is the base of the clean CPT benchmark: unlike SmolLM2 (an instruct model de-quantised from "
         "Q4_1, which any update partly repairs), it has nothing to repair, so English perplexity rising during "
         "continual pre-training is forgetting. Built once: a re-run resumes an interrupted build and reuses a "
-        "finished one. Defaults shown are the clean-en preset's (~25 min on 2 CPU cores); its corpus comes from "
+        "finished one. Defaults shown are the preset's given with --help, else the clean-en preset's (~25 min on "
+        "2 CPU cores); its corpus comes from "
         "`python benchmarks/cpt_corpus.py --corpora english-base` (Debian documentation packages)."
     ),
     epilog=(

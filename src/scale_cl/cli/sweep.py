@@ -56,8 +56,9 @@ COMMAND = Command(
         Command(
             name="bio",
             help="sweep the biography benchmark (default preset: micro)",
-            description=DESCRIPTION + "\n\nExperiment options are `scale-cl bio`'s; defaults shown are the micro "
-            "preset's. --config's YAML may hold both the sweep's settings and the experiment's.",
+            description=DESCRIPTION + "\n\nExperiment options are `scale-cl bio`'s; defaults shown are the preset's "
+            "given with --help, else the micro preset's. --config's YAML may hold both the sweep's settings and the "
+            "experiment's.",
             epilog=(
                 "examples:\n"
                 "  scale-cl sweep bio                                     # micro preset, all methods, 5 rates each\n"
@@ -73,8 +74,9 @@ COMMAND = Command(
         Command(
             name="cpt",
             help="sweep continual pre-training (default preset: smollm2)",
-            description=DESCRIPTION + "\n\nExperiment options are `scale-cl cpt`'s; defaults shown are the smollm2 "
-            "preset's. --config's YAML may hold both the sweep's settings and the experiment's.",
+            description=DESCRIPTION + "\n\nExperiment options are `scale-cl cpt`'s; defaults shown are the preset's "
+            "given with --help, else the smollm2 preset's. --config's YAML may hold both the sweep's settings and the "
+            "experiment's.",
             epilog=(
                 "examples:\n"
                 "  scale-cl sweep cpt --data.train 'ko/*.jsonl' --data.old_eval en=en.jsonl "
