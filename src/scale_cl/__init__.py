@@ -2,13 +2,14 @@
 
 from scale_cl import ScaleConfig, upscale, set_method, load
 model = upscale(hf_model, ScaleConfig(hidden_up=256, ffn_up=1024, method="route", preserve_layers=3))
-set_method(model, "adapt")
+set_method(model, "route", tau=0.3)
 model.save_pretrained("out"); model = load("out")
 
-This package's top level is the tuner (config, shapes, layers, init, arch/, upscale, model, route,
-io, restore, summary); `scale_cl.methods` holds the seven methods of the comparison behind one
-registry; the experiments (`scale_cl.experiments`), their data/training/evaluation helpers and the
-benchmark harness (`scale_cl.bench`) use the tuner and are never imported by it.
+``import scale_cl`` loads the tuner and nothing else (docs/design.md §4): config, bounds, shapes, arch/,
+layers, init, route, upscale, model, io, restore, summary, provenance, files, and vocab/'s new token rows.
+`prepare` and the other names of `scale_cl.methods` (the seven methods, PEFT among them) are imported when
+first asked for; the experiments, training, data and evaluation code and the benchmark harness use the tuner
+and are never imported by it.
 """
 
 from scale_cl.config import METHODS, ScaleConfig, scale_config_of
