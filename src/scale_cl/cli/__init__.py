@@ -9,6 +9,7 @@ the settings dataclasses by `scale_cl.cli.options`, and registered and run by `s
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -59,7 +60,12 @@ def parse_settings(argv: list[str]) -> Any:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser(argv).parse_args(argv)
-    return args.func(args)
+    return args.func(args, command_line=shlex.join([program(), *argv]))
+
+
+def program() -> str:
+    """How ``scale-cl`` was started: the entry point, or ``python -m scale_cl.cli``."""
+    return "python -m scale_cl.cli" if sys.argv and sys.argv[0].endswith("scale_cl/cli/__main__.py") else "scale-cl"
 
 
 if __name__ == "__main__":

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import shlex
-import sys
 from pathlib import Path
 
 from scale_cl.bench.config import BenchCommand
@@ -28,19 +26,11 @@ EPILOG = (
 )
 
 
-def _command_line() -> str:
-    """How this run was started, for the record: ``scale-cl bench ...`` or ``python -m scale_cl.cli bench ...``."""
-    argv = sys.argv
-    if argv and argv[0].endswith("scale_cl/cli/__main__.py"):
-        return shlex.join(["python", "-m", "scale_cl.cli", *argv[1:]])
-    return shlex.join(["scale-cl", *argv[1:]])
-
-
 def run(settings: BenchCommand) -> int:
     from scale_cl.bench.runner import run_bench
 
     out = Path(settings.out)
-    run_bench(settings.bench, out, command=settings.command or _command_line())
+    run_bench(settings.bench, out, command=settings.command or "scale-cl bench")
     print((out / "results.md").read_text())
     print(f"[bench] wrote {out / 'results.md'} and {out / 'results.json'}")
     return 0

@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from scale_cl.cli.options import HelpFormatter, add_dataclass_options
@@ -63,13 +63,17 @@ class Runner:
         defaults = self.command.settings(preset) if preset else self.command.settings()
         return apply_overrides(apply_overrides(defaults, from_yaml), options)
 
-    def __call__(self, args: argparse.Namespace, **fixed: Any) -> int:
-        """Run the command; ``fixed``: settings the program sets itself (fields that are not options)."""
+    def __call__(self, args: argparse.Namespace, command_line: str | None = None) -> int:
+        """Run the command. ``command_line``: how it was started, for a command whose settings record it (a
+        ``command`` field that is no option: the bench's results say which command made them)."""
         assert self.command.run is not None
         from scale_cl.train.trainer import NonFiniteLossError
 
         try:
-            return self.command.run(replace(self.settings(args), **fixed))
+            settings = self.settings(args)
+            if command_line and "command" in {f.name for f in fields(settings) if f.metadata.get("cli") is False}:
+                settings = replace(settings, command=command_line)
+            return self.command.run(settings)
         except (ValueError, FileNotFoundError) as err:
             print(f"{self.prog}: error: {err}", file=sys.stderr)
             return 2
