@@ -60,7 +60,7 @@ def parse_settings(argv: list[str]) -> Any:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser(argv).parse_args(argv)
-    return args.func(args, command_line=shlex.join([program(), *argv]))
+    return args.func(args, command_line=f"{program()} {shlex.join(argv)}")
 
 
 def program() -> str:
