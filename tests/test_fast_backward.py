@@ -109,7 +109,8 @@ def test_route_stacked_linear_sends_no_gradient_into_the_preserve_half(use_w12):
     linear = model.model.layers[1].mlp.up_proj
     linear.use_w12, linear.constant_input = use_w12, False  # a collaborative layer's: its x is not constant
     linear.route = model.scale_route
-    model.scale_route.switch(True, 0.5, 1)
+    model.scale_route.tau = 0.5
+    model.scale_route.switch(True, first_stacked=1)
     hidden = torch.randn(4, 5, linear.in_features + linear.in_up, generator=torch.Generator().manual_seed(4))
 
     results = []
