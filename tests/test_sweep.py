@@ -311,6 +311,44 @@ def test_seed_readings_read_each_seeds_own_sweep_and_the_table_shows_their_sprea
     assert "± 10.0%" in matched_markdown(rows)
 
 
+def test_an_ablation_cell_reads_each_seeds_own_runs_too():
+    """An axis setting's matched reading carries the same per-seed spread as the plain sweep's (the same runs as
+    above, under task1.replay_ratio=0.25): seed 0 reaches Task 1 = 90% keeping 30%, seed 1 never does."""
+    from scale_cl.experiments.sweep.report import _ablation_markdown, ablation
+    from scale_cl.experiments.sweep.runner import SweepResult, stored_overrides
+
+    experiment = BioExperiment(micro(["fft"]))
+    axis = Axis("task1.replay_ratio", ("0.25",))
+    settings = SweepSettings(lr_scales=(1.0, 2.0, 4.0), axes=(axis,))
+    wanted = stored_overrides(axis.overrides(experiment.cfg, "0.25"))
+    per_seed = {"0": ([0.5, 0.8, 1.0], [0.6, 0.4, 0.2]), "1": ([0.3, 0.6, 0.85], [0.7, 0.5, 0.3])}
+    records = []
+    for i, (scale, lr) in enumerate(((1.0, 1e-4), (2.0, 2e-4), (4.0, 4e-4))):
+        seeds = {
+            s: {"learning": learn[i], "task0_end": kept[i], "task0_min": kept[i], "task0_trained_end": kept[i]}
+            for s, (learn, kept) in per_seed.items()
+        }
+        means = {k: sum(m[k] for m in seeds.values()) / 2 for k in seeds["0"]}
+        records.append(
+            {
+                "method": "fft",
+                "lr": lr,
+                "scale": scale,
+                "label": "",
+                "overrides": wanted,
+                "metrics": means,
+                "seeds": seeds,
+            }
+        )
+    result = SweepResult(base={"learning": 0.0, "task0_end": 0.9, "task0_min": 0.9, "task0_trained_end": 1.0})
+    result.points = records
+    tables = ablation(experiment, settings, result, 0.9, {"0": 0.9, "1": 0.9})
+    first = tables[0]
+    assert first["cells"]["fft"]["0.25"][5] == [pytest.approx(0.3), None]
+    spec = next(s for s in experiment.panels if s.key == first["panel"])
+    assert "(1/2 seeds)" in _ablation_markdown(first, experiment, spec)
+
+
 def test_seed_readings_are_paired_with_each_seeds_own_reference_level():
     """With the reference's learning as the target, each seed is read at its own reference run's level: the
     reference reads exactly its own per-seed forgetting (no spread from how much the seeds learn, no seed left

@@ -405,7 +405,8 @@ def matched_markdown(rows: Sequence[dict], fmt: Callable[[str, float], str] = fo
                 line += ["—", "—"]
             elif r["status"] == STATUS_OK:
                 mark = " †" if r.get("open_below") else ""
-                text = fmt(r["forgetting"], r["matched_forgetting"]) + _seed_spread(r, fmt) + mark
+                spread = seed_spread(r.get("seed_forgetting") or [], r["forgetting"], fmt)
+                text = fmt(r["forgetting"], r["matched_forgetting"]) + spread + mark
                 line += [text, f"{r['matched_lr']:.3g}"]
             else:
                 line += [r["status"], "—"]
@@ -428,13 +429,15 @@ def matched_markdown(rows: Sequence[dict], fmt: Callable[[str, float], str] = fo
     return "\n".join(lines) + "\n"
 
 
-def _seed_spread(row: Mapping, fmt: Callable[[str, float], str]) -> str:
-    """' ± sd' of a matched row's per-seed readings (and 'k/n seeds' where some seeds do not reach the target)."""
-    values = row.get("seed_forgetting") or []
+def seed_spread(
+    values: Sequence[float | None], metric_name: str, fmt: Callable[[str, float], str] = format_value
+) -> str:
+    """' ± sd' of a matched reading's per-seed values (None: that seed does not reach the target), and 'k/n seeds'
+    where some seeds do not reach it; '' with fewer than two seeds."""
     if len(values) < 2:
         return ""
     reached = [v for v in values if v is not None]
-    text = f" ± {fmt(row['forgetting'], statistics.pstdev(reached))}" if len(reached) > 1 else ""
+    text = f" ± {fmt(metric_name, statistics.pstdev(reached))}" if len(reached) > 1 else ""
     return text + (f" ({len(reached)}/{len(values)} seeds)" if len(reached) < len(values) else "")
 
 

@@ -20,6 +20,7 @@ from scale_cl.experiments.sweep.landscape import (
     matched_table,
     plot_ablation,
     plot_landscape,
+    seed_spread,
     single_rate_markdown,
 )
 from scale_cl.experiments.sweep.runner import SweepResult, SweepSettings, stored_overrides
@@ -73,21 +74,26 @@ def seed_readings(
     target (`seed_targets`; None where that seed's sweep does not reach it): the spread behind the table's
     reading of the seeds' means."""
     plain = _plain(result.points)
-    readings: dict[tuple[str, str], list[float | None]] = {}
-    for spec in experiment.panels:
-        for method in experiment.cfg.methods:
-            records = [r for r in plain if r["method"] == method]
-            values: list[float | None] = []
-            for seed, target in targets.items():
-                points = [
-                    Point(method, r["lr"], r["seeds"][seed]["learning"], r["seeds"][seed][spec.key])
-                    for r in records
-                    if seed in (r.get("seeds") or {})
-                ]
-                if points:
-                    values.append(matched_forgetting(points, target, experiment.learning, spec.metric).forgetting)
-            readings[(spec.title, method)] = values
-    return readings
+    return {
+        (spec.title, method): _per_seed_matched(experiment, spec, [r for r in plain if r["method"] == method], targets)
+        for spec in experiment.panels
+        for method in experiment.cfg.methods
+    }
+
+
+def _per_seed_matched(experiment: Any, spec: Any, records: list[dict], targets: dict[str, float]) -> list[float | None]:
+    """One method's matched-learning reading off each seed's own runs (``records``: that method's points of one
+    setting), at that seed's target; None where the seed does not reach it."""
+    values: list[float | None] = []
+    for seed, target in targets.items():
+        points = [
+            Point(r["method"], r["lr"], r["seeds"][seed]["learning"], r["seeds"][seed][spec.key])
+            for r in records
+            if seed in (r.get("seeds") or {})
+        ]
+        if points:
+            values.append(matched_forgetting(points, target, experiment.learning, spec.metric).forgetting)
+    return values
 
 
 def _plain(records: list[dict]) -> list[dict]:
@@ -124,12 +130,15 @@ def panels(experiment: Any, result: SweepResult, target: float) -> list[Panel]:
     ]
 
 
-def ablation(experiment: Any, settings: SweepSettings, result: SweepResult, target: float) -> list[dict[str, Any]]:
-    """Per axis, per forgetting view and method: learning and forgetting at the preset rate and at matched learning."""
+def ablation(
+    experiment: Any, settings: SweepSettings, result: SweepResult, target: float, targets: dict[str, float]
+) -> list[dict[str, Any]]:
+    """Per axis, per forgetting view and method: learning and forgetting at the preset rate and at matched learning,
+    with the matched reading taken off each seed's own runs too (at ``targets``, as `seed_readings`)."""
     tables = []
     for axis in settings.axes:
         for spec in experiment.panels:
-            cells: dict[str, dict[str, tuple[float, float, float | None, float, float]]] = {}
+            cells: dict[str, dict[str, tuple[float, float, float | None, float, float, list[float | None]]]] = {}
             status: dict[str, dict[str, str]] = {}
             for method in axis.methods(experiment.cfg.methods):
                 for value in axis.values:
@@ -146,6 +155,7 @@ def ablation(experiment: Any, settings: SweepSettings, result: SweepResult, targ
                         matched.forgetting,
                         _spread(preset, "learning"),
                         _spread(preset, spec.key),
+                        _per_seed_matched(experiment, spec, records, targets),
                     )
                     status.setdefault(method, {})[value] = matched.status + (" †" if matched.open_below else "")
             tables.append(
@@ -176,7 +186,8 @@ def _ablation_markdown(table: dict[str, Any], experiment: Any, spec: Any) -> str
         f"### Ablation: {table['axis']} ({spec.title})",
         "",
         f"Each cell: {learning} / {forgetting} at the swept rate nearest the method's preset "
-        f"(x{table['scale']:g}; ± the population std over seeds, with several); {forgetting} at matched learning.",
+        f"(x{table['scale']:g}; ± the population std over seeds, with several); {forgetting} at matched learning "
+        "(± the spread of the same reading off each seed's own runs; 'k/n seeds' where not all reach it).",
         "",
         "| method | " + " | ".join(table["values"]) + " |",
         "|---|" + "---|" * len(table["values"]),
@@ -187,9 +198,12 @@ def _ablation_markdown(table: dict[str, Any], experiment: Any, spec: Any) -> str
             if value not in cells:
                 row.append("—")
                 continue
-            learn, forget, matched, learn_sd, forget_sd = cells[value]
+            learn, forget, matched, learn_sd, forget_sd, per_seed = cells[value]
             state = table["status"][method][value]
-            at_target = state if matched is None else format_value(forgetting, matched) + state.removeprefix("ok")
+            at_target = state
+            if matched is not None:
+                at_target = format_value(forgetting, matched) + seed_spread(per_seed, forgetting)
+                at_target += state.removeprefix("ok")
             at_rate = f"{_with_spread(learning, learn, learn_sd)} / {_with_spread(forgetting, forget, forget_sd)}"
             row.append(f"{at_rate}; {at_target}")
         lines.append(f"| {method} | " + " | ".join(row) + " |")
@@ -204,12 +218,13 @@ def write_report(experiment: Any, settings: SweepSettings, result: SweepResult, 
     views = panels(experiment, result, target)
     methods = list(experiment.cfg.methods)
     rows = matched_table(views, methods)
-    spread = seed_readings(experiment, result, seed_targets(settings, result, target))
+    targets = seed_targets(settings, result, target)
+    spread = seed_readings(experiment, result, targets)
     for row in rows:
         row["seed_forgetting"] = spread.get((row["panel"], row["method"]), [])
     section = getattr(experiment.cfg, experiment.rates_section)
     presets = {m: section.lr_of(m) for m in methods}
-    ablations = ablation(experiment, settings, result, target)
+    ablations = ablation(experiment, settings, result, target, targets)
     plot_landscape(views, out / "landscape.png", f"{experiment.name}: stability-plasticity landscape")
     specs = {spec.key: spec for spec in experiment.panels}
     figures = ["landscape.png"]
