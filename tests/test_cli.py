@@ -332,11 +332,24 @@ def test_bench_records_how_it_was_started(tmp_path, monkeypatch, capsys, argv0, 
     assert "| table |" in capsys.readouterr().out
 
 
+def _script_arrays(text: str) -> tuple[str, dict[str, list[str]]]:
+    """A script with each ``NAME=(...)`` array on one line, and each array's words (to splice where
+    ``"${NAME[@]}"`` expands it)."""
+    import re
+    import shlex
+
+    pattern = re.compile(r"^(\w+)=\(([^)]*)\)", flags=re.M)
+    bodies = {m.group(1): m.group(2).replace("\\\n", " ").replace("\n", " ") for m in pattern.finditer(text)}
+    text = pattern.sub(lambda m: f"{m.group(1)}=({bodies[m.group(1)]})", text)
+    return text, {name: shlex.split(body, comments=True) for name, body in bodies.items()}
+
+
 def documented_command_lines() -> list[tuple[str, list[str]]]:
     """Every ``scale-cl ...`` (or ``... -m scale_cl.cli ...``) command in the fenced code blocks of the README,
-    docs/ and benchmarks/README.md, and in benchmarks/*.sh: (where, argv after the program). A shell variable stands
-    for a value (``1``), an array expansion (``"${common[@]}"``, ``"$@"``) for nothing, a trailing ``...`` for
-    more options, and ``--help`` is left out (it only prints)."""
+    docs/ and benchmarks/README.md, and in benchmarks/*.sh: (where, argv after the program). A script's array
+    (``common=(...)``, over several lines) is spliced where it is expanded (``"${common[@]}"``); a shell variable
+    stands for a value (``1``), ``"$@"`` and an unknown array for nothing, a trailing ``...`` for more options, and
+    ``--help`` is left out (it only prints)."""
     import re
     import shlex
     from pathlib import Path
@@ -348,11 +361,15 @@ def documented_command_lines() -> list[tuple[str, list[str]]]:
         text = path.read_text()
         if path.suffix == ".md":
             text = "\n".join(re.findall(r"```(?:bash|sh|console)?\n(.*?)```", text, flags=re.S))
+        text, arrays = _script_arrays(text)
         for line in text.replace("\\\n", " ").splitlines():  # continued lines joined
             if "scale-cl" not in line and "scale_cl.cli" not in line:
                 continue
             for command in re.split(r"&&|;", line):
-                words = shlex.split(command, comments=True)
+                words = []
+                for word in shlex.split(command, comments=True):
+                    spliced = re.fullmatch(r"\$\{(\w+)\[@\]\}", word)
+                    words += arrays[spliced.group(1)] if spliced and spliced.group(1) in arrays else [word]
                 array = re.fullmatch(r"\w+=\((.+)", words[0]) if words else None  # cmd=(scale-cl ... "$@")
                 if array:
                     words = [array.group(1), *words[1:-1], words[-1].removesuffix(")")]
