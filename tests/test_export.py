@@ -45,6 +45,19 @@ SCALE_CASES = [(arch, method) for arch in sorted(ARCHS) for method in METHODS]
 # Route's two paths from the first layer on, and no collaborative layer at all (both paths one network).
 ROUTE_EDGES = {"route-from-layer-0": ("llama-mqa", 0), "route-no-collaborative-layer": ("neox-parallel-rot0.25", 3)}
 BEAM_CASES = {("llama-gqa2-tied", "route"), ("neox-parallel-rot0.25", "route")}
+# The quiet-stream options (docs/design.md §2): the norms' statistic, E_up at zero, alpha merged into W_out_up,
+# and route_exact in the exported RouteHead.
+QUIET_CASES = {
+    "quiet-route-llama": ("llama-gqa2-tied", "route", {"up_norm": "joint", "up_logit_scale": 0.5, "route_exact": True}),
+    "quiet-route-neox": ("neox-parallel-rot0.25", "route", {"up_norm": "original", "route_exact": True}),
+    # W22 at zero: with a random W22, x_up over x's RMS grows without bound through the layers (design.md §2)
+    "quiet-preserve-qwen2": (
+        "qwen2-qkv-bias",
+        "preserve",
+        {"up_norm": "original", "up_logit_scale": 2.0, "w22_init": "zero"},
+    ),
+    "quiet-adapt-neox": ("neox-sequential-rot1.0", "adapt", {"up_norm": "joint", "embed_up_init": "zero"}),
+}
 NEW_TOKENS = 8
 SRC = Path(scale_cl.__file__).resolve().parents[1]
 
@@ -165,7 +178,7 @@ def assert_matches(
         assert torch.equal(got["beams"], want["beams"])
 
 
-def lively_scale_model(arch: str, method: str, preserve_layers: int = 1):
+def lively_scale_model(arch: str, method: str, preserve_layers: int = 1, **options):
     """An upscaled tiny model whose new weights all matter (random W21/W22, W12 and the head's new columns
     non-zero) and whose greedy tokens vary: larger embeddings than conftest's 0.02 std (whose NeoX biases
     would make every position predict one token), less so where the head is the embedding (tied), so that
@@ -173,7 +186,7 @@ def lively_scale_model(arch: str, method: str, preserve_layers: int = 1):
     base = make_model(arch, seed=0)
     with torch.no_grad():
         base.get_input_embeddings().weight.mul_(5.0 if base.config.tie_word_embeddings else 25.0)
-    fields = {"ffn_up": 16, "w21_init": "random", "w22_init": "random", "seed": 1}
+    fields = {"ffn_up": 16, "w21_init": "random", "w22_init": "random", "seed": 1, **options}
     model = upscaled_copy(base, method, preserve_layers=preserve_layers, **fields).eval()
     model = randomize_new_weights(model, seed=4, w12_scale=0.3)
     return balance_route(model) if model.scale_route.stacked else model
@@ -224,6 +237,11 @@ def scale_exports(tmp_path_factory):
         expected[name] = reference(model, ids, mask, beams=True)
         export_model(model, root / name)
         jobs.append(job(name, root / name, True, ids, mask, beams=True))
+    for name, (arch, method, options) in QUIET_CASES.items():
+        model = lively_scale_model(arch, method, **options)
+        expected[name] = reference(model, ids, mask)
+        export_model(model, root / name)
+        jobs.append(job(name, root / name, True, ids, mask))
     model = tau_saved_and_reloaded(root / "tau-checkpoint")  # set, saved, loaded, then exported
     expected[TAU_CASE] = reference(model, ids, mask)
     export_model(model, root / TAU_CASE)
@@ -268,9 +286,10 @@ def test_tau_set_on_the_live_model_is_the_saved_loaded_and_exported_one(scale_ex
     assert_matches(got[TAU_CASE], expected[TAU_CASE], mask)
 
 
+@pytest.mark.parametrize("exact", [False, True], ids=["eq5", "exact"])
 @pytest.mark.parametrize("new_rows", [0, 5], ids=["vocabulary", "extended"])
 @pytest.mark.parametrize("tau", [-1.0, 0.2, 1.0])
-def test_exported_route_head_is_the_packages_eq5(new_rows, tau):
+def test_exported_route_head_is_the_packages_eq5(new_rows, tau, exact):
     """modeling_scale.RouteHead (a standalone copy, the exported file imports nothing of scale-cl) computes what
     scale_cl.route.route_logits does: the same routing, and logits equal up to the order of the halves' sums."""
     from types import SimpleNamespace
@@ -286,13 +305,19 @@ def test_exported_route_head_is_the_packages_eq5(new_rows, tau):
     noise = torch.linspace(0.05, 3.0, length)[None, :, None]  # adapt near preserve for some tokens, not others
     hidden[batch:, :, :d] = hidden[:batch, :, :d] + noise * torch.randn(batch, length, d, generator=gen)
 
-    config = SimpleNamespace(scale_hidden_size=d, scale_route_tau=tau, scale_route_vocab_size=vocab if new_rows else 0)
+    config = SimpleNamespace(
+        scale_hidden_size=d,
+        scale_route_tau=tau,
+        scale_route_vocab_size=vocab if new_rows else 0,
+        scale_route_exact=exact,
+    )
     head = modeling_scale.RouteHead(d + u, vocab + new_rows, config)
     with torch.no_grad():
         original = weight if weight_new is None else torch.cat((weight, weight_new))
         head.weight.copy_(torch.cat((original, weight_up), dim=1))
         exported = head(hidden)
-        ours, cosine = route_logits(hidden[..., :d], hidden[..., d:], weight, None, weight_up, tau, weight_new)
+        x, x_up = hidden[..., :d], hidden[..., d:]
+        ours, cosine = route_logits(x, x_up, weight, None, weight_up, tau, weight_new, exact=exact)
     assert torch.equal(head.last_mask, cosine > tau)
     torch.testing.assert_close(exported, ours, atol=1e-6, rtol=1e-6)
     config.scale_route_tau = tau - 0.5  # the head reads its config's tau at every forward
@@ -308,6 +333,22 @@ def test_scale_export_loads_without_scale_cl_and_matches(scale_exports, arch, me
     module, _, cls = summary["classes"][name].rpartition(".")
     assert module.startswith("transformers_modules.") and module.endswith(".modeling_scale") and cls == architecture
     assert_matches(got[name], expected[name], mask)
+
+
+@pytest.mark.parametrize("name", sorted(QUIET_CASES))
+def test_quiet_stream_options_are_exported(scale_exports, name):
+    _, expected, got, _, mask = scale_exports
+    assert_matches(got[name], expected[name], mask)
+    if QUIET_CASES[name][2].get("route_exact"):
+        assert expected[name]["routed"][mask.bool()].any()  # some tokens do take the exact preserve branch
+
+
+def test_route_exact_without_a_collaborative_layer_is_refused(tmp_path):
+    model = lively_scale_model("llama-gqa2-tied", "preserve", preserve_layers=3, route_exact=True)
+    set_method(model, "route")
+    with pytest.raises(ValueError, match="route_exact and no collaborative layer"):
+        export_model(model, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize("name", sorted(ROUTE_EDGES))

@@ -14,7 +14,7 @@ and are never imported by it.
 
 from scale_cl.config import METHODS, ScaleConfig, scale_config_of
 from scale_cl.io import save
-from scale_cl.model import set_method
+from scale_cl.model import set_method, set_up_logit_scale
 from scale_cl.restore import load
 from scale_cl.route import ROUTE_SHARE_KEY
 from scale_cl.summary import ParamSummary, parameter_summary
@@ -46,6 +46,7 @@ __all__ = [
     "save",
     "scale_config_of",
     "set_method",
+    "set_up_logit_scale",
     "trainable_parameter_count",
     "upscale",
 ]

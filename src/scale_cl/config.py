@@ -15,6 +15,8 @@ from scale_cl.bounds import check_fields
 METHODS = ("preserve", "adapt", "route")
 INITS = ("zero", "random", "svd")
 MODULES = ("attn", "ffn")
+EMBED_UP_INITS = ("random", "zero")
+UP_NORMS = ("own", "original", "joint")
 
 
 @dataclass
@@ -37,6 +39,18 @@ class ScaleConfig:
         route_tau: cosine threshold of Eq. 5, in [-1, 1]; a token whose preserve and adapt
             logits agree above it goes to the preserve path.
         seed: seed of the random and randomised-SVD initialisers (upscaling is deterministic).
+        embed_up_init: ``E_up`` at start: ``"random"`` (``E``'s standard deviation, the paper's) or ``"zero"``
+            (the new stream starts silent and speaks only where W21 and training make it).
+        up_norm: the statistic that normalises ``x_up``: ``"own"`` (its own RMS / mean and variance, the
+            paper's), ``"original"`` (the original stream's RMS / standard deviation) or ``"joint"`` (the whole
+            ``[x; x_up]``'s). With the last two ``x_up`` is as loud, relative to ``x``, as the model makes it,
+            rather than always unit-sized; ``"joint"`` is bounded where ``x_up`` outgrows ``x`` (``"original"``
+            is not, and can diverge: docs/design.md §2). Theorem 3.1 holds with each: ``x`` reads only its own.
+        up_logit_scale: ``alpha`` in ``Z + alpha Z_up``: scales the new stream's logits (1: the paper's; 0:
+            the base model's logits under SCALE-Preserve). Meant for evaluation after training: one trained
+            model, a learning-forgetting frontier over ``alpha``.
+        route_exact: SCALE-Route: a token routed to the preserve path gets the base model's logits ``Z_p``
+            exactly, instead of Eq. 5's ``(Z_p + Z_a) / 2 + Z_p_up``.
     """
 
     hidden_up: int = field(
@@ -69,15 +83,33 @@ class ScaleConfig:
         },
     )
 
+    embed_up_init: str = field(
+        default="random", metadata={"help": f"E_up at start, one of {EMBED_UP_INITS} (zero: a silent new stream)"}
+    )
+    up_norm: str = field(
+        default="own",
+        metadata={"help": f"what normalises x_up, one of {UP_NORMS} (the original stream's or the whole width's RMS)"},
+    )
+    up_logit_scale: float = field(
+        default=1.0, metadata={"ge": 0, "help": "alpha in Z + alpha Z_up: the new stream's weight in the logits"}
+    )
+    route_exact: bool = field(
+        default=False, metadata={"help": "SCALE-Route: tokens routed to the preserve path get the base's logits"}
+    )
+
     def __post_init__(self) -> None:
         self.collab_modules = tuple(self.collab_modules)
-        check_fields(self)  # hidden_up, ffn_up, route_tau, seed
+        check_fields(self)  # hidden_up, ffn_up, route_tau, seed, up_logit_scale
         if isinstance(self.preserve_layers, bool) or not isinstance(self.preserve_layers, int):
             raise ValueError(f"ScaleConfig.preserve_layers must be a whole number, got {self.preserve_layers!r}")
         check_method(self.method)
-        for name in ("w21_init", "w22_init"):
-            if getattr(self, name) not in INITS:
-                raise ValueError(f"ScaleConfig.{name} must be one of {INITS}, got {getattr(self, name)!r}")
+        for name, allowed in (("w21_init", INITS), ("w22_init", INITS), ("embed_up_init", EMBED_UP_INITS)):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"ScaleConfig.{name} must be one of {allowed}, got {getattr(self, name)!r}")
+        if self.up_norm not in UP_NORMS:
+            raise ValueError(f"ScaleConfig.up_norm must be one of {UP_NORMS}, got {self.up_norm!r}")
+        if not isinstance(self.route_exact, bool):
+            raise ValueError(f"ScaleConfig.route_exact must be true or false, got {self.route_exact!r}")
         unknown = [m for m in self.collab_modules if m not in MODULES]
         if unknown or not self.collab_modules:
             raise ValueError(
@@ -85,7 +117,7 @@ class ScaleConfig:
             )
         if len(set(self.collab_modules)) != len(self.collab_modules):
             raise ValueError(f"ScaleConfig.collab_modules has duplicates: {self.collab_modules!r}")
-        self.route_tau = float(self.route_tau)
+        self.route_tau, self.up_logit_scale = float(self.route_tau), float(self.up_logit_scale)
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -253,15 +254,20 @@ class SplitNorm(SplitInput):
     """Normalises ``x`` with the frozen original norm over ``d`` and ``x_up`` with a new one over ``u``.
 
     A norm over the whole ``d + u`` would let ``x_up`` rescale ``x`` and break preservation, so
-    the two parts never share statistics (docs/design.md §1). ``kind`` is ``"rms"`` (Llama family) or
-    ``"layer"`` (LayerNorm with bias, GPT-NeoX).
+    ``x`` never reads ``x_up``'s statistics (docs/design.md §1). ``kind`` is ``"rms"`` (Llama family) or
+    ``"layer"`` (LayerNorm with bias, GPT-NeoX). ``up_norm`` (`ScaleConfig.up_norm`): ``"own"`` normalises
+    ``x_up`` by its own statistics; ``"original"`` divides it by the original stream's RMS (``rms``) or
+    standard deviation (``layer``, not centred), ``"joint"`` by the whole ``[x; x_up]``'s, so a quiet ``x_up``
+    stays quiet (docs/design.md §2).
     """
 
-    def __init__(self, base: nn.Module, kind: str, hidden_up: int, eps: float) -> None:
+    def __init__(self, base: nn.Module, kind: str, hidden_up: int, eps: float, up_norm: str = "own") -> None:
         super().__init__()
         if kind not in ("rms", "layer"):
             raise ValueError(f"unknown norm kind {kind!r}")
-        self.kind, self.eps = kind, eps
+        if up_norm not in ("own", "original", "joint"):
+            raise ValueError(f"unknown up_norm {up_norm!r}")
+        self.kind, self.eps, self.up_norm = kind, eps, up_norm
         self.hidden_size, self.hidden_up = base.weight.shape[0], hidden_up
         self.weight = base.weight
         factory = {"device": base.weight.device, "dtype": base.weight.dtype}
@@ -275,14 +281,26 @@ class SplitNorm(SplitInput):
             return rms_norm(x, weight, self.eps)
         return F.layer_norm(x, (x.shape[-1],), weight, bias, self.eps)
 
+    def _by_other(self, reference: torch.Tensor, x_up: torch.Tensor) -> torch.Tensor:
+        """``x_up`` over ``reference``'s RMS (rms) or standard deviation (layer), then the new gain (and bias)."""
+        ref = reference.to(torch.float32)
+        stat = ref.pow(2).mean(-1, keepdim=True) if self.kind == "rms" else ref.var(-1, unbiased=False, keepdim=True)
+        scaled = (x_up.to(torch.float32) * torch.rsqrt(stat + self.eps)).to(x_up.dtype)
+        return self.weight_up * scaled if self.kind == "rms" else scaled * self.weight_up + self.bias_up
+
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         x, x_up = hidden.split((self.hidden_size, self.hidden_up), dim=-1)
         x = self.original(x)
         bias, bias_up = (self.bias, self.bias_up) if self.kind == "layer" else (None, None)
-        return torch.cat((self._norm(x, self.weight, bias), self._norm(x_up, self.weight_up, bias_up)), dim=-1)
+        if self.up_norm == "own":
+            up = self._norm(x_up, self.weight_up, bias_up)
+        else:  # over x's statistic ("original") or the whole width's ("joint"); x never reads x_up's
+            up = self._by_other(x if self.up_norm == "original" else hidden, x_up)
+        return torch.cat((self._norm(x, self.weight, bias), up), dim=-1)
 
     def extra_repr(self) -> str:
-        return f"{self.kind}, {self.hidden_size}+{self.hidden_up}, eps={self.eps}"
+        up = "" if self.up_norm == "own" else f", x_up by the {self.up_norm} statistic"
+        return f"{self.kind}, {self.hidden_size}+{self.hidden_up}, eps={self.eps}{up}"
 
 
 class ScaleEmbedding(nn.Module):
@@ -323,6 +341,9 @@ class ScaleEmbedding(nn.Module):
 class ScaleHead(SplitInput):
     """LM head ``Z + Z_up = W_out x + W_out_up x_up``; ``W_out`` frozen, ``W_out_up`` zero at start.
 
+    ``Z_up`` is weighted by `ScaleConfig.up_logit_scale` (``alpha``, 1 by default), read from the model's
+    settings at every forward, as is `ScaleConfig.route_exact`.
+
     In route mode (``route.active``) the head also combines the two paths with Eq. 5 (see
     `scale_cl.route`) and records its routing decision in ``route.last_mask``.
 
@@ -354,17 +375,24 @@ class ScaleHead(SplitInput):
             z = torch.cat((z, F.linear(x, self.weight_new)), dim=-1)
         return z, F.linear(x_up, self.weight_up)
 
+    def setting(self, name: str, default: Any) -> Any:
+        """A `ScaleConfig` field as the model holds it now (``config.scale_cl``: its one home, saved and exported)."""
+        return default if self.route is None else self.route.settings["config"][name]
+
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        route = self.route
+        route, alpha = self.route, self.setting("up_logit_scale", 1.0)  # Z + alpha Z_up
         if route is None or not route.active:
             z, z_up = self.parts(hidden)
-            return z + z_up
+            return torch.add(z, z_up, alpha=alpha)
+        exact = self.setting("route_exact", False)
         if not route.stacked:  # no collaborative layer: both paths are one network, and both branches Z + Z_up
             z, z_up = self.parts(hidden)
-            route.record(route_cosine(z, z))
-            return z + z_up
+            keep = route.record(route_cosine(z, z))
+            return torch.add(z, z_up.masked_fill(keep[..., None], 0) if exact else z_up, alpha=alpha)
         x, x_up = hidden.split((self.hidden_size, self.hidden_up), dim=-1)
-        logits, cosine = route_logits(x, x_up, self.weight, self.bias, self.weight_up, route.tau, self.weight_new)
+        logits, cosine = route_logits(
+            x, x_up, self.weight, self.bias, self.weight_up, route.tau, self.weight_new, up_scale=alpha, exact=exact
+        )
         route.record(cosine)
         return logits
 

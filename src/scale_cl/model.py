@@ -68,6 +68,18 @@ def set_method(model: nn.Module, method: str, tau: float | None = None) -> nn.Mo
     return model
 
 
+def set_up_logit_scale(model: nn.Module, alpha: float) -> nn.Module:
+    """Weigh the new stream's logits, ``Z + alpha Z_up``, on a live upscaled model; returns it.
+
+    ``alpha`` is the model's `ScaleConfig.up_logit_scale` (0 or more; 1 is the paper's), so the head uses,
+    `save_pretrained` saves and the export merges (into ``W_out_up``) one value. Evaluating one trained model
+    at several ``alpha`` traces a learning-forgetting frontier without retraining (docs/design.md §2): at 0,
+    SCALE-Preserve's logits are the base model's.
+    """
+    model.config.scale_cl["config"] = replace(scale_config_of(model), up_logit_scale=alpha).to_dict()  # checked
+    return model
+
+
 class ScaleModelMixin:
     """Added to an upscaled model's class: the SCALE methods next to the usual HF ones."""
 
@@ -79,6 +91,9 @@ class ScaleModelMixin:
 
     def set_method(self, method: str, tau: float | None = None) -> nn.Module:
         return set_method(self, method, tau)
+
+    def set_up_logit_scale(self, alpha: float) -> nn.Module:
+        return set_up_logit_scale(self, alpha)
 
     def save_pretrained(self, save_directory: str, full: bool = False, **kwargs: Any) -> None:
         """Save the new parameters (safetensors) and a JSON config naming the base model.

@@ -47,8 +47,15 @@ def route_logits(
     weight_up: torch.Tensor,
     tau: float,
     weight_new: torch.Tensor | None = None,
+    *,
+    up_scale: float = 1.0,
+    exact: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Eq. 5 from the stacked ``[preserve; adapt]`` head input ``[x; x_up]`` (2B rows): (logits, cosine per token).
+
+    ``up_scale`` weighs the new stream's logits (``Z + alpha Z_up`` in both branches, `ScaleConfig.up_logit_scale`);
+    ``exact`` (`ScaleConfig.route_exact`) gives a routed token the preserve path's ``Z_p`` alone, the base
+    model's logits exactly, instead of ``(Z_p + Z_a) / 2 + Z_p_up``.
 
     The package's one implementation of Eq. 5 (the exported model's `modeling_scale.RouteHead` keeps a
     standalone copy, tested equal). ``weight_new``: an extended vocabulary's new token rows
@@ -78,10 +85,14 @@ def route_logits(
         z_p = torch.cat((z_p, F.linear(x_p, weight_new)), dim=-1)
         z_a = torch.cat((z_a, F.linear(x_a, weight_new)), dim=-1)
     keep = (cosine > tau)[..., None]
-    x_up = torch.where(keep, x_up[:half], x_up[half:])
-    scale = torch.where(keep, 0.5, 1.0).to(z_a.dtype)
-    logits = z_a.mul_(scale).add_(z_p.masked_fill_(~keep, 0), alpha=0.5)
-    return logits.add_(F.linear(x_up, weight_up)), cosine
+    if exact:  # routed: 0 + Z_p + alpha W_up 0 = Z_p exactly; otherwise Z_a + 0 + alpha Z_a_up
+        x_up = x_up[half:].masked_fill(keep, 0)
+        logits = z_a.masked_fill_(keep, 0).add_(z_p.masked_fill_(~keep, 0))
+    else:
+        x_up = torch.where(keep, x_up[:half], x_up[half:])
+        scale = torch.where(keep, 0.5, 1.0).to(z_a.dtype)
+        logits = z_a.mul_(scale).add_(z_p.masked_fill_(~keep, 0), alpha=0.5)
+    return logits.add_(F.linear(x_up, weight_up), alpha=up_scale), cosine
 
 
 def _stack(value: Any, batch: int) -> Any:

@@ -58,14 +58,16 @@ def upscale(model: PreTrainedModel, config: ScaleConfig) -> PreTrainedModel:
         torch.manual_seed(config.seed)
         embedding = model.get_input_embeddings()
         std = embedding.weight.detach().float().std().item()
-        model.set_input_embeddings(
-            ScaleEmbedding(embedding, torch.randn(embedding.num_embeddings, u, device=param.device) * std)
-        )
+        embed_up = torch.randn(embedding.num_embeddings, u, device=param.device) * std
+        if config.embed_up_init == "zero":  # drawn all the same, so every later initialiser draws the same numbers
+            embed_up = torch.zeros_like(embed_up)
+        model.set_input_embeddings(ScaleEmbedding(embedding, embed_up))
         head = model.get_output_embeddings()
         model.set_output_embeddings(ScaleHead(head, u))
         model.get_output_embeddings().route = route
         eps = getattr(model.config, spec.config_norm_eps)
-        _set(backbone, spec.final_norm, SplitNorm(backbone.get_submodule(spec.final_norm), spec.norm_kind, u, eps))
+        norm = partial(SplitNorm, kind=spec.norm_kind, hidden_up=u, eps=eps, up_norm=config.up_norm)
+        _set(backbone, spec.final_norm, norm(backbone.get_submodule(spec.final_norm)))
         singular = itertools.repeat(None)
         if "svd" in (config.w21_init, config.w22_init):  # the slow part: computed in parallel on a CPU, in order
             work = [
@@ -76,7 +78,7 @@ def upscale(model: PreTrainedModel, config: ScaleConfig) -> PreTrainedModel:
             singular = top_singular_all(work, [config.seed * 1_000_003 + position for position in range(len(work))])
         for index, layer in enumerate(backbone.layers):
             for path in spec.layer_norms:
-                _set(layer, path, SplitNorm(layer.get_submodule(path), spec.norm_kind, u, eps))
+                _set(layer, path, norm(layer.get_submodule(path)))
             for lin in spec.linears:
                 old = layer.get_submodule(lin.path)
                 in_up, out_up = grow[lin.grow_in], grow[lin.grow_out]

@@ -68,7 +68,9 @@ def _merged(module: nn.Module) -> dict[str, torch.Tensor | None] | None:
     if isinstance(module, ScaleHead):
         if module.bias is not None:
             raise ValueError("cannot export an LM head with a bias (no supported architecture has one)")
-        return {"weight": torch.cat((_token_rows(module), module.weight_up), dim=1)}
+        alpha = module.setting("up_logit_scale", 1.0)  # Z + alpha Z_up = [W_out, alpha W_out_up] [x; x_up]
+        weight_up = module.weight_up if alpha == 1 else module.weight_up * alpha
+        return {"weight": torch.cat((_token_rows(module), weight_up), dim=1)}
     return None
 
 
@@ -91,6 +93,11 @@ def export_config(model: nn.Module) -> PreTrainedConfig:
     """The exported config: the upscaled model's widened one, the original sizes and the method's settings."""
     config_class, model_class = _family(model)
     cfg, dims = scale_config_of(model), model.config.scale_cl["base"]["dims"]
+    if cfg.method == "route" and cfg.route_exact and cfg.preserve_layers >= model.config.num_hidden_layers:
+        raise ValueError(
+            "cannot export SCALE-Route with route_exact and no collaborative layer: every token would route to the "
+            "preserve path and get the base model's logits; export the base model, or lower preserve_layers"
+        )
     extension = extension_record(model)
     fields = {k: v for k, v in model.config.to_dict().items() if k not in _DROPPED}
     config = config_class.from_dict(
@@ -105,6 +112,8 @@ def export_config(model: nn.Module) -> PreTrainedConfig:
             "scale_preserve_layers": cfg.preserve_layers,
             "scale_route_tau": cfg.route_tau,
             "scale_route_vocab_size": extension["base_rows"] if extension else 0,
+            "scale_route_exact": cfg.route_exact,
+            "scale_up_norm": cfg.up_norm,
         }
     )
     module = MODELING_FILE.removesuffix(".py")

@@ -10,7 +10,8 @@ The exported weights are the upscaled model's blocks merged into stock-shaped te
 model once two things are swapped in:
 
 * the norms (`SplitRMSNorm`, `SplitLayerNorm`): the first ``scale_hidden_size`` features (the original
-  stream ``x``) and the rest (``x_up``) are normalised with their own statistics, never shared;
+  stream ``x``) and the rest (``x_up``) are normalised with their own statistics (``x`` never reads
+  ``x_up``'s; with ``scale_up_norm`` ``"original"`` or ``"joint"``, ``x_up`` takes ``x``'s or the whole width's);
 * for ``scale_method == "route"`` (paper Eq. 5), two paths above the first collaborative layer
   ``scale_preserve_layers``: a pre-hook stacks the batch as ``[preserve path; adapt path]`` there
   (`stack_paths`, so the KV cache holds both paths in those layers), each linear of those layers applies
@@ -49,36 +50,44 @@ class SplitRMSNorm(nn.Module):
     arithmetic is transformers' LlamaRMSNorm's on each part (float32 statistics).
     """
 
-    def __init__(self, hidden_size: int, split: int, eps: float = 1e-6) -> None:
+    def __init__(self, hidden_size: int, split: int, eps: float = 1e-6, up_norm: str = "own") -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(hidden_size))
-        self.split, self.variance_epsilon = split, eps
+        self.split, self.variance_epsilon, self.up_norm = split, eps, up_norm
 
-    def _norm(self, x: torch.Tensor) -> torch.Tensor:
-        x = x.to(torch.float32)
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
+    def _inverse_rms(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.rsqrt(x.to(torch.float32).pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         x, x_up = hidden.split((self.split, hidden.shape[-1] - self.split), dim=-1)
-        return self.weight * torch.cat((self._norm(x), self._norm(x_up)), dim=-1).to(hidden.dtype)
+        up_stat = {"own": x_up, "original": x, "joint": hidden}[self.up_norm]  # scale_up_norm: whose RMS x_up takes
+        parts = (x.to(torch.float32) * self._inverse_rms(x), x_up.to(torch.float32) * self._inverse_rms(up_stat))
+        return self.weight * torch.cat(parts, dim=-1).to(hidden.dtype)
 
     def extra_repr(self) -> str:
         return f"{self.split}+{self.weight.shape[0] - self.split}, eps={self.variance_epsilon}"
 
 
 class SplitLayerNorm(nn.Module):
-    """LayerNorm (with bias) over ``x`` (the first ``split`` features) and over ``x_up`` separately."""
+    """LayerNorm (with bias) over ``x`` (the first ``split`` features) and over ``x_up`` separately; with
+    ``up_norm`` ``"original"`` or ``"joint"``, ``x_up`` is divided by the standard deviation of ``x`` or of the
+    whole ``[x; x_up]`` instead (not centred)."""
 
-    def __init__(self, hidden_size: int, split: int, eps: float = 1e-5) -> None:
+    def __init__(self, hidden_size: int, split: int, eps: float = 1e-5, up_norm: str = "own") -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(hidden_size))
         self.bias = nn.Parameter(torch.zeros(hidden_size))
-        self.split, self.eps = split, eps
+        self.split, self.eps, self.up_norm = split, eps, up_norm
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         sizes = (self.split, hidden.shape[-1] - self.split)
-        parts = zip(hidden.split(sizes, -1), self.weight.split(sizes), self.bias.split(sizes), strict=True)
-        return torch.cat([F.layer_norm(x, (x.shape[-1],), w, b, self.eps) for x, w, b in parts], dim=-1)
+        (x, x_up), (w, w_up), (b, b_up) = hidden.split(sizes, -1), self.weight.split(sizes), self.bias.split(sizes)
+        if self.up_norm != "own":  # x_up over the standard deviation of x ("original") or of [x; x_up] ("joint")
+            var = (x if self.up_norm == "original" else hidden).to(torch.float32).var(-1, unbiased=False, keepdim=True)
+            up = (x_up.to(torch.float32) * torch.rsqrt(var + self.eps)).to(x_up.dtype) * w_up + b_up
+        else:
+            up = F.layer_norm(x_up, (x_up.shape[-1],), w_up, b_up, self.eps)
+        return torch.cat((F.layer_norm(x, (x.shape[-1],), w, b, self.eps), up), dim=-1)
 
     def extra_repr(self) -> str:
         return f"{self.split}+{self.weight.shape[0] - self.split}, eps={self.eps}"
@@ -121,7 +130,7 @@ class RouteHead(nn.Linear):
 
     With ``Z = W_out x`` and ``Z_up = W_out_up x_up`` (``weight`` is ``[W_out, W_out_up]``), per token::
 
-        cos(Z_p, Z_a) > tau  ->  (Z_p + Z_a) / 2 + Z_p_up
+        cos(Z_p, Z_a) > tau  ->  (Z_p + Z_a) / 2 + Z_p_up     (Z_p alone with scale_route_exact)
         otherwise            ->  Z_a + Z_a_up
 
     ``tau`` is the config's ``scale_route_tau`` (read at every forward: one value, the one saved). The cosine
@@ -150,6 +159,8 @@ class RouteHead(nn.Linear):
         with torch.no_grad():
             self.last_mask = route_mask(z_p[..., :vocab], z_a[..., :vocab], self.tau)
         keep = self.last_mask[..., None]
+        if self.config.scale_route_exact:  # a routed token: the base model's logits exactly
+            return torch.where(keep, z_p, z_a + F.linear(x_up[half:], w_up))
         z = torch.where(keep, (z_p + z_a) / 2, z_a)
         return z + F.linear(torch.where(keep, x_up[:half], x_up[half:]), w_up)
 
@@ -191,6 +202,8 @@ class ScaleFields:
     scale_preserve_layers: int = 0  # route: the first collaborative layer, where the two paths start
     scale_route_tau: float = 0.5  # route: the cosine threshold of Eq. 5
     scale_route_vocab_size: int = 0  # route: logits the cosine reads (0: all)
+    scale_route_exact: bool = False  # route: a token routed to the preserve path gets the base model's logits
+    scale_up_norm: str = "own"  # x_up normalised by its own statistic, the original stream's or the whole width's
 
 
 class ScaleLlamaConfig(ScaleFields, LlamaConfig):
@@ -226,10 +239,11 @@ class ScaleMixin:
         decoder = getattr(self, self.backbone)
         width, split = config.hidden_size, config.scale_hidden_size
         eps = config.layer_norm_eps if hasattr(config, "layer_norm_eps") else config.rms_norm_eps
-        setattr(decoder, self.final_norm, self.norm_class(width, split, eps))
+        norm = partial(self.norm_class, width, split, eps, config.scale_up_norm)
+        setattr(decoder, self.final_norm, norm())
         for layer in decoder.layers:
             for name in self.layer_norms:
-                setattr(layer, name, self.norm_class(width, split, eps))
+                setattr(layer, name, norm())
         self.route_from = None  # the first layer that runs both paths, None when nothing is stacked
         if config.scale_method == "route" and config.scale_preserve_layers < len(decoder.layers):
             self.route_from = config.scale_preserve_layers
