@@ -226,3 +226,24 @@ def test_gradient_checkpointing_trains_the_same_weights(workspace, tmp_path, mon
     lora_checkpointed = load_file(tmp_path / "checkpointed" / "lora" / "model" / "adapter_model.safetensors")
     for name in lora_plain:
         torch.testing.assert_close(lora_plain[name], lora_checkpointed[name], rtol=1e-5, atol=1e-6, msg=name)
+
+
+@pytest.mark.slow
+def test_up_logit_frontier_reevaluates_the_trained_model_at_each_alpha(workspace, tmp_path):
+    """--eval.up_logit_scales: alpha 1 is the run's own last record, alpha 0 is SCALE-Preserve's base model
+    (its step-0 perplexities, Theorem 3.1), and the saved model keeps the alpha it trained with."""
+    cfg = tiny_config(workspace, ["scale_preserve", "freeze"])
+    cfg = replace(cfg, eval=replace(cfg.eval, up_logit_scales=(0.0, 0.5, 1.0)))
+    results = run_cpt(cfg, tmp_path / "run")
+    preserve = results["methods"]["scale_preserve"]
+    frontier = {point["alpha"]: point for point in preserve["up_logit_frontier"]}
+    first, last = preserve["curve"][0], preserve["curve"][-1]
+    assert sorted(frontier) == [0.0, 0.5, 1.0]
+    assert frontier[1.0]["learning_ppl"] == pytest.approx(last["learning_ppl"], rel=1e-6)
+    assert frontier[0.0]["learning_ppl"] == pytest.approx(first["learning_ppl"], rel=1e-5)
+    assert frontier[0.0]["forgetting_ppl"]["toy"] == pytest.approx(first["forgetting_ppl"]["toy"], rel=1e-5)
+    assert last["learning_ppl"] < frontier[0.5]["learning_ppl"] < first["learning_ppl"]
+    assert "up_logit_frontier" not in results["methods"]["freeze"]  # not a SCALE model: nothing to weigh
+    assert "### The new stream's weight after training" in (tmp_path / "run" / "results.md").read_text()
+    model, _, _ = load_trained(tmp_path / "run" / "scale_preserve" / "model")
+    assert model.scale_config.up_logit_scale == 1.0

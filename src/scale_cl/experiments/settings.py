@@ -24,7 +24,15 @@ W12_SUFFIX = ".w12"  # the name of every ScaleLinear's W12 block ends so
 
 # The settings of `MethodSettings` (dotted below ``options``) each method reads: a sweep axis over any other
 # method setting does not re-run it, and only these are checked against the model for it.
-_PRESERVE_SETTINGS = ("scale.hidden_up", "scale.ffn_up", "scale.w21_init", "scale.w22_init")
+_PRESERVE_SETTINGS = (
+    "scale.hidden_up",
+    "scale.ffn_up",
+    "scale.w21_init",
+    "scale.w22_init",
+    "scale.embed_up_init",
+    "scale.up_norm",
+    "scale.up_logit_scale",
+)
 _ADAPT_SETTINGS = (
     *_PRESERVE_SETTINGS,
     "scale.preserve_layers",
@@ -44,6 +52,7 @@ METHOD_SETTINGS: dict[str, tuple[str, ...]] = {
     "scale_route": (
         *_ADAPT_SETTINGS,
         "scale.route_tau",
+        "scale.route_exact",
         "route_share",
         "route_calibrate_every",
         "route_calibration_sequences",

@@ -77,8 +77,17 @@ class EvalConfig:
     representation_sequences: int = field(
         default=4, metadata={"ge": 1, "help": "old-domain sequences whose final hidden states are compared with step 0"}
     )
+    up_logit_scales: tuple[float, ...] = field(
+        default=(),
+        metadata={
+            "ge": 0,
+            "help": "SCALE methods: after training, evaluate the model again with its new stream's logits weighted "
+            "by each alpha (Z + alpha Z_up): a learning-forgetting frontier from one trained model, no retraining",
+        },
+    )
 
     def __post_init__(self) -> None:
+        self.up_logit_scales = tuple(float(a) for a in self.up_logit_scales)
         check_fields(self)
 
 

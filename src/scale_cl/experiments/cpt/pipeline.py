@@ -295,6 +295,8 @@ def run_method(
     summary = {"method": method, "lr": lr, "trainable": trainable, "steps": steps, "seconds": seconds}
     if layer_choice is not None:
         summary["layer_choice"] = layer_choice
+    if state.is_main_process and cfg.eval.up_logit_scales and hasattr(trainer.model, "scale_route"):
+        summary["up_logit_frontier"] = up_logit_frontier(trainer.model, tracker.evaluate, cfg.eval.up_logit_scales)
     if state.is_main_process:
         if save_model:
             save_trained(trainer.model, tokenizer, method, ref, method_dir / "model")
@@ -305,6 +307,22 @@ def run_method(
     del trainer, model, base
     gc.collect()
     return summary
+
+
+def up_logit_frontier(model: torch.nn.Module, evaluate: Any, scales: tuple[float, ...]) -> list[dict[str, Any]]:
+    """The trained SCALE model evaluated with its new stream's logits weighted by each alpha (``Z + alpha Z_up``,
+    `scale_cl.set_up_logit_scale`), then given back its own alpha: one record per alpha (docs/design.md §2)."""
+    from scale_cl import set_up_logit_scale
+
+    own = model.scale_config.up_logit_scale
+    frontier = []
+    try:
+        for alpha in scales:
+            set_up_logit_scale(model, alpha)
+            frontier.append({"alpha": alpha, **evaluate(model)})
+    finally:
+        set_up_logit_scale(model, own)
+    return frontier
 
 
 @dataclass

@@ -72,7 +72,27 @@ def results_markdown(results: dict[str, Any]) -> str:
         "old-domain set (forgetting); representation similarity is the mean cosine similarity of the final hidden "
         "states' original part with step 0 on a fixed old-domain batch (paper Fig. 4a)."
     )
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + frontier_markdown(methods, old_sets)) + "\n"
+
+
+def frontier_markdown(methods: dict[str, Any], old_sets: list[str]) -> list[str]:
+    """The trained SCALE models re-evaluated at each alpha of ``--eval.up_logit_scales`` (none: no lines)."""
+    rows = [(m, point) for m, r in methods.items() for point in r.get("up_logit_frontier", [])]
+    if not rows:
+        return []
+    header = ["method", "alpha", "learning ppl", *(f"forgetting ppl {name}" for name in old_sets)]
+    lines = ["", "### The new stream's weight after training (Z + alpha Z_up)", ""]
+    lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for method, point in rows:
+        forgetting = [_fmt(point["forgetting_ppl"].get(name)) for name in old_sets]
+        lines.append(
+            f"| {method} | {point['alpha']:g} | {_fmt(point.get('learning_ppl'))} | {' | '.join(forgetting)} |"
+        )
+    lines += [
+        "",
+        "Each trained model once, evaluated again with its new stream's logits weighted by alpha (1: as trained).",
+    ]
+    return lines
 
 
 def plot(results: dict[str, Any], out: Path) -> list[Path]:
