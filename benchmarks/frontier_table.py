@@ -1,0 +1,106 @@
+"""Issue 28's target read off a `scale-cl sweep cpt` folder run with ``--eval.up_logit_scales``: every trained SCALE
+model at each alpha of ``Z + alpha Z_up``, and FFT at each of its swept rates, as shares of FFT's gain and loss.
+
+Per seed, as `target_table.py`: gain = ln(base new-domain ppl) - ln(the run's), loss = ln(the run's old-domain
+ppl) - ln(base's), each divided by FFT's at its preset rate (x1) in the same seed; mean ± population std over the
+seeds. The target (no old-domain data): a loss <= 50% of FFT's at a gain >= 90% of FFT's. Each SCALE point's
+best alpha is the one with the least mean `en` loss among those whose mean gain is >= 90%.
+
+Usage: python benchmarks/frontier_table.py SWEEP_DIR [MORE_SWEEP_DIRS]  (the first holds FFT's x1 point; FFT's
+points at other rates are read from every folder given, e.g. outputs/sweep-cpt-clean-en)
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import sys
+from pathlib import Path
+
+from target_table import reference, share, spread
+
+
+def frontiers(point_dir: Path, point: dict, seeds: list[str]) -> dict[float, list[dict]] | None:
+    """alpha -> the seeds' records of one SCALE point (None if a seed's run has no frontier)."""
+    by_alpha: dict[float, list[dict]] = {}
+    for seed in seeds:
+        result = point_dir / f"seed-{seed}" / point["method"] / "result.json"
+        frontier = json.loads(result.read_text()).get("up_logit_frontier") if result.is_file() else None
+        if not frontier:
+            return None
+        for record in frontier:
+            flat = {"learning": record["learning_ppl"], **{f"old/{k}": v for k, v in record["forgetting_ppl"].items()}}
+            by_alpha.setdefault(record["alpha"], []).append(flat)
+    return by_alpha
+
+
+def main(folders: list[Path]) -> None:
+    base = json.loads((folders[0] / "base_metrics.json").read_text())
+    new0 = math.log(base["learning_ppl"])
+    old0 = {name: math.log(ppl) for name, ppl in base["forgetting_ppl"].items()}
+    names = sorted(old0)
+    fft, seeds = reference(folders[0])
+    ffts = [fft["seeds"][s] for s in seeds]
+
+    def gain(records: list[dict]) -> list[float]:
+        return [
+            share(new0 - math.log(r["learning"]), new0 - math.log(f["learning"]))
+            for r, f in zip(records, ffts, strict=True)
+        ]
+
+    def loss(records: list[dict], name: str) -> list[float]:
+        key = f"old/{name}"
+        return [
+            share(math.log(r[key]) - old0[name], math.log(f[key]) - old0[name])
+            for r, f in zip(records, ffts, strict=True)
+        ]
+
+    head = ["run", "lr", "alpha", "new-domain ppl", *(f"`{n}` ppl" for n in names), "% of FFT's gain"]
+    head += [f"% of FFT's `{n}` loss" for n in names]
+    print("| " + " | ".join(head) + " |")
+    print("|" + "---|" * len(head))
+
+    def row(label: str, lr: float, alpha: str, records: list[dict]) -> None:
+        cells = [label, f"{lr:g}", alpha, spread([r["learning"] for r in records])]
+        cells += [spread([r[f"old/{n}"] for r in records], digits=1) for n in names]
+        cells += [spread(gain(records), 100, 1), *(spread(loss(records, n), 100, 1) for n in names)]
+        print("| " + " | ".join(cells) + " |")
+
+    best: list[str] = []
+    for folder in folders:
+        for path in sorted((folder / "points").glob("*/point.json")):
+            point = json.loads(path.read_text())
+            if not all(s in point["seeds"] for s in seeds) or (folder != folders[0] and point["method"] != "fft"):
+                continue
+            label = point["method"] + (f" ({point['label']})" if point["label"] else "")
+            if point["method"] == "fft":
+                row(f"{label} [{folder.name}]", point["lr"], "—", [point["seeds"][s] for s in seeds])
+                continue
+            by_alpha = frontiers(path.parent, point, seeds)
+            if by_alpha is None:
+                row(label, point["lr"], "1", [point["seeds"][s] for s in seeds])
+                continue
+            for alpha, records in sorted(by_alpha.items()):
+                row(label, point["lr"], f"{alpha:g}", records)
+            enough = {a: r for a, r in by_alpha.items() if statistics.fmean(gain(r)) >= 0.9}
+            if enough:
+                alpha = min(enough, key=lambda a: statistics.fmean(loss(enough[a], names[0])))
+                losses = ", ".join(f"`{n}` {spread(loss(enough[alpha], n), 100, 1)}%" for n in names)
+                best.append(f"{label}: alpha {alpha:g}, gain {spread(gain(enough[alpha]), 100, 1)}%, loss {losses}")
+            else:
+                best.append(f"{label}: no alpha reaches 90% of FFT's gain")
+    print(
+        f"\nbase model: new-domain ppl {base['learning_ppl']:,.0f}, "
+        + ", ".join(f"`{n}` {math.exp(v):.2f}" for n, v in sorted(old0.items()))
+        + f"; FFT x1 at lr {fft['lr']:g}; {len(seeds)} seeds ({', '.join(seeds)})\n"
+    )
+    print("Least `" + names[0] + "` loss at >= 90% of FFT's gain (target: loss <= 50%):")
+    for line in best:
+        print(f"* {line}")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) < 2:
+        raise SystemExit(__doc__)
+    main([Path(arg) for arg in sys.argv[1:]])
