@@ -244,6 +244,26 @@ def test_up_logit_frontier_reevaluates_the_trained_model_at_each_alpha(workspace
     assert frontier[0.0]["forgetting_ppl"]["toy"] == pytest.approx(first["forgetting_ppl"]["toy"], rel=1e-5)
     assert last["learning_ppl"] < frontier[0.5]["learning_ppl"] < first["learning_ppl"]
     assert "up_logit_frontier" not in results["methods"]["freeze"]  # not a SCALE model: nothing to weigh
-    assert "### The new stream's weight after training" in (tmp_path / "run" / "results.md").read_text()
+    assert "### The new stream's weight (Z + alpha Z_up)" in (tmp_path / "run" / "results.md").read_text()
     model, _, _ = load_trained(tmp_path / "run" / "scale_preserve" / "model")
     assert model.scale_config.up_logit_scale == 1.0
+
+
+@pytest.mark.slow
+def test_wise_ft_frontier_interpolates_fft_towards_the_base(workspace, tmp_path):
+    """--eval.wise_ft_alphas: alpha 1 is FFT's own last record, alpha 0 the base model (step 0), and the saved
+    model is the trained one."""
+    cfg = tiny_config(workspace, ["fft", "scale_preserve"])
+    cfg = replace(cfg, eval=replace(cfg.eval, wise_ft_alphas=(0.0, 0.5, 1.0)))
+    results = run_cpt(cfg, tmp_path / "run")
+    fft = results["methods"]["fft"]
+    frontier = {point["alpha"]: point for point in fft["wise_ft_frontier"]}
+    first, last = fft["curve"][0], fft["curve"][-1]
+    assert frontier[1.0]["learning_ppl"] == pytest.approx(last["learning_ppl"], rel=1e-6)
+    assert frontier[0.0]["learning_ppl"] == pytest.approx(first["learning_ppl"], rel=1e-5)
+    assert frontier[0.0]["forgetting_ppl"]["toy"] == pytest.approx(first["forgetting_ppl"]["toy"], rel=1e-5)
+    assert frontier[0.5]["learning_ppl"] not in (first["learning_ppl"], last["learning_ppl"])
+    assert "wise_ft_frontier" not in results["methods"]["scale_preserve"]
+    model, _, _ = load_trained(tmp_path / "run" / "fft" / "model")
+    base = AutoModelForCausalLM.from_pretrained(workspace / "base")
+    assert not torch.equal(model.model.layers[0].mlp.up_proj.weight, base.model.layers[0].mlp.up_proj.weight)

@@ -86,8 +86,19 @@ class EvalConfig:
         },
     )
 
+    wise_ft_alphas: tuple[float, ...] = field(
+        default=(),
+        metadata={
+            "ge": 0,
+            "le": 1,
+            "help": "FFT and Freeze: after training, evaluate the weights base + alpha (trained - base) at each alpha "
+            "(WiSE-FT): the same kind of frontier from one trained model, the anchor of --eval.up_logit_scales",
+        },
+    )
+
     def __post_init__(self) -> None:
         self.up_logit_scales = tuple(float(a) for a in self.up_logit_scales)
+        self.wise_ft_alphas = tuple(float(a) for a in self.wise_ft_alphas)
         check_fields(self)
 
 

@@ -297,6 +297,10 @@ def run_method(
         summary["layer_choice"] = layer_choice
     if state.is_main_process and cfg.eval.up_logit_scales and hasattr(trainer.model, "scale_route"):
         summary["up_logit_frontier"] = up_logit_frontier(trainer.model, tracker.evaluate, cfg.eval.up_logit_scales)
+    if state.is_main_process and cfg.eval.wise_ft_alphas and method in WISE_FT_METHODS:
+        start = grown_base(*load_base(ref), corpus)[0]
+        summary["wise_ft_frontier"] = wise_ft_frontier(trainer.model, start, tracker.evaluate, cfg.eval.wise_ft_alphas)
+        del start
     if state.is_main_process:
         if save_model:
             save_trained(trainer.model, tokenizer, method, ref, method_dir / "model")
@@ -322,6 +326,32 @@ def up_logit_frontier(model: torch.nn.Module, evaluate: Any, scales: tuple[float
             frontier.append({"alpha": alpha, **evaluate(model)})
     finally:
         set_up_logit_scale(model, own)
+    return frontier
+
+
+WISE_FT_METHODS = ("fft", "freeze")  # methods that train the base model's own weights, nothing added
+
+
+def wise_ft_frontier(
+    model: torch.nn.Module, base: torch.nn.Module, evaluate: Any, alphas: tuple[float, ...]
+) -> list[dict[str, Any]]:
+    """The trained model's weights interpolated towards the base model's, ``base + alpha (trained - base)``
+    (WiSE-FT, Wortsman et al. 2022), evaluated at each alpha, then given back the trained weights."""
+    trained = {name: p.detach().clone() for name, p in model.named_parameters() if p.requires_grad}
+    start = dict(base.named_parameters())
+    frontier = []
+    try:
+        for alpha in alphas:
+            with torch.no_grad():
+                for name, param in model.named_parameters():
+                    if name in trained:
+                        param.copy_(torch.lerp(start[name].to(param.device, param.dtype), trained[name], alpha))
+            frontier.append({"alpha": alpha, **evaluate(model)})
+    finally:
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                if name in trained:
+                    param.copy_(trained[name])
     return frontier
 
 

@@ -77,11 +77,11 @@ def results_markdown(results: dict[str, Any]) -> str:
 
 def frontier_markdown(methods: dict[str, Any], old_sets: list[str]) -> list[str]:
     """The trained SCALE models re-evaluated at each alpha of ``--eval.up_logit_scales`` (none: no lines)."""
-    rows = [(m, point) for m, r in methods.items() for point in r.get("up_logit_frontier", [])]
+    rows = [(m, point) for m, r in methods.items() for key in FRONTIERS for point in r.get(key, [])]
     if not rows:
         return []
     header = ["method", "alpha", "learning ppl", *(f"forgetting ppl {name}" for name in old_sets)]
-    lines = ["", "### The new stream's weight after training (Z + alpha Z_up)", ""]
+    lines = ["", "### The new stream's weight (Z + alpha Z_up) and WiSE-FT's (base + alpha (trained - base))", ""]
     lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for method, point in rows:
         forgetting = [_fmt(point["forgetting_ppl"].get(name)) for name in old_sets]
@@ -90,9 +90,14 @@ def frontier_markdown(methods: dict[str, Any], old_sets: list[str]) -> list[str]
         )
     lines += [
         "",
-        "Each trained model once, evaluated again with its new stream's logits weighted by alpha (1: as trained).",
+        "Each trained model once, evaluated again: a SCALE model with its new stream's logits weighted by alpha "
+        "(--eval.up_logit_scales), FFT or Freeze with its weights interpolated towards the base model's "
+        "(--eval.wise_ft_alphas); alpha 1 is the model as trained.",
     ]
     return lines
+
+
+FRONTIERS = ("up_logit_frontier", "wise_ft_frontier")  # the re-evaluations a run's result may hold
 
 
 def plot(results: dict[str, Any], out: Path) -> list[Path]:
