@@ -15,3 +15,8 @@ cd "$(dirname "$0")/.."
   --out outputs/sweep-cpt-clean-quiet "$@"
 .venv/bin/scale-cl sweep cpt --preset clean-en --methods fft --lr_scales 0.3 0.5 0.7 1 --seeds 0 1 2 \
   --eval.wise_ft_alphas 0.25 0.5 0.75 0.9 --out outputs/sweep-cpt-clean-fft-frontier "$@"
+# SCALE-Route trained as the paper has it (and with up_norm joint), read with route_exact at every alpha too (an
+# evaluation option: trained with route_exact from the start, Route learns nothing, as the first sweep shows).
+.venv/bin/scale-cl sweep cpt --preset clean-en --methods fft scale_route --lr_scales 1 --seeds 0 1 2 \
+  --eval.up_logit_scales 0 0.25 0.5 0.75 1 --axis options.scale.up_norm joint \
+  --out outputs/sweep-cpt-clean-route-exact "$@"

@@ -21,9 +21,10 @@ from pathlib import Path
 from target_table import reference, share, spread
 
 
-def frontiers(point_dir: Path, point: dict, seeds: list[str]) -> dict[float, list[dict]] | None:
-    """alpha -> the seeds' records of one SCALE point (None if a seed's run has no frontier)."""
-    by_alpha: dict[float, list[dict]] = {}
+def frontiers(point_dir: Path, point: dict, seeds: list[str]) -> dict[str, list[dict]] | None:
+    """alpha (and " exact" where evaluated with route_exact) -> the seeds' records of one SCALE point (None if a
+    seed's run has no frontier)."""
+    by_alpha: dict[str, list[dict]] = {}
     for seed in seeds:
         result = point_dir / f"seed-{seed}" / point["method"] / "result.json"
         frontier = json.loads(result.read_text()).get("up_logit_frontier") if result.is_file() else None
@@ -31,7 +32,8 @@ def frontiers(point_dir: Path, point: dict, seeds: list[str]) -> dict[float, lis
             return None
         for record in frontier:
             flat = {"learning": record["learning_ppl"], **{f"old/{k}": v for k, v in record["forgetting_ppl"].items()}}
-            by_alpha.setdefault(record["alpha"], []).append(flat)
+            key = f"{record['alpha']:g}" + (" exact" if record.get("route_exact") else "")  # evaluated with route_exact
+            by_alpha.setdefault(key, []).append(flat)
     return by_alpha
 
 
@@ -81,13 +83,13 @@ def main(folders: list[Path]) -> None:
             if by_alpha is None:
                 row(label, point["lr"], "1", [point["seeds"][s] for s in seeds])
                 continue
-            for alpha, records in sorted(by_alpha.items()):
-                row(label, point["lr"], f"{alpha:g}", records)
+            for alpha, records in by_alpha.items():
+                row(label, point["lr"], alpha, records)
             enough = {a: r for a, r in by_alpha.items() if statistics.fmean(gain(r)) >= 0.9}
             if enough:
                 alpha = min(enough, key=lambda a: statistics.fmean(loss(enough[a], names[0])))
                 losses = ", ".join(f"`{n}` {spread(loss(enough[alpha], n), 100, 1)}%" for n in names)
-                best.append(f"{label}: alpha {alpha:g}, gain {spread(gain(enough[alpha]), 100, 1)}%, loss {losses}")
+                best.append(f"{label}: alpha {alpha}, gain {spread(gain(enough[alpha]), 100, 1)}%, loss {losses}")
             else:
                 best.append(f"{label}: no alpha reaches 90% of FFT's gain")
     print(

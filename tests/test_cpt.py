@@ -232,7 +232,7 @@ def test_gradient_checkpointing_trains_the_same_weights(workspace, tmp_path, mon
 def test_up_logit_frontier_reevaluates_the_trained_model_at_each_alpha(workspace, tmp_path):
     """--eval.up_logit_scales: alpha 1 is the run's own last record, alpha 0 is SCALE-Preserve's base model
     (its step-0 perplexities, Theorem 3.1), and the saved model keeps the alpha it trained with."""
-    cfg = tiny_config(workspace, ["scale_preserve", "freeze"])
+    cfg = tiny_config(workspace, ["scale_preserve", "scale_route", "freeze"])
     cfg = replace(cfg, eval=replace(cfg.eval, up_logit_scales=(0.0, 0.5, 1.0)))
     results = run_cpt(cfg, tmp_path / "run")
     preserve = results["methods"]["scale_preserve"]
@@ -247,6 +247,19 @@ def test_up_logit_frontier_reevaluates_the_trained_model_at_each_alpha(workspace
     assert "### The new stream's weight (Z + alpha Z_up)" in (tmp_path / "run" / "results.md").read_text()
     model, _, _ = load_trained(tmp_path / "run" / "scale_preserve" / "model")
     assert model.scale_config.up_logit_scale == 1.0
+    # SCALE-Route is also read with route_exact (an evaluation option: trained with it, Route cannot learn).
+    route = results["methods"]["scale_route"]["up_logit_frontier"]
+    assert [(p["alpha"], p.get("route_exact", False)) for p in route] == [
+        (0.0, False),
+        (0.5, False),
+        (1.0, False),
+        (0.0, True),
+        (0.5, True),
+        (1.0, True),
+    ]
+    assert route[2]["learning_ppl"] == pytest.approx(results["methods"]["scale_route"]["curve"][-1]["learning_ppl"])
+    model, _, _ = load_trained(tmp_path / "run" / "scale_route" / "model")
+    assert model.scale_config.route_exact is False and model.scale_config.up_logit_scale == 1.0
 
 
 @pytest.mark.slow

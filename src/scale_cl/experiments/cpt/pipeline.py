@@ -315,17 +315,27 @@ def run_method(
 
 def up_logit_frontier(model: torch.nn.Module, evaluate: Any, scales: tuple[float, ...]) -> list[dict[str, Any]]:
     """The trained SCALE model evaluated with its new stream's logits weighted by each alpha (``Z + alpha Z_up``,
-    `scale_cl.set_up_logit_scale`), then given back its own alpha: one record per alpha (docs/design.md §2)."""
+    `scale_cl.set_up_logit_scale`), then given back its own settings: one record per alpha (docs/design.md §2).
+
+    A SCALE-Route model trained with Eq. 5 as the paper has it is evaluated with ``route_exact`` too (records
+    with ``"route_exact": true``): trained with it from the start, Route cannot learn (at W12 = 0 both paths
+    agree, every token routes to the exact base logits, and no gradient flows), so it is an evaluation option.
+    """
     from scale_cl import set_up_logit_scale
 
-    own = model.scale_config.up_logit_scale
+    settings = model.config.scale_cl["config"]
+    own = dict(settings)
+    variants = [False, True] if model.scale_route.active and not settings["route_exact"] else [settings["route_exact"]]
     frontier = []
     try:
-        for alpha in scales:
-            set_up_logit_scale(model, alpha)
-            frontier.append({"alpha": alpha, **evaluate(model)})
+        for exact in variants:
+            settings["route_exact"] = exact
+            for alpha in scales:
+                set_up_logit_scale(model, alpha)
+                extra = {"route_exact": True} if exact and not own["route_exact"] else {}
+                frontier.append({"alpha": alpha, **extra, **evaluate(model)})
     finally:
-        set_up_logit_scale(model, own)
+        model.config.scale_cl["config"] = own
     return frontier
 
 
