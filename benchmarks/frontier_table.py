@@ -6,8 +6,10 @@ ppl) - ln(base's), each divided by FFT's at its preset rate (x1) in the same see
 seeds. The target (no old-domain data): a loss <= 50% of FFT's at a gain >= 90% of FFT's. Each SCALE point's
 best alpha is the one with the least mean `en` loss among those whose mean gain is >= 90%.
 
+FFT's points with ``--eval.wise_ft_alphas`` show their WiSE-FT frontier (weights interpolated towards the base's).
+
 Usage: python benchmarks/frontier_table.py SWEEP_DIR [MORE_SWEEP_DIRS]  (the first holds FFT's x1 point; FFT's
-points at other rates are read from every folder given, e.g. outputs/sweep-cpt-clean-en)
+points at other rates are read from every folder given, e.g. outputs/sweep-cpt-clean-fft-frontier)
 """
 
 from __future__ import annotations
@@ -22,12 +24,18 @@ from target_table import reference, share, spread
 
 
 def frontiers(point_dir: Path, point: dict, seeds: list[str]) -> dict[str, list[dict]] | None:
+    """The SCALE alpha frontier (--eval.up_logit_scales) or FFT's WiSE-FT one (--eval.wise_ft_alphas): see below."""
+    key = "wise_ft_frontier" if point["method"] == "fft" else "up_logit_frontier"
+    return _frontiers(point_dir, point, seeds, key)
+
+
+def _frontiers(point_dir: Path, point: dict, seeds: list[str], frontier_key: str) -> dict[str, list[dict]] | None:
     """alpha (and " exact" where evaluated with route_exact) -> the seeds' records of one SCALE point (None if a
     seed's run has no frontier)."""
     by_alpha: dict[str, list[dict]] = {}
     for seed in seeds:
         result = point_dir / f"seed-{seed}" / point["method"] / "result.json"
-        frontier = json.loads(result.read_text()).get("up_logit_frontier") if result.is_file() else None
+        frontier = json.loads(result.read_text()).get(frontier_key) if result.is_file() else None
         if not frontier:
             return None
         for record in frontier:
@@ -76,10 +84,14 @@ def main(folders: list[Path]) -> None:
             if not all(s in point["seeds"] for s in seeds) or (folder != folders[0] and point["method"] != "fft"):
                 continue
             label = point["method"] + (f" ({point['label']})" if point["label"] else "")
-            if point["method"] == "fft":
-                row(f"{label} [{folder.name}]", point["lr"], "—", [point["seeds"][s] for s in seeds])
-                continue
             by_alpha = frontiers(path.parent, point, seeds)
+            if point["method"] == "fft":
+                label = f"{label} [{folder.name}, lr {point['lr']:g}]"
+                if by_alpha is None:
+                    row(label, point["lr"], "—", [point["seeds"][s] for s in seeds])
+                    continue
+                label += " WiSE-FT"
+                by_alpha["1"] = [point["seeds"][s] for s in seeds]  # the trained model itself
             if by_alpha is None:
                 row(label, point["lr"], "1", [point["seeds"][s] for s in seeds])
                 continue
