@@ -200,3 +200,31 @@ def test_the_options_are_saved_and_reloaded(tmp_path):
         0.125,
     )
     assert torch.equal(run(reloaded, ids, mask).logits, expected)
+
+
+def test_the_cpt_frontier_reads_route_with_and_without_route_exact_and_restores_the_model():
+    """`up_logit_frontier` really switches route_exact on for its second pass (its logits differ where tokens
+    route), evaluates each alpha, and leaves the model's own settings as they were."""
+    from scale_cl.experiments.cpt.pipeline import up_logit_frontier
+
+    _, model = lively("route")
+    ids, mask = batch(padded=True)
+    set_method(model, "route", tau=0.0)
+    before = model.scale_config
+
+    def evaluate(m):
+        logits = run(m, ids, mask).logits
+        return {"logits": logits, "routed": m.scale_route.last_mask.clone()}
+
+    frontier = up_logit_frontier(model, evaluate, (0.5, 1.0))
+    assert [(p["alpha"], p.get("route_exact", False)) for p in frontier] == [
+        (0.5, False),
+        (1.0, False),
+        (0.5, True),
+        (1.0, True),
+    ]
+    routed = frontier[1]["routed"] & mask.bool()
+    assert routed.any()
+    assert (frontier[3]["logits"][routed] - frontier[1]["logits"][routed]).abs().max() > 1e-4
+    assert model.scale_config == before
+    assert torch.equal(run(model, ids, mask).logits, frontier[1]["logits"])

@@ -321,21 +321,19 @@ def up_logit_frontier(model: torch.nn.Module, evaluate: Any, scales: tuple[float
     with ``"route_exact": true``): trained with it from the start, Route cannot learn (at W12 = 0 both paths
     agree, every token routes to the exact base logits, and no gradient flows), so it is an evaluation option.
     """
-    from scale_cl import set_up_logit_scale
+    from scale_cl import scale_config_of
 
-    settings = model.config.scale_cl["config"]
-    own = dict(settings)
-    variants = [False, True] if model.scale_route.active and not settings["route_exact"] else [settings["route_exact"]]
+    own = scale_config_of(model)
+    variants = [False, True] if model.scale_route.active and not own.route_exact else [own.route_exact]
     frontier = []
     try:
         for exact in variants:
-            settings["route_exact"] = exact
-            for alpha in scales:
-                set_up_logit_scale(model, alpha)
-                extra = {"route_exact": True} if exact and not own["route_exact"] else {}
+            for alpha in scales:  # the model's settings are the one home the head reads (docs/design.md §2)
+                model.config.scale_cl["config"] = replace(own, up_logit_scale=alpha, route_exact=exact).to_dict()
+                extra = {"route_exact": True} if exact and not own.route_exact else {}
                 frontier.append({"alpha": alpha, **extra, **evaluate(model)})
     finally:
-        model.config.scale_cl["config"] = own
+        model.config.scale_cl["config"] = own.to_dict()
     return frontier
 
 
