@@ -228,3 +228,15 @@ def test_the_cpt_frontier_reads_route_with_and_without_route_exact_and_restores_
     assert (frontier[3]["logits"][routed] - frontier[1]["logits"][routed]).abs().max() > 1e-4
     assert model.scale_config == before
     assert torch.equal(run(model, ids, mask).logits, frontier[1]["logits"])
+
+
+def test_only_the_settings_read_at_every_forward_change_on_a_live_model():
+    from scale_cl.model import set_live_settings
+
+    _, model = lively("route")
+    before = model.scale_config
+    with pytest.raises(ValueError, match=r"\['up_norm'\] cannot change on a live model"):
+        set_live_settings(model, up_norm="joint", up_logit_scale=0.5)
+    assert model.scale_config == before
+    set_live_settings(model, up_logit_scale=0.5, route_exact=True)
+    assert (model.scale_config.up_logit_scale, model.scale_config.route_exact) == (0.5, True)

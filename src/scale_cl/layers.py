@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from scale_cl.config import UP_NORMS
 from scale_cl.route import RouteState, route_cosine, route_logits
 
 
@@ -265,7 +266,7 @@ class SplitNorm(SplitInput):
         super().__init__()
         if kind not in ("rms", "layer"):
             raise ValueError(f"unknown norm kind {kind!r}")
-        if up_norm not in ("own", "original", "joint"):
+        if up_norm not in UP_NORMS:
             raise ValueError(f"unknown up_norm {up_norm!r}")
         self.kind, self.eps, self.up_norm = kind, eps, up_norm
         self.hidden_size, self.hidden_up = base.weight.shape[0], hidden_up

@@ -68,6 +68,23 @@ def set_method(model: nn.Module, method: str, tau: float | None = None) -> nn.Mo
     return model
 
 
+LIVE_SETTINGS = ("route_tau", "up_logit_scale", "route_exact")  # ScaleConfig fields the head reads at every forward
+
+
+def set_live_settings(model: nn.Module, **changes: Any) -> nn.Module:
+    """Change `ScaleConfig` fields a live upscaled model reads at every forward (`LIVE_SETTINGS`); returns it.
+
+    They live in ``model.config.scale_cl`` only, so the head uses, `save_pretrained` saves and the export writes
+    one value; each is checked as `ScaleConfig` checks it, and a refused value changes nothing. Fields that shape
+    the model (widths, norms, initialisers) are refused: they are fixed by `upscale`.
+    """
+    fixed = sorted(set(changes) - set(LIVE_SETTINGS))
+    if fixed:
+        raise ValueError(f"{fixed} cannot change on a live model (fixed by upscale); live settings: {LIVE_SETTINGS}")
+    model.config.scale_cl["config"] = replace(scale_config_of(model), **changes).to_dict()
+    return model
+
+
 def set_up_logit_scale(model: nn.Module, alpha: float) -> nn.Module:
     """Weigh the new stream's logits, ``Z + alpha Z_up``, on a live upscaled model; returns it.
 
@@ -76,8 +93,7 @@ def set_up_logit_scale(model: nn.Module, alpha: float) -> nn.Module:
     at several ``alpha`` traces a learning-forgetting frontier without retraining (docs/design.md §2): at 0,
     SCALE-Preserve's logits are the base model's.
     """
-    model.config.scale_cl["config"] = replace(scale_config_of(model), up_logit_scale=alpha).to_dict()  # checked
-    return model
+    return set_live_settings(model, up_logit_scale=alpha)
 
 
 class ScaleModelMixin:

@@ -322,18 +322,19 @@ def up_logit_frontier(model: torch.nn.Module, evaluate: Any, scales: tuple[float
     agree, every token routes to the exact base logits, and no gradient flows), so it is an evaluation option.
     """
     from scale_cl import scale_config_of
+    from scale_cl.model import set_live_settings
 
     own = scale_config_of(model)
     variants = [False, True] if model.scale_route.active and not own.route_exact else [own.route_exact]
     frontier = []
     try:
         for exact in variants:
-            for alpha in scales:  # the model's settings are the one home the head reads (docs/design.md §2)
-                model.config.scale_cl["config"] = replace(own, up_logit_scale=alpha, route_exact=exact).to_dict()
+            for alpha in scales:
+                set_live_settings(model, up_logit_scale=alpha, route_exact=exact)
                 extra = {"route_exact": True} if exact and not own.route_exact else {}
                 frontier.append({"alpha": alpha, **extra, **evaluate(model)})
     finally:
-        model.config.scale_cl["config"] = own.to_dict()
+        set_live_settings(model, up_logit_scale=own.up_logit_scale, route_exact=own.route_exact)
     return frontier
 
 
