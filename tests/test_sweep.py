@@ -101,7 +101,7 @@ def test_bio_replay_axis_concerns_every_method_and_with_route_share_only_route()
 @pytest.mark.parametrize(
     ("settings", "message"),
     [
-        (SweepSettings(axes=(Axis("task1.replay_ratio", ("0.1",)),)), r"task1\.replay_ratio=0\.1 of a batch of 16"),
+        (SweepSettings(axes=(Axis("task1.replay_ratio", ("1.0",)),)), r"task1\.replay_ratio must be in \[0, 1\)"),
         (SweepSettings(lr_scales=(1.0,), reference="lora"), "reference method 'lora' is not swept"),
         (SweepSettings(lr_scales=(0.0, 1.0)), "must be positive"),
         (SweepSettings(lr_scales=(1.0, 1.0)), "repeat"),

@@ -384,15 +384,27 @@ class ScaleHead(SplitInput):
         route, alpha = self.route, self.setting("up_logit_scale", 1.0)  # Z + alpha Z_up
         if route is None or not route.active:
             z, z_up = self.parts(hidden)
+            if route is not None:
+                route.keep_base(z[..., : self.out_features])  # the base's logits in SCALE-Preserve
             return torch.add(z, z_up, alpha=alpha)
         exact = self.setting("route_exact", False)
         if not route.stacked:  # no collaborative layer: both paths are one network, and both branches Z + Z_up
             z, z_up = self.parts(hidden)
+            route.keep_base(z[..., : self.out_features])
             keep = route.record(route_cosine(z, z))
             return torch.add(z, z_up.masked_fill(keep[..., None], 0) if exact else z_up, alpha=alpha)
         x, x_up = hidden.split((self.hidden_size, self.hidden_up), dim=-1)
         logits, cosine = route_logits(
-            x, x_up, self.weight, self.bias, self.weight_up, route.tau, self.weight_new, up_scale=alpha, exact=exact
+            x,
+            x_up,
+            self.weight,
+            self.bias,
+            self.weight_up,
+            route.tau,
+            self.weight_new,
+            up_scale=alpha,
+            exact=exact,
+            keep_preserve=route.keep_base if route.capture_base else None,
         )
         route.record(cosine)
         return logits

@@ -15,6 +15,7 @@ route mode needs to know lives in one `RouteState` per model, which `set_method`
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -50,12 +51,15 @@ def route_logits(
     *,
     up_scale: float = 1.0,
     exact: bool = False,
+    keep_preserve: Callable[[torch.Tensor], None] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Eq. 5 from the stacked ``[preserve; adapt]`` head input ``[x; x_up]`` (2B rows): (logits, cosine per token).
 
     ``up_scale`` weighs the new stream's logits (``Z + alpha Z_up`` in both branches, `ScaleConfig.up_logit_scale`);
     ``exact`` (`ScaleConfig.route_exact`) gives a routed token the preserve path's ``Z_p`` alone, the base
-    model's logits exactly, instead of ``(Z_p + Z_a) / 2 + Z_p_up``.
+    model's logits exactly, instead of ``(Z_p + Z_a) / 2 + Z_p_up``. ``keep_preserve`` is handed the preserve
+    path's logits ``Z_p`` (the base model's, detached) before they are combined: the free teacher of
+    `scale_cl.train.distill` (they are then not overwritten in place).
 
     The package's one implementation of Eq. 5 (the exported model's `modeling_scale.RouteHead` keeps a
     standalone copy, tested equal). ``weight_new``: an extended vocabulary's new token rows
@@ -81,17 +85,20 @@ def route_logits(
         z_p = F.linear(x_p, weight, bias)
     z_a = F.linear(x_a, weight, bias)
     cosine = route_cosine(z_p, z_a)
+    if keep_preserve is not None:
+        keep_preserve(z_p.detach())
     if weight_new is not None:
         z_p = torch.cat((z_p, F.linear(x_p, weight_new)), dim=-1)
         z_a = torch.cat((z_a, F.linear(x_a, weight_new)), dim=-1)
     keep = (cosine > tau)[..., None]
+    preserve_part = z_p.masked_fill(~keep, 0) if keep_preserve is not None else z_p.masked_fill_(~keep, 0)
     if exact:  # routed: 0 + Z_p + alpha W_up 0 = Z_p exactly; otherwise Z_a + 0 + alpha Z_a_up
         x_up = x_up[half:].masked_fill(keep, 0)
-        logits = z_a.masked_fill_(keep, 0).add_(z_p.masked_fill_(~keep, 0))
+        logits = z_a.masked_fill_(keep, 0).add_(preserve_part)
     else:
         x_up = torch.where(keep, x_up[:half], x_up[half:])
         scale = torch.where(keep, 0.5, 1.0).to(z_a.dtype)
-        logits = z_a.mul_(scale).add_(z_p.masked_fill_(~keep, 0), alpha=0.5)
+        logits = z_a.mul_(scale).add_(preserve_part, alpha=0.5)
     return logits.add_(F.linear(x_up, weight_up), alpha=up_scale), cosine
 
 
@@ -122,6 +129,9 @@ class RouteState:
         last_mask: the routing decision of the last forward pass (tokens sent to the preserve path).
         last_cosine: ``cos(Z_p, Z_a)`` per token of the last forward pass (what calibrating tau reads,
             `scale_cl.train.route_calibration`).
+        capture_base: while set, the head keeps the base model's logits of each forward pass in
+            ``base_logits`` (SCALE-Preserve's ``Z``, SCALE-Route's ``Z_p``; the free teacher of
+            `scale_cl.train.distill`, which sets and clears it).
     """
 
     def __init__(self, settings: dict[str, Any]) -> None:
@@ -130,6 +140,13 @@ class RouteState:
         self.first_stacked: int | None = None
         self.last_mask: torch.Tensor | None = None
         self.last_cosine: torch.Tensor | None = None
+        self.capture_base = False
+        self.base_logits: torch.Tensor | None = None
+
+    def keep_base(self, logits: torch.Tensor) -> None:
+        """The head's hand-over of the base model's logits (kept only while ``capture_base`` is set)."""
+        if self.capture_base:
+            self.base_logits = logits.detach()
 
     @property
     def tau(self) -> float:

@@ -1,18 +1,21 @@
-"""Replay: old-domain data mixed into training at an exact share of every batch.
+"""Replay: old-domain data mixed into training at a fixed share of the training sequences.
 
 Continual pre-training studies mix a little of the original training text back in (about 1-5% for a
 mild domain shift, about 25% for a new language) to forget less; the biography benchmark replays Task 0's
 questions during Task 1 the same way. Here the training sequences (packed text blocks, or whole examples)
 run in one fixed order in which sequence ``i`` is a replay sequence exactly when
 ``floor((i + 1) r) > floor(i r)`` for the ratio ``r``: the first ``n`` sequences always hold
-``floor(n r)`` replay sequences, spread evenly. An optimizer batch of ``B`` consecutive sequences
-(``B`` a multiple of ``1 / r``, which `check_ratio` asks for) therefore holds exactly ``r B`` replay
-sequences: ``r`` of its tokens, in every batch, on any number of processes and across resumes (the
-Trainer reads the order sequentially and skips the batches a checkpoint already trained on).
+``floor(n r)`` replay sequences, spread evenly. When ``r B`` is whole for the optimizer batch of ``B``
+consecutive sequences, every batch holds exactly ``r B`` replay sequences (`whole_per_batch`); otherwise
+(1% of a batch of 8) batches hold ``floor(r B)`` or ``ceil(r B)`` of them and the share is exact over the
+run. Either way it holds on any number of processes and across resumes (the Trainer reads the order
+sequentially and skips the batches a checkpoint already trained on).
 
 Which new-domain and replay sequence fills each slot is drawn from ``(seed, epoch)``: a fresh
 permutation of the new-domain sequences every epoch (as the Trainer's own sampler would shuffle),
-and the replay sequences in a permutation drawn afresh each time they are used up.
+and the replay sequences in a permutation drawn afresh each time they are used up. With ``mark=True`` each
+example says where it came from (``REPLAY_KEY``: 1 for replay, 0 for new-domain), for a loss that treats
+them differently (`scale_cl.train.distill`).
 """
 
 from __future__ import annotations
@@ -23,6 +26,10 @@ from typing import Any
 
 import torch
 from torch.utils.data import Dataset, IterableDataset
+
+# The batch key of the per-example replay flag (``mark=True``); the Trainer takes it out of the batch before the
+# model sees it (`scale_cl.train.trainer`).
+REPLAY_KEY = "from_replay"
 
 
 def as_fraction(ratio: float) -> Fraction:
@@ -40,22 +47,17 @@ def is_replay(index: int, ratio: float) -> bool:
     return replay_before(index + 1, ratio) > replay_before(index, ratio)
 
 
-def check_ratio(
-    ratio: float, batch_size: int, ratio_option: str = "data.replay_ratio", batch_option: str = "train.batch_size"
-) -> None:
-    """Raise a ValueError unless ``ratio`` of every batch of ``batch_size`` sequences is a whole number of them.
+def whole_per_batch(ratio: float, batch_size: int) -> bool:
+    """Whether ``ratio`` of every batch of ``batch_size`` sequences is a whole number of them (then exact per batch)."""
+    return (as_fraction(ratio) * batch_size).denominator == 1
 
-    ``ratio_option`` and ``batch_option``: the settings' names as the user spells them, for the message.
-    """
-    share = as_fraction(ratio) * batch_size
-    if share.denominator != 1:
-        step = Fraction(1, batch_size)
-        choices = ", ".join(f"{float(k * step):g}" for k in range(1, min(batch_size, 4) + 1))
-        raise ValueError(
-            f"{ratio_option}={ratio} of a batch of {batch_size} sequences is {float(share):g} sequences; the share "
-            f"must be exact in every batch: choose a multiple of 1/{batch_size} ({choices}, ...) or a {batch_option} "
-            f"that makes {ratio} x batch_size whole"
-        )
+
+def describe_share(ratio: float, batch_size: int) -> str:
+    """``ratio`` as the log says it: exact per batch, or over the run when a batch cannot hold it whole."""
+    if whole_per_batch(ratio, batch_size):
+        return f"{ratio:.0%} of every batch"
+    average = float(as_fraction(ratio) * batch_size)
+    return f"{ratio:g} of the sequences over the run (a batch of {batch_size} holds {average:.2g} on average)"
 
 
 def _check_replay(replay: Sequence[Any], ratio: float) -> None:
@@ -84,9 +86,13 @@ class ReplayOrder:
         return int(self._passes[turn][position])
 
 
-def as_example(item: Any) -> Any:
-    """A training example: a dataset's own item (a dict) as it is, a packed block as a language-modelling one."""
-    return item if isinstance(item, dict) else {"input_ids": item, "labels": item}
+def as_example(item: Any, replay: bool | None = None) -> Any:
+    """A training example: a dataset's own item (a dict) as it is, a packed block as a language-modelling one;
+    with ``replay`` given, marked with where it came from (``REPLAY_KEY``)."""
+    example = dict(item) if isinstance(item, dict) else {"input_ids": item, "labels": item}
+    if replay is not None:
+        example[REPLAY_KEY] = int(replay)
+    return example
 
 
 class ReplayMix(Dataset):
@@ -98,22 +104,26 @@ class ReplayMix(Dataset):
     An epoch is ``length`` sequences: the most whole batches whose new-domain slots do not outnumber the
     new-domain sequences (a few of them may sit out an epoch; the next epoch's permutation differs). The
     Trainer must read it in order (``in_order``: `scale_cl.train.recipe.train_model` sets
-    ``train_sampling_strategy="sequential"``) and call `set_epoch`.
+    ``train_sampling_strategy="sequential"``) and call `set_epoch`. ``mark``: each example carries
+    ``REPLAY_KEY`` (see the module doc).
     """
 
     in_order = True
 
-    def __init__(self, new: Sequence[Any], replay: Sequence[Any], ratio: float, seed: int, batch_size: int) -> None:
+    def __init__(
+        self, new: Sequence[Any], replay: Sequence[Any], ratio: float, seed: int, batch_size: int, mark: bool = False
+    ) -> None:
         _check_replay(replay, ratio)
-        check_ratio(ratio, batch_size)
-        self.new, self.replay, self.ratio, self.seed = new, replay, ratio, seed
+        self.new, self.replay, self.ratio, self.seed, self.mark = new, replay, ratio, seed, mark
         self.replay_order = ReplayOrder(len(replay), seed)
-        per_batch = batch_size - replay_before(batch_size, ratio)  # new-domain sequences per batch
-        self.length = len(new) // per_batch * batch_size
+        # the first n sequences hold n - floor(n r) = ceil(n (1 - r)) new-domain ones: at most len(new) for
+        # n <= len(new) / (1 - r); whole batches of that
+        most = int(len(new) / (1 - as_fraction(ratio)))
+        self.length = most // batch_size * batch_size
         if not self.length:
             raise ValueError(
-                f"{len(new)} new-domain sequences do not fill one batch of {batch_size} with replay ratio {ratio} "
-                f"({per_batch} new-domain sequences each); add text or lower train.batch_size"
+                f"{len(new)} new-domain sequences do not fill one batch of {batch_size} with replay ratio {ratio}; "
+                "add text or lower train.batch_size"
             )
         self.set_epoch(0)
 
@@ -137,7 +147,8 @@ class ReplayMix(Dataset):
 
     def __getitem__(self, index: int) -> dict[str, Any]:
         kind, row = self.source(index)
-        return as_example((self.replay if kind == "replay" else self.new)[row])
+        item = (self.replay if kind == "replay" else self.new)[row]
+        return as_example(item, kind == "replay" if self.mark else None)
 
 
 class ReplayStream(IterableDataset):
@@ -146,9 +157,11 @@ class ReplayStream(IterableDataset):
 
     in_order = True
 
-    def __init__(self, new: Iterable[dict[str, torch.Tensor]], replay: torch.Tensor, ratio: float, seed: int) -> None:
+    def __init__(
+        self, new: Iterable[dict[str, torch.Tensor]], replay: torch.Tensor, ratio: float, seed: int, mark: bool = False
+    ) -> None:
         _check_replay(replay, ratio)
-        self.new, self.replay, self.ratio = new, replay, ratio
+        self.new, self.replay, self.ratio, self.mark = new, replay, ratio, mark
         self.replay_order = ReplayOrder(len(replay), seed)
 
     def set_epoch(self, epoch: int) -> None:
@@ -160,10 +173,10 @@ class ReplayStream(IterableDataset):
         while True:
             if is_replay(index, self.ratio):
                 ids = self.replay[self.replay_order(replay_before(index, self.ratio))]
-                yield {"input_ids": ids, "labels": ids}
+                yield as_example(ids, True if self.mark else None)
             else:
                 item = next(new, None)
                 if item is None:
                     return
-                yield item
+                yield as_example(item, False if self.mark else None)
             index += 1

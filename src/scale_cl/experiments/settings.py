@@ -17,6 +17,7 @@ from scale_cl.config import ScaleConfig
 from scale_cl.methods import METHOD_NAMES, method_spec
 from scale_cl.shapes import base_dims, resolve
 from scale_cl.train.config import StageConfig
+from scale_cl.train.distill import NEW_TOKEN_WEIGHTS, DistillConfig
 from scale_cl.train.route_calibration import Batch, RouteCalibration
 
 MATCH = "match"
@@ -42,11 +43,14 @@ _ADAPT_SETTINGS = (
     "auto_layers_budget",
     "auto_layers_steps",
 )
+_DISTILL_SETTINGS = ("distill_weight", "distill_temperature", "distill_new_tokens")  # every method's
+_PRESERVE_SETTINGS = (*_DISTILL_SETTINGS, *_PRESERVE_SETTINGS)
+_ADAPT_SETTINGS = (*_DISTILL_SETTINGS, *_ADAPT_SETTINGS)
 METHOD_SETTINGS: dict[str, tuple[str, ...]] = {
-    "fft": (),
-    "lora": ("lora_rank",),
-    "freeze": ("freeze_layers",),
-    "llama_pro": ("llama_pro_blocks",),
+    "fft": _DISTILL_SETTINGS,
+    "lora": (*_DISTILL_SETTINGS, "lora_rank"),
+    "freeze": (*_DISTILL_SETTINGS, "freeze_layers"),
+    "llama_pro": (*_DISTILL_SETTINGS, "llama_pro_blocks"),
     "scale_preserve": _PRESERVE_SETTINGS,
     "scale_adapt": _ADAPT_SETTINGS,
     "scale_route": (
@@ -134,6 +138,29 @@ class MethodSettings:
         metadata={"ge": 1, "help": "SCALE-Route with route_share: old-domain sequences in the calibration sample"},
     )
 
+    distill_weight: float = field(
+        default=0.0,
+        metadata={
+            "ge": 0,
+            "help": "weight lambda of a KL term to the base model's next-token distribution (the base as a teacher; "
+            "free for SCALE-Preserve and SCALE-Route, whose forward pass computes the base logits; a frozen copy of "
+            "the base otherwise: LwF); 0 = off. Replayed sequences weigh 1, new-domain ones by distill_new_tokens "
+            "(scale_cl.train.distill)",
+        },
+    )
+    distill_temperature: float = field(
+        default=1.0, metadata={"gt": 0, "help": "with distill_weight: softmax temperature T of teacher and model"}
+    )
+    distill_new_tokens: str = field(
+        default="confidence",
+        metadata={
+            "help": "with distill_weight: the weight of the term on a new-domain position: confidence = exp(-H) of "
+            "the base's distribution there (sure of the English inside Korean text, unsure of the Korean), all = "
+            "1 (plain LwF), none = 0 (replayed text only)",
+            "choices": NEW_TOKEN_WEIGHTS,
+        },
+    )
+
     def __post_init__(self) -> None:
         if not isinstance(self.scale, ScaleConfig):
             raise ValueError(f"options.scale must be a ScaleConfig, got {type(self.scale).__name__}")
@@ -141,7 +168,12 @@ class MethodSettings:
             value = getattr(self, name)
             if value != MATCH and not (str(value).isdigit() and int(value) > 0):
                 raise ValueError(f"options.{name} must be '{MATCH}' or a positive integer, got {value!r}")
+        if self.distill_new_tokens not in NEW_TOKEN_WEIGHTS:
+            raise ValueError(
+                f"options.distill_new_tokens must be one of {NEW_TOKEN_WEIGHTS}, got {self.distill_new_tokens!r}"
+            )
         check_fields(self)
+        self.distill_weight, self.distill_temperature = float(self.distill_weight), float(self.distill_temperature)
         self.w12_lr_ratio = float(self.w12_lr_ratio)  # 1 and 1.0 are one setting (cache keys, run folders)
         self.route_share = float(self.route_share)
 
@@ -202,6 +234,12 @@ class MethodSettings:
             return None
         sample = batches(self.route_calibration_sequences)
         return RouteCalibration(model, sample, self.route_share, self.route_calibrate_every, bf16)
+
+    def distill_config(self, method: str) -> DistillConfig | None:
+        """``method``'s distillation to the base model (`scale_cl.train.distill`), or None when it trains without."""
+        if "distill_weight" not in settings_of(method) or not self.distill_weight:
+            return None
+        return DistillConfig(self.distill_weight, self.distill_temperature, self.distill_new_tokens)
 
     def lr_ratios(self, method: str) -> dict[str, float]:
         """Learning-rate multiples of parameter groups for ``method``'s optimizer, by parameter-name suffix

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import shutil
 from collections.abc import Callable, Sequence
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ from torch import nn
 from torch.utils.data import Dataset
 from transformers import TrainerCallback, TrainingArguments, default_data_collator
 
+from scale_cl.train.distill import Distillation
 from scale_cl.train.reporting import connect_reporting
 from scale_cl.train.route_calibration import RouteCalibration
 from scale_cl.train.trainer import CheckpointingTrainer, complete_checkpoints
@@ -36,6 +38,7 @@ def train_model(
     lr_ratios: dict[str, float] | None = None,
     resume: bool = False,
     logging_dir: Path | None = None,
+    distillation: Distillation | None = None,
 ) -> CheckpointingTrainer:
     """Train ``model`` in place on ``dataset`` with ``args`` (`scale_cl.train.arguments.training_arguments`);
     returns the Trainer (its ``state`` holds the log).
@@ -49,6 +52,7 @@ def train_model(
         lr_ratios: learning-rate multiples of parameter groups by name suffix (`CheckpointingTrainer`).
         resume: continue from the last complete checkpoint in ``args.output_dir`` when there is one.
         logging_dir: TensorBoard's folder when ``report_to`` names it; emptied when the run starts afresh.
+        distillation: a KL term to the base model's logits (`scale_cl.train.distill`); recorded in ``run_info``.
     """
     if getattr(dataset, "in_order", False):  # e.g. replay's exact share of every batch (`scale_cl.data.replay`)
         if not hasattr(args, "train_sampling_strategy"):
@@ -59,6 +63,8 @@ def train_model(
         run_info["lr_ratios"] = lr_ratios
     if calibration is not None:
         run_info["route_share"] = calibration.share
+    if distillation is not None:
+        run_info["distill"] = asdict(distillation.config)
     checkpoints = complete_checkpoints(Path(args.output_dir)) if resume else []
     checkpoint = checkpoints[-1] if checkpoints else None
     trainer = CheckpointingTrainer(
@@ -69,6 +75,7 @@ def train_model(
         callbacks=[*([calibration] if calibration is not None else []), *callbacks],
         run_info=run_info,
         lr_ratios=lr_ratios,
+        distillation=distillation,
     )
     if checkpoint is None and logging_dir is not None and trainer.is_world_process_zero():
         shutil.rmtree(logging_dir, ignore_errors=True)  # a run started afresh: no events of an earlier attempt

@@ -35,8 +35,10 @@ from torch import nn
 from transformers import Trainer
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
 
+from scale_cl.data.replay import REPLAY_KEY
 from scale_cl.files import atomic_write, sha256_of, write_json
 from scale_cl.io import check_tensors
+from scale_cl.train.distill import Distillation, distill_sum
 
 TRAINABLE_WEIGHTS = "trainable.safetensors"
 CHECKPOINT_META = "checkpoint.json"
@@ -74,6 +76,8 @@ class CheckpointingTrainer(Trainer):
     Args:
         run_info: JSON-able description written into every checkpoint (method, base model, ...);
             resuming refuses a checkpoint whose ``run_info`` differs.
+        distillation: a KL term to the base model's logits added to the training loss
+            (`scale_cl.train.distill`); None = the language-modelling loss alone.
         lr_ratios: ``{name suffix: multiple}``: parameters whose name ends with a suffix train at that multiple
             of the learning rate (their own optimizer groups, under the same schedule); the others at the rate.
         other arguments: as `transformers.Trainer`.
@@ -84,11 +88,45 @@ class CheckpointingTrainer(Trainer):
         *args: Any,
         run_info: dict[str, Any] | None = None,
         lr_ratios: dict[str, float] | None = None,
+        distillation: Distillation | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
         self.run_info = run_info or {}
         self.lr_ratios = dict(lr_ratios or {})
+        self.distillation = distillation
+
+    def compute_loss(
+        self,
+        model: nn.Module,
+        inputs: dict[str, Any],
+        return_outputs: bool = False,
+        num_items_in_batch: Any = None,
+    ) -> Any:
+        """The Trainer's loss, plus the distillation term while training (`scale_cl.train.distill`).
+
+        The term is summed over the batch's labelled positions and divided by the token count the
+        cross-entropy is divided by (``num_items_in_batch`` across accumulation steps and processes, as the
+        Trainer's loss; else this batch's), then scaled by the same factor the Trainer applies to it.
+        """
+        from_replay = inputs.pop(REPLAY_KEY, None)
+        if self.distillation is None or not model.training:
+            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        outputs, teacher_logits = self.distillation.teacher.run(
+            lambda: super(CheckpointingTrainer, self).compute_loss(model, inputs, True, num_items_in_batch), inputs
+        )
+        loss, outputs = outputs
+        labels = inputs["labels"]
+        total = distill_sum(outputs.logits, teacher_logits, labels, from_replay, self.distillation.config)
+        if self.model_accepts_loss_kwargs and num_items_in_batch is not None:
+            count = num_items_in_batch
+            if self.args.average_tokens_across_devices:  # the Trainer multiplies its loss so; do the same
+                scale = self.accelerator.num_processes // self.get_tp_size()
+                total = total * (scale if self.args.n_gpu <= 1 else self.args.n_gpu)
+        else:
+            count = (labels[:, 1:] != -100).sum()
+        loss = loss + self.distillation.config.weight * total / count
+        return (loss, outputs) if return_outputs else loss
 
     def create_optimizer(self, model: nn.Module | None = None) -> torch.optim.Optimizer:
         """The Trainer's optimizer, each of its groups split by `lr_ratios` (before any step, so no state moves)."""

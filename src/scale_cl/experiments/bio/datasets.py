@@ -7,6 +7,8 @@ from collections.abc import Sequence
 import torch
 from torch.utils.data import Dataset
 
+from scale_cl.data.replay import REPLAY_KEY
+
 IGNORE = -100
 
 
@@ -75,7 +77,8 @@ class AnswerOnlyQA(Dataset):
 
 
 class PadCollator:
-    """Right-pads ``input_ids`` (with ``pad_id``) and ``labels`` (with -100); builds the attention mask."""
+    """Right-pads ``input_ids`` (with ``pad_id``) and ``labels`` (with -100); builds the attention mask; a replay
+    mark (`scale_cl.data.replay.REPLAY_KEY`) on the examples is passed on as a tensor."""
 
     def __init__(self, pad_id: int) -> None:
         self.pad_id = pad_id
@@ -90,4 +93,7 @@ class PadCollator:
             ids[row, :n] = torch.tensor(item["input_ids"])
             labels[row, :n] = torch.tensor(item["labels"])
             mask[row, :n] = 1
-        return {"input_ids": ids, "attention_mask": mask, "labels": labels}
+        batch_out = {"input_ids": ids, "attention_mask": mask, "labels": labels}
+        if REPLAY_KEY in batch[0]:
+            batch_out[REPLAY_KEY] = torch.tensor([item[REPLAY_KEY] for item in batch])
+        return batch_out

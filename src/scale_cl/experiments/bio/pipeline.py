@@ -50,7 +50,7 @@ from scale_cl.data import (
     splits,
     train_bpe_tokenizer,
 )
-from scale_cl.data.replay import ReplayMix, check_ratio
+from scale_cl.data.replay import ReplayMix, describe_share
 from scale_cl.eval.first_token import QAExample, first_token_accuracy
 from scale_cl.experiments.bio.config import BioConfig
 from scale_cl.experiments.bio.datasets import AnswerOnlyQA, PackedText, PadCollator
@@ -59,6 +59,7 @@ from scale_cl.files import write_json
 from scale_cl.train.arguments import training_arguments
 from scale_cl.train.callbacks import PeriodicEval, SaveAtEvaluations
 from scale_cl.train.config import StageConfig
+from scale_cl.train.distill import Distillation, HeadTeacher, teacher_for
 from scale_cl.train.recipe import train_model
 from scale_cl.train.reporting import report_to_argument, result_settings
 
@@ -265,13 +266,14 @@ def stage_accuracies(data: BioData, seed: int, stage_dirs: tuple[Path, Path], ou
     return result
 
 
-def task1_training_data(cfg: BioConfig, data: BioData, seed: int) -> Any:
+def task1_training_data(cfg: BioConfig, data: BioData, seed: int, mark: bool = False) -> Any:
     """Task 1's training questions, or with ``task1.replay_ratio`` those with Task 0's training questions replayed
-    at that exact share of every batch, in an order drawn from ``seed`` (`scale_cl.data.replay`)."""
+    at that share, in an order drawn from ``seed`` (`scale_cl.data.replay`); ``mark``: each question says whether
+    it is replayed (for the distillation term)."""
     ratio = cfg.task1.replay_ratio
     if not ratio:
         return data.task1_train
-    return ReplayMix(data.task1_train, data.task0_train, ratio, seed, cfg.task1.batch_size)
+    return ReplayMix(data.task1_train, data.task0_train, ratio, seed, cfg.task1.batch_size, mark=mark)
 
 
 def run_method(
@@ -303,7 +305,16 @@ def run_method(
     stage = replace(cfg.task1, lr=lr)
     log = result_path.with_suffix(".jsonl")
     run_dir, logging_dir = result_path.with_suffix(".checkpoints"), result_path.with_suffix(".logs")
-    replay = f", {cfg.task1.replay_ratio:.0%} of every batch replayed from Task 0" if cfg.task1.replay_ratio else ""
+    replay = ""
+    if cfg.task1.replay_ratio:
+        replay = f", {describe_share(cfg.task1.replay_ratio, cfg.task1.batch_size)} replayed from Task 0"
+    distill = cfg.options.distill_config(method)
+    distillation = None
+    if distill is not None:
+        teacher = teacher_for(model, lambda: GPTNeoXForCausalLM.from_pretrained(task0_dir))
+        distillation = Distillation(distill, teacher)
+        source = "its own head" if isinstance(teacher, HeadTeacher) else "a frozen copy of the Task-0 model"
+        replay += f", distillation x{distill.weight:g} ({distill.new_tokens}; teacher logits from {source})"
     if cfg.options.calibrates_route(method):
         replay += f", tau routes {cfg.options.route_share:.0%} of Task-0 training questions to preserve"
     print(f"[bio] stage 3 (seed {seed}): {method}, lr {lr:g}, {trainable_parameter_count(model):,} trainable{replay}")
@@ -332,7 +343,7 @@ def run_method(
     start = time.perf_counter()
     train_model(
         model,
-        task1_training_data(cfg, data, seed),
+        task1_training_data(cfg, data, seed, mark=distillation is not None),
         args,
         collator=collator,
         callbacks=[tracker, saver],
@@ -341,6 +352,7 @@ def run_method(
         lr_ratios=cfg.options.lr_ratios(method),
         resume=True,
         logging_dir=logging_dir,
+        distillation=distillation,
     )
     result = {
         "method": method,
@@ -366,8 +378,6 @@ def validate(cfg: BioConfig) -> None:
     if m.hidden_size % m.heads:
         raise ValueError(f"model.hidden_size={m.hidden_size} must be a multiple of model.heads={m.heads}")
     cfg.options.validate(backbone_config(cfg), cfg.methods)
-    if cfg.task1.replay_ratio:
-        check_ratio(cfg.task1.replay_ratio, cfg.task1.batch_size, "task1.replay_ratio", "task1.batch_size")
     for stage in (cfg.pretrain, cfg.task0, cfg.task1):
         report_to_argument(stage.report_to)  # its backends are installed
 

@@ -107,7 +107,29 @@ VOCAB_TEXT_CHARS = 50_000_000  # new-domain training text read to learn --data.e
 
 @dataclass
 class CptDataConfig(CorpusConfig):
-    """The corpus (`scale_cl.data.corpus.CorpusConfig`) and a vocabulary extension learned from it."""
+    """The corpus (`scale_cl.data.corpus.CorpusConfig`), a vocabulary extension learned from it, and pseudo-replay."""
+
+    pseudo_replay_ratio: float = field(
+        default=0.0,
+        metadata={
+            "ge": 0,
+            "lt": 1,
+            "help": "share of the training sequences that are text the base model samples itself (pseudo-replay: "
+            "old-domain text without stored old data), on replay's schedule; it takes replay's place (not with "
+            "data.replay_ratio); 0 = off",
+        },
+    )
+    pseudo_replay_sequences: int = field(
+        default=256,
+        metadata={
+            "ge": 1,
+            "help": "with pseudo_replay_ratio: sequences of data.seq_len tokens sampled once per run and seed "
+            "(cached in the output folder), reused in a fresh order each time they are used up",
+        },
+    )
+    pseudo_replay_temperature: float = field(
+        default=1.0, metadata={"gt": 0, "help": "with pseudo_replay_ratio: the sampling temperature"}
+    )
 
     extend_vocab: int = field(
         default=0,
@@ -148,6 +170,11 @@ class CptConfig:
         check_fields(self)
         if not isinstance(self.data, CptDataConfig):  # a plain CorpusConfig: no vocabulary extension
             self.data = CptDataConfig(**asdict(self.data))
+        if self.data.pseudo_replay_ratio and self.data.replay_ratio:
+            raise ValueError(
+                "data.pseudo_replay_ratio and data.replay_ratio share one schedule: set one of them (pseudo-replay is "
+                "for a run without old-domain text to replay)"
+            )
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -45,7 +45,8 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoConfig, PreTrainedModel, PreTrainedTokenizerBase, TrainingArguments
 
 from scale_cl.data.corpus import Corpus, PackedStream, build_corpus, check_corpus, split_documents
-from scale_cl.data.replay import ReplayMix, ReplayStream, check_ratio
+from scale_cl.data.pseudo_replay import cached_blocks, generate_blocks
+from scale_cl.data.replay import ReplayMix, ReplayStream, describe_share
 from scale_cl.eval.perplexity import final_hidden_original, mean_cosine_similarity, perplexity
 from scale_cl.experiments.base.name import resolve_model_name
 from scale_cl.experiments.cpt.config import VOCAB_TEXT_CHARS, CptConfig
@@ -56,6 +57,7 @@ from scale_cl.files import atomic_write, write_json
 from scale_cl.models import BaseModelRef, load_base, save_trained
 from scale_cl.train.arguments import training_arguments as stage_training_arguments
 from scale_cl.train.callbacks import PeriodicEval
+from scale_cl.train.distill import Distillation, HeadTeacher, teacher_for
 from scale_cl.train.recipe import train_model
 from scale_cl.train.reporting import report_to_argument
 from scale_cl.train.route_calibration import sequence_batches
@@ -90,8 +92,6 @@ def validate(cfg: CptConfig, base_config: Any) -> None:
         )
     if cfg.data.streaming and t.max_steps <= 0:
         raise ValueError("data.streaming needs train.max_steps > 0 (a stream has no length to count epochs on)")
-    if cfg.data.replay_ratio:
-        check_ratio(cfg.data.replay_ratio, t.batch_size)
     needs_old = [(m, "route_share calibrates its tau") for m in cfg.methods if cfg.options.calibrates_route(m)]
     needs_old += [(m, "auto_layers measures forgetting") for m in cfg.methods if cfg.options.chooses_layers(m)]
     if needs_old and not cfg.data.replay:
@@ -112,17 +112,53 @@ def total_steps(cfg: CptConfig, train: Any) -> int:
     return math.ceil(cfg.train.epochs * len(train) / cfg.train.batch_size)
 
 
-def training_data(cfg: CptConfig, corpus: Corpus) -> Any:
-    """The training split, or with ``data.replay_ratio`` the split with replay mixed into every batch (this run's
-    seed draws the order, `scale_cl.data.replay`)."""
-    ratio = cfg.data.replay_ratio
+def training_data(cfg: CptConfig, corpus: Corpus, pseudo_replay: torch.Tensor | None = None, mark: bool = False) -> Any:
+    """The training split, or with ``data.replay_ratio`` the split with replay mixed in on replay's schedule (this
+    run's seed draws the order, `scale_cl.data.replay`); with ``data.pseudo_replay_ratio`` the base model's own
+    text (``pseudo_replay``, `pseudo_replay_blocks`) takes replay's place. ``mark``: each sequence says whether it
+    is (pseudo-)replay, for the distillation term."""
+    ratio = cfg.data.replay_ratio or cfg.data.pseudo_replay_ratio
     if not ratio:
         return corpus.train
-    if corpus.replay is None:
+    if cfg.data.pseudo_replay_ratio:
+        if pseudo_replay is None:
+            raise ValueError("data.pseudo_replay_ratio needs the sampled blocks (pseudo_replay_blocks)")
+        replay = pseudo_replay
+    elif corpus.replay is None:
         raise ValueError(f"data.replay_ratio={ratio} but the corpus was packed without replay text (data.replay)")
+    else:
+        replay = corpus.replay.blocks
     if isinstance(corpus.train, PackedStream):
-        return ReplayStream(corpus.train, corpus.replay.blocks, ratio, cfg.seed)
-    return ReplayMix(corpus.train.blocks, corpus.replay.blocks, ratio, cfg.seed, cfg.train.batch_size)
+        return ReplayStream(corpus.train, replay, ratio, cfg.seed, mark=mark)
+    return ReplayMix(corpus.train.blocks, replay, ratio, cfg.seed, cfg.train.batch_size, mark=mark)
+
+
+def pseudo_replay_blocks(
+    cfg: CptConfig, ref: BaseModelRef, base: PreTrainedModel, tokenizer: Any, cache: Path
+) -> torch.Tensor | None:
+    """The base model's own sequences for ``data.pseudo_replay_ratio`` (sampled once per seed, cached in
+    ``cache``), or None without pseudo-replay. ``base``: the model before any method touches it."""
+    d = cfg.data
+    if not d.pseudo_replay_ratio:
+        return None
+    from scale_cl.data.corpus import eos_id
+
+    settings = {
+        "base": asdict(ref),
+        "vocab": len(tokenizer),
+        "seed": cfg.seed,
+        "sequences": d.pseudo_replay_sequences,
+        "seq_len": d.seq_len,
+        "temperature": d.pseudo_replay_temperature,
+    }
+
+    def sample() -> torch.Tensor:
+        print(f"[cpt] pseudo-replay: the base model samples {d.pseudo_replay_sequences} sequences (seed {cfg.seed})")
+        start = eos_id(tokenizer)
+        return generate_blocks(base, start, d.pseudo_replay_sequences, d.seq_len, cfg.seed, d.pseudo_replay_temperature)
+
+    with process_state().main_process_first():  # one process samples and writes; the others read its file
+        return cached_blocks(cache, settings, sample)
 
 
 def use_bf16(cfg: CptConfig) -> bool:
@@ -220,12 +256,14 @@ def run_method(
     out: Path,
     initial: dict[str, Any] | None = None,
     save_model: bool = True,
+    pseudo_replay_cache: Path | None = None,
 ) -> dict[str, Any]:
     """Train one method (resuming from its last checkpoint), save its model and summary; returns the summary.
 
     ``initial``: the base model's `evaluate_method` record, used as step 0 (a sweep measures it once;
     SCALE-Route's routing share is then not measured at step 0). ``save_model=False`` keeps only the
-    metrics (a sweep's many runs would otherwise each store a model).
+    metrics (a sweep's many runs would otherwise each store a model). ``pseudo_replay_cache``: the folder of
+    the base model's sampled sequences (default ``out``; a sweep shares one).
     """
     from scale_cl.methods import prepare, trainable_parameter_count
 
@@ -246,9 +284,15 @@ def run_method(
         )
         if process_state().is_main_process:
             print(f"[cpt] {method}: collaborative layers from probe runs\n{describe(layer_choice)}")
+    pseudo = pseudo_replay_blocks(cfg, ref, base, tokenizer, pseudo_replay_cache or out)
     model = prepare(base, method, **options.prepare_options(method, cfg.seed))
     run_dir, logging_dir = method_dir / "run", method_dir / "logs"
-    train = training_data(cfg, corpus)
+    distill = options.distill_config(method)
+    distillation = None
+    if distill is not None:
+        teacher = teacher_for(model, lambda: grown_base(*load_base(ref), corpus)[0])
+        distillation = Distillation(distill, teacher)
+    train = training_data(cfg, corpus, pseudo, mark=distillation is not None)
     steps = total_steps(cfg, train)
     args = training_arguments(cfg, method, run_dir, steps, logging_dir)
     lr = args.learning_rate
@@ -272,7 +316,15 @@ def run_method(
     trainable = trainable_parameter_count(model)
     state = process_state()
     if state.is_main_process:
-        replay = f", replay {cfg.data.replay_ratio:.0%} of every batch" if cfg.data.replay_ratio else ""
+        replay = ""
+        if cfg.data.replay_ratio or cfg.data.pseudo_replay_ratio:
+            kind = "replay" if cfg.data.replay_ratio else "pseudo-replay"
+            share = describe_share(cfg.data.replay_ratio or cfg.data.pseudo_replay_ratio, cfg.train.batch_size)
+            replay = f", {kind} {share}"
+        if distillation is not None:
+            source = "its own head" if isinstance(distillation.teacher, HeadTeacher) else "a frozen copy"
+            replay += f", distillation x{distill.weight:g} (T={distill.temperature:g}, new-domain: {distill.new_tokens}"
+            replay += f"; the base's logits from {source})"
         groups = "".join(f", *{suffix} at {ratio:g} x lr" for suffix, ratio in lr_ratios.items())
         if calibration is not None:
             every = f"every {calibration.every} steps" if calibration.every else "once"
@@ -290,6 +342,7 @@ def run_method(
         lr_ratios=lr_ratios,
         resume=True,
         logging_dir=logging_dir,
+        distillation=distillation,
     )
     seconds = time.perf_counter() - start
     summary = {"method": method, "lr": lr, "trainable": trainable, "steps": steps, "seconds": seconds}

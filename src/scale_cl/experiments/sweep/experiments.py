@@ -197,7 +197,7 @@ class CptExperiment:
             if process_state().is_main_process:
                 write_json(path, initial)
         del base
-        self._state = {"ref": ref, "corpus": corpus, "reference": reference, "initial": initial}
+        self._state = {"ref": ref, "corpus": corpus, "reference": reference, "initial": initial, "out": out}
         return self._summary(initial)
 
     @staticmethod
@@ -228,6 +228,7 @@ class CptExperiment:
                 self._seed_dir(point_dir, seed),
                 s["initial"],
                 save_model=self.save_models,
+                pseudo_replay_cache=s["out"],
             )
             if "curve" not in result:  # only the main process evaluates
                 return {}

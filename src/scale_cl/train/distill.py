@@ -1,0 +1,151 @@
+"""The base model as a teacher: a KL term to the base's next-token distribution (docs/design.md §2).
+
+The training loss becomes ``CE + lambda * T^2 * sum_t w_t KL(p_base^T(.|t) || p_model^T(.|t)) / N`` over the
+positions ``t`` that carry a label (``N``: the same token count the cross-entropy is averaged over, so the two
+terms stay on one scale under gradient accumulation and across processes), where ``p^T`` is the softmax at
+temperature ``T`` and the weight ``w_t`` of a position is
+
+- 1 on a replayed (or pseudo-replayed) sequence: old-domain text, where the base is the target;
+- on a new-domain sequence, by ``new_tokens``: ``exp(-H(p_base(.|t)))`` (``confidence``: the base is sure of
+  the English, code and numbers inside Korean text, and unsure of the Korean), 1 (``all``: plain LwF), or 0
+  (``none``).
+
+Where the base's logits come from (`teacher_for`):
+
+- SCALE-Preserve and SCALE-Route compute them exactly in their own forward pass (the original stream with
+  W12 = 0 is the base model, Theorem 3.1): the head hands them over (`HeadTeacher`), no second forward pass.
+- Every other method (FFT, LoRA, Freeze, LLaMA Pro, SCALE-Adapt) runs a frozen copy of the base model on the
+  same batch (`CopyTeacher`): learning without forgetting (Li & Hoiem 2017) as a user would write it, one
+  more forward pass and one more copy of the weights in memory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+NEW_TOKEN_WEIGHTS = ("confidence", "all", "none")
+IGNORE = -100
+
+
+@dataclass(frozen=True)
+class DistillConfig:
+    """``weight``: lambda (> 0); ``temperature``: T of both softmaxes; ``new_tokens``: the weight of a
+    new-domain position (one of `NEW_TOKEN_WEIGHTS`)."""
+
+    weight: float
+    temperature: float = 1.0
+    new_tokens: str = "confidence"
+
+    def __post_init__(self) -> None:
+        if not self.weight > 0:
+            raise ValueError(f"distillation weight must be > 0, got {self.weight}")
+        if not self.temperature > 0:
+            raise ValueError(f"distillation temperature must be > 0, got {self.temperature}")
+        if self.new_tokens not in NEW_TOKEN_WEIGHTS:
+            raise ValueError(f"distillation new_tokens must be one of {NEW_TOKEN_WEIGHTS}, got {self.new_tokens!r}")
+
+
+def position_weights(
+    teacher_logits: torch.Tensor, labels: torch.Tensor, from_replay: torch.Tensor | None, new_tokens: str
+) -> torch.Tensor:
+    """``w_t`` of every position (B, T-1) that predicts a label (0 where the next label is ignored)."""
+    has_label = (labels[:, 1:] != IGNORE).float()
+    replay = torch.zeros(labels.shape[0], 1, device=labels.device)
+    if from_replay is not None:
+        replay = from_replay.to(labels.device).float().view(-1, 1)
+    if new_tokens == "confidence":
+        with torch.no_grad():
+            logp = F.log_softmax(teacher_logits[:, :-1].float(), dim=-1)
+            new = torch.exp((logp.exp() * logp).sum(-1))  # exp(-H)
+    else:
+        new = torch.full_like(has_label, 1.0 if new_tokens == "all" else 0.0)
+    return has_label * (replay + (1 - replay) * new)
+
+
+def distill_sum(
+    student_logits: torch.Tensor,
+    teacher_logits: torch.Tensor,
+    labels: torch.Tensor,
+    from_replay: torch.Tensor | None,
+    config: DistillConfig,
+) -> torch.Tensor:
+    """``T^2 sum_t w_t KL(p_teacher^T || p_student^T)`` over the batch (not yet averaged).
+
+    The teacher covers the base vocabulary; a student with more logits (an extended vocabulary) is compared
+    on its full softmax, so the mass it gives new tokens counts against it where the base is the target.
+    """
+    weights = position_weights(teacher_logits, labels, from_replay, config.new_tokens)
+    if not bool(weights.any()):
+        return student_logits.sum() * 0.0  # keeps the graph (every process runs the same backward)
+    t = config.temperature
+    teacher = F.log_softmax(teacher_logits[:, :-1].float() / t, dim=-1)
+    student = F.log_softmax(student_logits[:, :-1].float() / t, dim=-1)[..., : teacher.shape[-1]]
+    kl = (teacher.exp() * (teacher - student)).sum(-1)
+    return (t * t) * (weights * kl).sum()
+
+
+class HeadTeacher:
+    """The base logits SCALE-Preserve and SCALE-Route compute anyway: the head keeps them for one forward pass
+    (``RouteState.capture_base``), no second pass and no copy of the weights."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.state = model.scale_route
+
+    def run(self, forward: Callable[[], Any], inputs: dict[str, Any]) -> tuple[Any, torch.Tensor]:
+        self.state.capture_base, self.state.base_logits = True, None
+        try:
+            outputs = forward()
+            logits = self.state.base_logits
+        finally:
+            self.state.capture_base, self.state.base_logits = False, None
+        if logits is None:
+            raise RuntimeError("the SCALE head did not hand over the base logits (is this a Preserve or Route model?)")
+        return outputs, logits
+
+
+class CopyTeacher:
+    """A frozen copy of the base model run on the same batch, without gradient (LwF's second forward pass)."""
+
+    def __init__(self, base: nn.Module) -> None:
+        self.model = base.eval().requires_grad_(False)
+
+    def run(self, forward: Callable[[], Any], inputs: dict[str, Any]) -> tuple[Any, torch.Tensor]:
+        model_inputs = {k: v for k, v in inputs.items() if k != "labels"}
+        first = next(self.model.parameters())
+        if first.device != inputs["input_ids"].device:
+            self.model.to(inputs["input_ids"].device)
+        with torch.no_grad():
+            logits = self.model(**model_inputs).logits
+        return forward(), logits
+
+
+def free_teacher(model: nn.Module) -> bool:
+    """Whether ``model``'s own forward pass computes the base model's logits exactly: SCALE-Preserve, or
+    SCALE-Route in route mode, with the base vocabulary (an extended vocabulary's new rows train inside the
+    original stream, which then is no longer the base)."""
+    from scale_cl.config import scale_config_of
+
+    route = getattr(model, "scale_route", None)
+    if route is None or any(name.endswith("weight_new") for name, _ in model.named_parameters()):
+        return False
+    method = scale_config_of(model).method
+    return method == "preserve" or (method == "route" and route.active)
+
+
+def teacher_for(model: nn.Module, load_base: Callable[[], nn.Module]) -> HeadTeacher | CopyTeacher:
+    """The cheapest exact teacher for ``model``: its own head, or a frozen copy (``load_base()``) of the base."""
+    return HeadTeacher(model) if free_teacher(model) else CopyTeacher(load_base())
+
+
+@dataclass
+class Distillation:
+    """What the Trainer needs: the settings and the teacher."""
+
+    config: DistillConfig
+    teacher: HeadTeacher | CopyTeacher

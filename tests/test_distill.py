@@ -1,0 +1,210 @@
+"""The base as a teacher (issue 28, item 1): the KL term, its free teacher in SCALE-Preserve/Route, pseudo-replay."""
+
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import replace
+
+import pytest
+import torch
+import torch.nn.functional as F
+from transformers import LlamaForCausalLM, TrainingArguments
+
+from conftest import randomize_new_weights, tiny_config, tiny_llama_config, tiny_scale_config, token_batch
+from scale_cl import upscale
+from scale_cl.data.pseudo_replay import cached_blocks, generate_blocks
+from scale_cl.data.replay import REPLAY_KEY
+from scale_cl.experiments.settings import MethodSettings
+from scale_cl.methods import prepare
+from scale_cl.train.distill import (
+    CopyTeacher,
+    Distillation,
+    DistillConfig,
+    HeadTeacher,
+    distill_sum,
+    free_teacher,
+    position_weights,
+    teacher_for,
+)
+from scale_cl.train.trainer import CheckpointingTrainer
+
+
+def _base(seed: int = 0) -> LlamaForCausalLM:
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(tiny_llama_config()).eval()
+
+
+def _reference_kl(student: torch.Tensor, teacher: torch.Tensor, t: float) -> torch.Tensor:
+    """KL(p_teacher^T || p_student^T) per position by `F.kl_div`, the textbook form."""
+    s, q = F.log_softmax(student / t, -1), F.log_softmax(teacher / t, -1)
+    return F.kl_div(s, q, log_target=True, reduction="none").sum(-1)
+
+
+def test_the_term_is_the_weighted_kl_with_replay_at_one_and_new_tokens_by_the_base_confidence():
+    gen = torch.Generator().manual_seed(0)
+    student, teacher = torch.randn(3, 6, 11, generator=gen), 3 * torch.randn(3, 6, 11, generator=gen)
+    labels = torch.randint(0, 11, (3, 6), generator=gen)
+    labels[1, :3] = -100  # a masked prompt
+    replay = torch.tensor([1, 0, 0])
+    for new_tokens in ("confidence", "all", "none"):
+        config = DistillConfig(0.5, temperature=2.0, new_tokens=new_tokens)
+        got = distill_sum(student, teacher, labels, replay, config)
+        kl = _reference_kl(student[:, :-1], teacher[:, :-1], 2.0)
+        p = F.softmax(teacher[:, :-1], -1)
+        entropy = -(p * p.log()).sum(-1)
+        new = {"confidence": torch.exp(-entropy), "all": torch.ones_like(entropy), "none": torch.zeros_like(entropy)}
+        weights = torch.where(replay[:, None].bool(), 1.0, new[new_tokens]) * (labels[:, 1:] != -100)
+        assert torch.allclose(got, 4.0 * (weights * kl).sum(), rtol=1e-5), new_tokens
+    assert position_weights(teacher, labels, replay, "none")[1:].sum() == 0
+    assert position_weights(teacher, labels, None, "all").sum() == (labels[:, 1:] != -100).sum()
+
+
+def test_the_base_gives_confident_positions_more_weight():
+    teacher = torch.zeros(1, 3, 5)
+    teacher[0, 0, 2] = 20.0  # sure of the next token at position 0, uniform at position 1
+    weights = position_weights(teacher, torch.zeros(1, 3, dtype=torch.long), None, "confidence")
+    assert weights[0, 0] > 0.99 and weights[0, 1] == pytest.approx(1 / 5, rel=1e-5)
+
+
+@pytest.mark.parametrize("method", ["scale_preserve", "scale_route"])
+def test_the_free_teacher_equals_a_separate_copy_of_the_base_and_adds_no_forward_pass(method):
+    base = _base()
+    model = prepare(copy.deepcopy(base), method, scale=tiny_scale_config(base, preserve_layers=1))
+    randomize_new_weights(model, seed=1, w12_scale=0.3)  # trained-looking: W12 and W_out_up matter
+    assert free_teacher(model)
+    loaded = []
+    teacher = teacher_for(model, lambda: loaded.append(1))
+    assert isinstance(teacher, HeadTeacher) and not loaded, "no copy of the base is loaded"
+    ids, mask = token_batch(padded=False, rows=2, length=7)
+    inputs = {"input_ids": ids, "attention_mask": mask, "labels": ids}
+    calls = []
+    hook = model.model.layers[0].register_forward_hook(lambda *a: calls.append(1))
+    outputs, free = teacher.run(lambda: model(**inputs), inputs)
+    hook.remove()
+    assert len(calls) == 1, "the teacher's logits come out of the model's one forward pass"
+    assert model.scale_route.base_logits is None and not model.scale_route.capture_base, "nothing is kept after"
+    _, reference = CopyTeacher(copy.deepcopy(base)).run(lambda: None, inputs)
+    assert torch.allclose(free, reference, atol=1e-5)
+    assert not torch.allclose(outputs.logits, reference, atol=1e-3), "the model itself differs from the base"
+    config = DistillConfig(1.0, new_tokens="all")
+    assert torch.allclose(
+        distill_sum(outputs.logits, free, ids, None, config),
+        distill_sum(outputs.logits, reference, ids, None, config),
+        rtol=1e-5,
+    )
+
+
+@pytest.mark.parametrize("method", ["fft", "scale_adapt", "lora"])
+def test_other_methods_distill_from_a_frozen_copy(method):
+    base = _base()
+    model = prepare(copy.deepcopy(base), method, **MethodSettings().prepare_options(method))
+    teacher = teacher_for(model, lambda: copy.deepcopy(base))
+    assert isinstance(teacher, CopyTeacher) and not any(p.requires_grad for p in teacher.model.parameters())
+
+
+def test_an_extended_vocabulary_falls_back_to_the_copy():
+    from scale_cl.vocab import VocabExtension, grow_embeddings
+
+    base = _base()
+    grow_embeddings(base, VocabExtension(first_id=base.config.vocab_size, tokens=("xy",), pieces=((3, 4),)))
+    model = prepare(base, "scale_preserve", scale=tiny_scale_config(base))
+    assert not free_teacher(model)
+
+
+def test_the_trainer_adds_the_term_to_the_language_modelling_loss(tmp_path):
+    base = _base()
+    model = upscale(copy.deepcopy(base), tiny_scale_config(base, "preserve")).train()
+    randomize_new_weights(model, seed=2, w12_scale=0.0)
+    ids, mask = token_batch(padded=False, rows=2, length=7)
+    inputs = {"input_ids": ids, "attention_mask": mask, "labels": ids, REPLAY_KEY: torch.tensor([1, 0])}
+    config = DistillConfig(0.7, new_tokens="confidence")
+    args = TrainingArguments(str(tmp_path), report_to=[], use_cpu=True)
+    plain = CheckpointingTrainer(model=model, args=args)
+    with_term = CheckpointingTrainer(model=model, args=args, distillation=Distillation(config, HeadTeacher(model)))
+    ce = plain.compute_loss(model, dict(inputs))
+    total = with_term.compute_loss(model, dict(inputs))
+    logits = model(input_ids=ids, attention_mask=mask).logits
+    expected = distill_sum(logits, base(input_ids=ids).logits, ids, inputs[REPLAY_KEY], config) / (ids.numel() - 2)
+    assert torch.allclose(total, ce + 0.7 * expected, rtol=1e-4)
+    assert total > ce
+    model.eval()
+    assert torch.equal(with_term.compute_loss(model, dict(inputs)), plain.compute_loss(model, dict(inputs))), (
+        "evaluation is the plain loss"
+    )
+
+
+def test_distill_settings_are_checked():
+    with pytest.raises(ValueError, match="distill_new_tokens must be one of"):
+        MethodSettings(distill_new_tokens="most")
+    with pytest.raises(ValueError, match="distill_weight must be >= 0"):
+        MethodSettings(distill_weight=-1)
+    with pytest.raises(ValueError, match="distill_temperature must be > 0"):
+        MethodSettings(distill_temperature=0)
+    assert MethodSettings().distill_config("fft") is None
+    assert MethodSettings(distill_weight=1).distill_config("scale_route") == DistillConfig(1.0)
+
+
+def test_pseudo_replay_is_the_base_model_s_own_text_fixed_by_the_seed_and_cached(tmp_path):
+    base = _base()
+    blocks = generate_blocks(base, start_id=5, count=5, length=9, seed=3, batch_size=2)
+    assert blocks.shape == (5, 9) and bool((blocks[:, 0] == 5).all())
+    assert torch.equal(blocks, generate_blocks(base, 5, 5, 9, seed=3, batch_size=2)), "the seed fixes the draw"
+    assert not torch.equal(blocks, generate_blocks(base, 5, 5, 9, seed=4, batch_size=2))
+    calls = []
+
+    def sample():
+        calls.append(1)
+        return blocks
+
+    first = cached_blocks(tmp_path, {"seed": 3}, sample)
+    again = cached_blocks(tmp_path, {"seed": 3}, sample)
+    assert torch.equal(first, again) and len(calls) == 1, "sampled once, then read from the cache"
+    cached_blocks(tmp_path, {"seed": 4}, sample)
+    assert len(calls) == 2, "other settings, another draw"
+
+
+@pytest.mark.slow
+def test_cpt_trains_with_distillation_and_pseudo_replay_and_keeps_frozen_weights(workspace, tmp_path):
+    from scale_cl.experiments.cpt.pipeline import run_cpt
+
+    cfg = tiny_config(workspace, ["scale_preserve", "fft"], steps=4, save_every=2)
+    data = replace(cfg.data, pseudo_replay_ratio=0.25, pseudo_replay_sequences=6)
+    options = replace(cfg.options, distill_weight=1.0, distill_new_tokens="confidence")
+    cfg = replace(cfg, data=data, options=options)
+    run_cpt(cfg, tmp_path / "run")
+    cached = list((tmp_path / "run").glob("pseudo_replay-*.safetensors"))
+    assert len(cached) == 1, "one draw, shared by the methods"
+    for method in ("scale_preserve", "fft"):
+        result = json.loads((tmp_path / "run" / method / "result.json").read_text())
+        assert result["curve"][-1]["step"] == 4
+    with pytest.raises(ValueError, match="share one schedule"):
+        replace(cfg, data=replace(data, replay=[f"toy={workspace / 'old.jsonl'}"], replay_ratio=0.25))
+
+
+@pytest.mark.slow
+def test_bio_distills_replayed_questions_from_the_task0_model(tmp_path):
+    from scale_cl.experiments.bio.config import preset
+    from scale_cl.experiments.bio.pipeline import run_bio
+
+    cfg = preset("micro")
+    cfg = replace(
+        cfg,
+        methods=["scale_route", "fft"],
+        task1=replace(cfg.task1, replay_ratio=0.25),
+        options=replace(cfg.options, distill_weight=1.0, distill_new_tokens="none"),
+    )
+    seen = []
+    step = CheckpointingTrainer.compute_loss
+
+    def recording(self, model, inputs, *args, **kwargs):
+        if model.training and self.distillation is not None:  # stage 3 (stages 1-2 train without)
+            seen.append((type(self.distillation.teacher).__name__, inputs[REPLAY_KEY].tolist()))
+        return step(self, model, inputs, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(CheckpointingTrainer, "compute_loss", recording)
+        run_bio(cfg, tmp_path / "run")
+    teachers = {name for name, _ in seen}
+    assert teachers == {"HeadTeacher", "CopyTeacher"}, "Route's own head, FFT's frozen copy"
+    assert all(sum(marks) == len(marks) // 4 for _, marks in seen), "a quarter of every batch is marked replay"
