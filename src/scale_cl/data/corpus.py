@@ -111,8 +111,9 @@ class CorpusConfig:
         metadata={
             "ge": 0,
             "lt": 1,
-            "help": "share of every training batch (sequences, hence tokens) taken from the replay sources, exact "
-            "per batch (ratio x train.batch_size must be whole); 0 = no replay",
+            "help": "share of the training sequences (hence tokens) taken from the replay sources: exact in every "
+            "batch when ratio x train.batch_size is whole, else exact over the run (0.01 or 0.05 with a batch of 8); "
+            "0 = no replay",
         },
     )
 
