@@ -113,8 +113,8 @@ class Task1Config(MethodStageConfig):
             "ge": 0,
             "lt": 1,
             "help": "share of every Task-1 batch replayed from Task 0's training questions (stage 2's QA of people "
-            "[0, N/4)); exact in every batch when task1.batch_size x ratio is whole, else over the run. The held-out Task-0 "
-            "people (the paper's view) are never replayed; the QA-trained view then reads replayed questions. "
+            "[0, N/4)); exact in every batch when task1.batch_size x ratio is whole, else over the run. The held-out "
+            "Task-0 people (the paper's view) are never replayed; the QA-trained view then reads replayed questions. "
             "0 = no replay",
         },
     )

@@ -96,6 +96,15 @@ class EvalConfig:
         },
     )
 
+    nll_split: bool = field(
+        default=False,
+        metadata={
+            "help": "also split each old-domain loss into the probability mass given to the new domain's own tokens "
+            "(those relatively more frequent in the held-out new-domain text than in the old-domain sets) and the "
+            "ranking among the others: where forgetting goes (records forgetting_new_mass_nll, in nats)"
+        },
+    )
+
     def __post_init__(self) -> None:
         self.up_logit_scales = tuple(float(a) for a in self.up_logit_scales)
         self.wise_ft_alphas = tuple(float(a) for a in self.wise_ft_alphas)

@@ -47,7 +47,7 @@ from transformers import AutoConfig, PreTrainedModel, PreTrainedTokenizerBase, T
 from scale_cl.data.corpus import Corpus, PackedStream, build_corpus, check_corpus, split_documents
 from scale_cl.data.pseudo_replay import cached_blocks, generate_blocks
 from scale_cl.data.replay import ReplayMix, ReplayStream, describe_share
-from scale_cl.eval.perplexity import final_hidden_original, mean_cosine_similarity, perplexity
+from scale_cl.eval.perplexity import final_hidden_original, mean_cosine_similarity, new_domain_tokens, perplexity
 from scale_cl.experiments.base.name import resolve_model_name
 from scale_cl.experiments.cpt.config import VOCAB_TEXT_CHARS, CptConfig
 from scale_cl.experiments.cpt.layer_choice import check_probe_data, choose_layers, describe
@@ -220,6 +220,11 @@ def evaluate_method(cfg: CptConfig, corpus: Corpus, reference: torch.Tensor, ori
     from scale_cl.methods import trainable_parameter_count
 
     probe = probe_batch(cfg, corpus)
+    new_tokens = None
+    if cfg.eval.nll_split and corpus.heldout is not None and corpus.old_eval:
+        old = torch.cat([data.blocks.flatten() for data in corpus.old_eval.values()])
+        vocab = int(max(corpus.heldout.blocks.max(), old.max())) + 1
+        new_tokens = new_domain_tokens(corpus.heldout.blocks, old, vocab)
 
     def evaluate(model: torch.nn.Module) -> dict[str, Any]:
         record: dict[str, Any] = {"trainable": trainable_parameter_count(model)}
@@ -231,8 +236,10 @@ def evaluate_method(cfg: CptConfig, corpus: Corpus, reference: torch.Tensor, ori
                 share["heldout"] = result.route_preserve_share
         record["forgetting_ppl"] = {}
         for name, data in corpus.old_eval.items():
-            result = perplexity(model, data.blocks, cfg.eval.batch_size, bf16)
+            result = perplexity(model, data.blocks, cfg.eval.batch_size, bf16, new_tokens)
             record["forgetting_ppl"][name] = result.perplexity
+            if result.new_mass_nll is not None:
+                record.setdefault("forgetting_new_mass_nll", {})[name] = result.new_mass_nll
             if result.route_preserve_share is not None:
                 share[name] = result.route_preserve_share
         hidden = final_hidden_original(model, probe, original_width, bf16)
