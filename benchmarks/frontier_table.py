@@ -8,8 +8,9 @@ best alpha is the one with the least mean `en` loss among those whose mean gain 
 
 FFT's points with ``--eval.wise_ft_alphas`` show their WiSE-FT frontier (weights interpolated towards the base's).
 
-Usage: python benchmarks/frontier_table.py SWEEP_DIR [MORE_SWEEP_DIRS]  (the first holds FFT's x1 point; FFT's
-points at other rates are read from every folder given, e.g. outputs/sweep-cpt-clean-fft-frontier)
+Usage: python benchmarks/frontier_table.py SWEEP_DIR [MORE_SWEEP_DIRS]  (the first holds FFT's x1 point, the
+reference; every folder's points are read, labelled with the folder's name, e.g. FFT's lower rates in
+outputs/sweep-cpt-clean-fft-frontier or the teacher's sweeps of benchmarks/cpt_clean_teacher.sh; all on one base)
 """
 
 from __future__ import annotations
@@ -81,9 +82,11 @@ def main(folders: list[Path]) -> None:
     for folder in folders:
         for path in sorted((folder / "points").glob("*/point.json")):
             point = json.loads(path.read_text())
-            if not all(s in point["seeds"] for s in seeds) or (folder != folders[0] and point["method"] != "fft"):
+            if not all(s in point["seeds"] for s in seeds):
                 continue
             label = point["method"] + (f" ({point['label']})" if point["label"] else "")
+            if folder != folders[0] and point["method"] != "fft":
+                label += f" [{folder.name}]"
             by_alpha = frontiers(path.parent, point, seeds)
             if point["method"] == "fft":
                 label = f"{label} [{folder.name}, lr {point['lr']:g}]"
