@@ -31,7 +31,8 @@ def frontiers(point_dir: Path, point: dict, seeds: list[str]) -> dict[str, list[
 
 
 def _frontiers(point_dir: Path, point: dict, seeds: list[str], frontier_key: str) -> dict[str, list[dict]] | None:
-    """alpha (and " exact" where evaluated with route_exact) -> the seeds' records of one SCALE point (None if a
+    """alpha (and " exact" / " likelihood" where read with route_exact / the likelihood router) -> the seeds' records
+    of one SCALE point (None if a
     seed's run has no frontier)."""
     by_alpha: dict[str, list[dict]] = {}
     for seed in seeds:
@@ -42,6 +43,7 @@ def _frontiers(point_dir: Path, point: dict, seeds: list[str], frontier_key: str
         for record in frontier:
             flat = {"learning": record["learning_ppl"], **{f"old/{k}": v for k, v in record["forgetting_ppl"].items()}}
             key = f"{record['alpha']:g}" + (" exact" if record.get("route_exact") else "")  # evaluated with route_exact
+            key += " likelihood" if record.get("router") == "likelihood" else ""  # with the likelihood router
             by_alpha.setdefault(key, []).append(flat)
     return by_alpha
 

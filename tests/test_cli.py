@@ -360,7 +360,8 @@ def documented_command_lines() -> list[tuple[str, list[str]]]:
     for path in [*sources, *sorted((root / "benchmarks").glob("*.sh"))]:
         text = path.read_text()
         if path.suffix == ".md":
-            text = "\n".join(re.findall(r"```(?:bash|sh|console)?\n(.*?)```", text, flags=re.S))
+            blocks = re.findall(r"^[ \t]*```(\w*)\n(.*?)^[ \t]*```", text, flags=re.S | re.M)  # fences in pairs
+            text = "\n".join(body for language, body in blocks if language in ("", "bash", "sh", "console"))
         text, arrays = _script_arrays(text)
         for line in text.replace("\\\n", " ").splitlines():  # continued lines joined
             if "scale-cl" not in line and "scale_cl.cli" not in line:

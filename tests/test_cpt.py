@@ -247,19 +247,21 @@ def test_up_logit_frontier_reevaluates_the_trained_model_at_each_alpha(workspace
     assert "### The new stream's weight (Z + alpha Z_up)" in (tmp_path / "run" / "results.md").read_text()
     model, _, _ = load_trained(tmp_path / "run" / "scale_preserve" / "model")
     assert model.scale_config.up_logit_scale == 1.0
-    # SCALE-Route is also read with route_exact (an evaluation option: trained with it, Route cannot learn).
+    # SCALE-Route is also read with route_exact (an evaluation option: trained with it, Route cannot learn) and with
+    # the likelihood router.
     route = results["methods"]["scale_route"]["up_logit_frontier"]
-    assert [(p["alpha"], p.get("route_exact", False)) for p in route] == [
-        (0.0, False),
-        (0.5, False),
-        (1.0, False),
-        (0.0, True),
-        (0.5, True),
-        (1.0, True),
+    readings = [(p["alpha"], p.get("route_exact", False), p.get("router", "cosine")) for p in route]
+    assert readings == [
+        (alpha, exact, router)
+        for exact, router in ((False, "cosine"), (True, "cosine"), (False, "likelihood"))
+        for alpha in (0.0, 0.5, 1.0)
     ]
     assert route[2]["learning_ppl"] == pytest.approx(results["methods"]["scale_route"]["curve"][-1]["learning_ppl"])
+    assert len({p["learning_ppl"] for p in route}) == len(route), "each reading is its own evaluation"
+    assert 0 < route[-1]["route_preserve_share"]["heldout"] < 1, "the likelihood router's share is the mean w"
     model, _, _ = load_trained(tmp_path / "run" / "scale_route" / "model")
     assert model.scale_config.route_exact is False and model.scale_config.up_logit_scale == 1.0
+    assert model.scale_config.router == "cosine"
 
 
 @pytest.mark.slow

@@ -217,15 +217,19 @@ def test_the_cpt_frontier_reads_route_with_and_without_route_exact_and_restores_
         return {"logits": logits, "routed": m.scale_route.last_mask.clone()}
 
     frontier = up_logit_frontier(model, evaluate, (0.5, 1.0))
-    assert [(p["alpha"], p.get("route_exact", False)) for p in frontier] == [
-        (0.5, False),
-        (1.0, False),
-        (0.5, True),
-        (1.0, True),
+    assert [(p["alpha"], p.get("route_exact", False), p.get("router", "cosine")) for p in frontier] == [
+        (0.5, False, "cosine"),
+        (1.0, False, "cosine"),
+        (0.5, True, "cosine"),
+        (1.0, True, "cosine"),
+        (0.5, False, "likelihood"),
+        (1.0, False, "likelihood"),
     ]
     routed = frontier[1]["routed"] & mask.bool()
     assert routed.any()
     assert (frontier[3]["logits"][routed] - frontier[1]["logits"][routed]).abs().max() > 1e-4
+    assert frontier[5]["routed"].dtype == torch.float32, "the likelihood router's weight w per token"
+    assert (frontier[5]["logits"] - frontier[1]["logits"]).abs().max() > 1e-4
     assert model.scale_config == before
     assert torch.equal(run(model, ids, mask).logits, frontier[1]["logits"])
 

@@ -17,6 +17,7 @@ INITS = ("zero", "random", "svd")
 MODULES = ("attn", "ffn")
 EMBED_UP_INITS = ("random", "zero")
 UP_NORMS = ("own", "original", "joint")
+ROUTERS = ("cosine", "likelihood")
 
 
 @dataclass
@@ -51,6 +52,13 @@ class ScaleConfig:
             model, a learning-forgetting frontier over ``alpha``.
         route_exact: SCALE-Route: a token routed to the preserve path gets the base model's logits ``Z_p``
             exactly, instead of Eq. 5's ``(Z_p + Z_a) / 2 + Z_p_up``.
+        router: SCALE-Route's router: ``"cosine"`` (Eq. 5, the paper's) or ``"likelihood"`` (``p = w p_base +
+            (1 - w) p_new``, ``w`` from the running log-likelihood ratio of the document so far under the two
+            paths: `scale_cl.likelihood_router`).
+        router_prior: the likelihood router's prior log-odds for the base path (``w = sigmoid(prior)`` at a
+            document start).
+        router_decay: the likelihood router's decay of past evidence per token, in (0, 1] (1: the whole document
+            weighs alike; 0.95: about the last 20 tokens).
     """
 
     hidden_up: int = field(
@@ -96,6 +104,24 @@ class ScaleConfig:
     route_exact: bool = field(
         default=False, metadata={"help": "SCALE-Route: tokens routed to the preserve path get the base's logits"}
     )
+    router: str = field(
+        default="cosine",
+        metadata={
+            "help": f"SCALE-Route's router, one of {ROUTERS}: Eq. 5's cosine, or p = w p_base + (1 - w) p_new with w "
+            "from the document's running log-likelihood ratio under the two paths"
+        },
+    )
+    router_prior: float = field(
+        default=0.0,
+        metadata={
+            "ge": -20,
+            "le": 20,
+            "help": "likelihood router: prior log-odds of the base path at a document start (sigmoid(20) is 1 in fp32)",
+        },
+    )
+    router_decay: float = field(
+        default=0.95, metadata={"gt": 0, "le": 1, "help": "likelihood router: decay of past evidence per token"}
+    )
 
     def __post_init__(self) -> None:
         self.collab_modules = tuple(self.collab_modules)
@@ -108,6 +134,8 @@ class ScaleConfig:
                 raise ValueError(f"ScaleConfig.{name} must be one of {allowed}, got {getattr(self, name)!r}")
         if self.up_norm not in UP_NORMS:
             raise ValueError(f"ScaleConfig.up_norm must be one of {UP_NORMS}, got {self.up_norm!r}")
+        if self.router not in ROUTERS:
+            raise ValueError(f"ScaleConfig.router must be one of {ROUTERS}, got {self.router!r}")
         if not isinstance(self.route_exact, bool):
             raise ValueError(f"ScaleConfig.route_exact must be true or false, got {self.route_exact!r}")
         unknown = [m for m in self.collab_modules if m not in MODULES]
@@ -118,6 +146,7 @@ class ScaleConfig:
         if len(set(self.collab_modules)) != len(self.collab_modules):
             raise ValueError(f"ScaleConfig.collab_modules has duplicates: {self.collab_modules!r}")
         self.route_tau, self.up_logit_scale = float(self.route_tau), float(self.up_logit_scale)
+        self.router_prior, self.router_decay = float(self.router_prior), float(self.router_decay)
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)

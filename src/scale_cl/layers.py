@@ -387,6 +387,8 @@ class ScaleHead(SplitInput):
             if route is not None:
                 route.keep_base(z[..., : self.out_features])  # the base's logits in SCALE-Preserve
             return torch.add(z, z_up, alpha=alpha)
+        if self.setting("router", "cosine") == "likelihood":
+            return self._likelihood_route(hidden, route, alpha)
         exact = self.setting("route_exact", False)
         if not route.stacked:  # no collaborative layer: both paths are one network, and both branches Z + Z_up
             z, z_up = self.parts(hidden)
@@ -408,6 +410,25 @@ class ScaleHead(SplitInput):
         )
         route.record(cosine)
         return logits
+
+    def _original_logits(self, x: torch.Tensor) -> torch.Tensor:
+        z = F.linear(x, self.weight, self.bias)
+        return z if self.weight_new is None else torch.cat((z, F.linear(x, self.weight_new)), dim=-1)
+
+    def _likelihood_route(self, hidden: torch.Tensor, route: RouteState, alpha: float) -> torch.Tensor:
+        """The likelihood router (`scale_cl.likelihood_router`): the preserve path's ``Z_p`` (the base's logits) and
+        the adapt path's ``Z_a + alpha Z_a_up`` mixed by the document's running likelihood ratio."""
+        if route.stacked:
+            x, x_up = hidden.split((self.hidden_size, self.hidden_up), dim=-1)
+            half = x.shape[0] // 2
+            with torch.set_grad_enabled(torch.is_grad_enabled() and self.weight_new is not None):
+                base = self._original_logits(x[:half])
+            new = torch.add(self._original_logits(x[half:]), F.linear(x_up[half:], self.weight_up), alpha=alpha)
+        else:  # no collaborative layer: the original stream is the base's on both paths
+            base, z_up = self.parts(hidden)
+            new = torch.add(base, z_up, alpha=alpha)
+        route.keep_base(base[..., : self.out_features])
+        return route.mix(base, new)
 
     def extra_repr(self) -> str:
         active = self.route is not None and self.route.active

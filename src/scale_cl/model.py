@@ -68,7 +68,8 @@ def set_method(model: nn.Module, method: str, tau: float | None = None) -> nn.Mo
     return model
 
 
-LIVE_SETTINGS = ("route_tau", "up_logit_scale", "route_exact")  # ScaleConfig fields the head reads at every forward
+# ScaleConfig fields the head reads at every forward
+LIVE_SETTINGS = ("route_tau", "up_logit_scale", "route_exact", "router", "router_prior", "router_decay")
 
 
 def set_live_settings(model: nn.Module, **changes: Any) -> nn.Module:

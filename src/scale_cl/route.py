@@ -24,6 +24,7 @@ from torch import nn
 from transformers.utils import ModelOutput
 
 from scale_cl.config import ScaleConfig
+from scale_cl.likelihood_router import RouterMemory, likelihood_mix
 
 # The key of the routing share in a route model's output (left out of Trainer's evaluation outputs).
 ROUTE_SHARE_KEY = "route_preserve_share"
@@ -142,6 +143,33 @@ class RouteState:
         self.last_cosine: torch.Tensor | None = None
         self.capture_base = False
         self.base_logits: torch.Tensor | None = None
+        # the likelihood router (`scale_cl.likelihood_router`): this call's tokens, the previous call's memory
+        self.inputs: dict[str, Any] = {}
+        self.memory: RouterMemory | None = None
+        self.eos_ids: tuple[int, ...] = ()
+
+    def mix(self, base_logits: torch.Tensor, new_logits: torch.Tensor) -> torch.Tensor:
+        """The likelihood router's mixture of the two paths for this call's tokens (`likelihood_mix`); keeps its
+        memory for the next call and the base path's weight per token in ``last_mask`` (a float, for the share)."""
+        ids = self.inputs.get("input_ids")
+        if ids is None:
+            raise ValueError(
+                "the likelihood router reads the input token ids (it weighs the paths by how well each predicted "
+                "them): call the model with input_ids, not inputs_embeds"
+            )
+        config = self.settings["config"]
+        logits, weight, self.memory = likelihood_mix(
+            base_logits,
+            new_logits,
+            ids,
+            prior=config["router_prior"],
+            decay=config["router_decay"],
+            eos_ids=self.eos_ids,
+            attention_mask=self.inputs.get("attention_mask"),
+            memory=self.memory,
+        )
+        self.last_cosine, self.last_mask = None, weight
+        return logits
 
     def keep_base(self, logits: torch.Tensor) -> None:
         """The head's hand-over of the base model's logits (kept only while ``capture_base`` is set)."""
@@ -197,6 +225,28 @@ def stack_paths_hook(
     return (hidden, *args), kwargs
 
 
+def capture_inputs_hook(model: nn.Module, args: tuple, kwargs: dict, *, state: RouteState) -> tuple[tuple, dict] | None:
+    """Forward pre-hook of the model: the likelihood router's view of the call (its token ids, the attention mask
+    of its positions) and, for a call that starts new sequences (no KV cache yet), a fresh router memory.
+
+    The router reads every position's logits (each is evidence for the next), so a call that asks for the last
+    positions' only (``logits_to_keep``, as ``generate()``'s prefill does) gets all of them.
+    """
+    if not state.active or state.settings["config"].get("router", "cosine") != "likelihood":
+        return None
+    ids = kwargs.get("input_ids", args[0] if args else None)
+    mask = kwargs.get("attention_mask", args[1] if len(args) > 1 else None)
+    if isinstance(ids, torch.Tensor) and isinstance(mask, torch.Tensor) and mask.dim() == 2:
+        mask = mask[:, -ids.shape[1] :]  # generation passes the mask of the cached positions too
+    state.inputs = {"input_ids": ids, "attention_mask": mask if isinstance(mask, torch.Tensor) else None}
+    cache = kwargs.get("past_key_values", kwargs.get("cache"))  # transformers 5 names it cache
+    if cache is None or not hasattr(cache, "get_seq_length") or cache.get_seq_length() == 0:
+        state.memory = None
+    if kwargs.get("logits_to_keep", 0) != 0:
+        return args, {**kwargs, "logits_to_keep": 0}
+    return None
+
+
 def route_share_hook(
     model: nn.Module, args: tuple, kwargs: dict, output: Any, *, state: RouteState
 ) -> ModelOutput | None:
@@ -216,7 +266,10 @@ def route_share_hook(
 
 
 def reorder_cache(state: RouteState, past_key_values: Any, beam_idx: torch.Tensor) -> Any:
-    """Beam search: layers that hold the stacked route paths (2n rows) reorder both halves alike."""
+    """Beam search: layers that hold the stacked route paths (2n rows) reorder both halves alike (and the likelihood
+    router's memory its rows)."""
+    if state.memory is not None:
+        state.memory.reorder(beam_idx)
     if not state.stacked:
         past_key_values.reorder_cache(beam_idx)
         return past_key_values

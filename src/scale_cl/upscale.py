@@ -23,7 +23,7 @@ from scale_cl.init import expansion_blocks, top_singular_all
 from scale_cl.layers import ScaleEmbedding, ScaleHead, ScaleLinear, ScaleMLP, SplitNorm
 from scale_cl.model import scale_class, set_method
 from scale_cl.provenance import base_record
-from scale_cl.route import ROUTE_SHARE_KEY, RouteState, route_share_hook, stack_paths_hook
+from scale_cl.route import ROUTE_SHARE_KEY, RouteState, capture_inputs_hook, route_share_hook, stack_paths_hook
 from scale_cl.shapes import Dims, base_dims, growth, resolve
 from scale_cl.vocab.grow import split_vocab
 
@@ -98,6 +98,9 @@ def upscale(model: PreTrainedModel, config: ScaleConfig) -> PreTrainedModel:
     model.config.keys_to_ignore_at_inference = [*ignore, ROUTE_SHARE_KEY]
     model.scale_route = route
     model.register_forward_hook(partial(route_share_hook, state=route), with_kwargs=True)
+    model.register_forward_pre_hook(partial(capture_inputs_hook, state=route), with_kwargs=True)
+    eos = getattr(model.config, "eos_token_id", None)
+    route.eos_ids = tuple(eos if isinstance(eos, list | tuple) else [] if eos is None else [eos])
     model.__class__ = scale_class(type(model))
     set_method(model, config.method)
     return model

@@ -57,6 +57,9 @@ METHOD_SETTINGS: dict[str, tuple[str, ...]] = {
         *_ADAPT_SETTINGS,
         "scale.route_tau",
         "scale.route_exact",
+        "scale.router",
+        "scale.router_prior",
+        "scale.router_decay",
         "route_share",
         "route_calibrate_every",
         "route_calibration_sequences",
@@ -171,6 +174,11 @@ class MethodSettings:
         if self.distill_new_tokens not in NEW_TOKEN_WEIGHTS:
             raise ValueError(
                 f"options.distill_new_tokens must be one of {NEW_TOKEN_WEIGHTS}, got {self.distill_new_tokens!r}"
+            )
+        if self.route_share and self.scale.router != "cosine":
+            raise ValueError(
+                f"options.route_share calibrates Eq. 5's cosine threshold; options.scale.router={self.scale.router!r} "
+                "has none: set route_share 0, or router cosine"
             )
         check_fields(self)
         self.distill_weight, self.distill_temperature = float(self.distill_weight), float(self.distill_temperature)

@@ -98,6 +98,12 @@ def export_config(model: nn.Module) -> PreTrainedConfig:
             "cannot export SCALE-Route with route_exact and no collaborative layer: every token would route to the "
             "preserve path and get the base model's logits; export the base model, or lower preserve_layers"
         )
+    if cfg.method == "route" and cfg.router != "cosine":
+        raise ValueError(
+            f"cannot export SCALE-Route with router={cfg.router!r} yet: the exported RouteHead has Eq. 5's cosine "
+            "router only; export with set_live_settings(model, router='cosine'), or keep the model in scale_cl's "
+            "own format (save_pretrained / scale_cl.load), which keeps the router"
+        )
     extension = extension_record(model)
     fields = {k: v for k, v in model.config.to_dict().items() if k not in _DROPPED}
     config = config_class.from_dict(

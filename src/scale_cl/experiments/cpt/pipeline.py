@@ -379,22 +379,25 @@ def up_logit_frontier(model: torch.nn.Module, evaluate: Any, scales: tuple[float
 
     A SCALE-Route model trained with Eq. 5 as the paper has it is evaluated with ``route_exact`` too (records
     with ``"route_exact": true``): trained with it from the start, Route cannot learn (at W12 = 0 both paths
-    agree, every token routes to the exact base logits, and no gradient flows), so it is an evaluation option.
+    agree, every token routes to the exact base logits, and no gradient flows), so it is an evaluation option;
+    and with the likelihood router (``"router": "likelihood"``, its prior and decay as the model holds them).
     """
     from scale_cl import scale_config_of
     from scale_cl.model import set_live_settings
 
     own = scale_config_of(model)
-    variants = [False, True] if model.scale_route.active and not own.route_exact else [own.route_exact]
+    variants = [{}]  # the model's own settings, then (SCALE-Route trained with Eq. 5) the other two readings
+    if model.scale_route.active and own.router == "cosine" and not own.route_exact:
+        variants += [{"route_exact": True}, {"router": "likelihood"}]
     frontier = []
     try:
-        for exact in variants:
+        for changes in variants:
             for alpha in scales:
-                set_live_settings(model, up_logit_scale=alpha, route_exact=exact)
-                extra = {"route_exact": True} if exact and not own.route_exact else {}
-                frontier.append({"alpha": alpha, **extra, **evaluate(model)})
+                set_live_settings(model, up_logit_scale=alpha, **changes)
+                frontier.append({"alpha": alpha, **changes, **evaluate(model)})
+                set_live_settings(model, **{name: getattr(own, name) for name in changes})
     finally:
-        set_live_settings(model, up_logit_scale=own.up_logit_scale, route_exact=own.route_exact)
+        set_live_settings(model, up_logit_scale=own.up_logit_scale, route_exact=own.route_exact, router=own.router)
     return frontier
 
 

@@ -85,8 +85,10 @@ def frontier_markdown(methods: dict[str, Any], old_sets: list[str]) -> list[str]
     lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for method, point in rows:
         forgetting = [_fmt(point["forgetting_ppl"].get(name)) for name in old_sets]
+        reading = " (route_exact)" if point.get("route_exact") else ""
+        reading += f" ({point['router']} router)" if point.get("router") else ""
         lines.append(
-            f"| {method} | {point['alpha']:g} | {_fmt(point.get('learning_ppl'))} | {' | '.join(forgetting)} |"
+            f"| {method}{reading} | {point['alpha']:g} | {_fmt(point.get('learning_ppl'))} | {' | '.join(forgetting)} |"
         )
     lines += [
         "",

@@ -1,0 +1,90 @@
+"""The likelihood router (issue 28, beside Eq. 5's cosine router): route by which path explains the document so far.
+
+The output mixes the two paths' next-token distributions, ``p = w p_base + (1 - w) p_new``, where ``p_base`` is
+the base model's (SCALE-Route's preserve path ``Z_p``; the base logits ``Z`` without a collaborative layer) and
+``p_new`` the model's own (the adapt path ``Z_a + alpha Z_a_up``). ``w`` is the posterior that the document is
+the base's, from the running log-likelihood ratio of the tokens read so far::
+
+    r_t = decay * r_{t-1} + ln p_base(x_t | x_<t) - ln p_new(x_t | x_<t)     (r = 0 at a document start)
+    w_t = sigmoid(prior + r_t)                                                 (mixes the prediction of x_{t+1})
+
+so ``w_t`` reads the tokens up to ``x_t`` and never the token it predicts. A document starts at the start of a
+sequence and after each EOS token (``r`` is reset there). Padding (attention mask 0) adds no evidence, nor does
+the first real token of a left-padded row (its prediction came from a pad position). ``w`` is a
+decision, as Eq. 5's is: no gradient flows through it (each path learns where it is given weight).
+
+In ``generate()`` with a KV cache each call sees only the new tokens: `RouterMemory` carries ``r`` and the last
+position's ``ln p_base - ln p_new`` (over the vocabulary) to the next call, which reads its first token's evidence
+from it; a call with an empty cache starts afresh. Beam search reorders the memory with the cache.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class RouterMemory:
+    """What a generation step hands the next: the ratio ``r`` per row and the last position's log-ratio row."""
+
+    ratio: torch.Tensor  # (B,)
+    last_log_ratio: torch.Tensor  # (B, V): ln p_base - ln p_new of the last position, over the vocabulary
+
+    def reorder(self, index: torch.Tensor) -> None:
+        self.ratio = self.ratio.index_select(0, index.to(self.ratio.device))
+        self.last_log_ratio = self.last_log_ratio.index_select(0, index.to(self.last_log_ratio.device))
+
+
+def running_ratio(
+    evidence: torch.Tensor, starts: torch.Tensor, decay: float, initial: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``r_t = decay r_{t-1} + e_t``, set to 0 where ``starts`` (B, T) is true; ``initial``: ``r_{-1}`` per row."""
+    ratio = torch.zeros(evidence.shape[0], device=evidence.device) if initial is None else initial.float()
+    out = torch.empty_like(evidence)
+    for t in range(evidence.shape[1]):
+        ratio = torch.where(starts[:, t], 0.0, decay * ratio + evidence[:, t])
+        out[:, t] = ratio
+    return out
+
+
+def likelihood_mix(
+    base_logits: torch.Tensor,
+    new_logits: torch.Tensor,
+    input_ids: torch.Tensor,
+    *,
+    prior: float,
+    decay: float,
+    eos_ids: tuple[int, ...],
+    attention_mask: torch.Tensor | None = None,
+    memory: RouterMemory | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, RouterMemory]:
+    """The mixture's log-probabilities (as logits), ``w`` per position (B, T), and the memory for the next call.
+
+    ``input_ids`` (B, T) are the tokens whose positions the logits (B, T, V) belong to; ``memory``: the previous
+    call's (generation with a KV cache), or None at the start of the sequences.
+    """
+    log_base = F.log_softmax(base_logits.float(), dim=-1)
+    log_new = F.log_softmax(new_logits.float(), dim=-1)
+    ids = input_ids.to(log_base.device)
+    evidence = torch.zeros(ids.shape, device=log_base.device)
+    with torch.no_grad():
+        if ids.shape[1] > 1:
+            nxt = ids[:, 1:, None]
+            evidence[:, 1:] = (log_base[:, :-1].gather(-1, nxt) - log_new[:, :-1].gather(-1, nxt)).squeeze(-1)
+        if memory is not None:
+            evidence[:, 0] = memory.last_log_ratio.gather(-1, ids[:, :1]).squeeze(-1)
+        if attention_mask is not None:  # a padded token, or one whose prediction came from padding, is no evidence
+            mask = attention_mask.to(evidence.device, evidence.dtype)
+            evidence = evidence * mask
+            evidence[:, 1:] *= mask[:, :-1]
+        starts = torch.zeros(ids.shape, dtype=torch.bool, device=ids.device)
+        for eos in eos_ids:
+            starts |= ids == eos
+        ratio = running_ratio(evidence, starts, decay, None if memory is None else memory.ratio)
+        score = prior + ratio
+    mixed = torch.logaddexp(F.logsigmoid(score)[..., None] + log_base, F.logsigmoid(-score)[..., None] + log_new)
+    next_memory = RouterMemory(ratio[:, -1].detach(), (log_base[:, -1] - log_new[:, -1]).detach())
+    return mixed.to(new_logits.dtype), torch.sigmoid(score), next_memory

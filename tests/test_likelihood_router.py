@@ -1,0 +1,143 @@
+"""The likelihood router (issue 28, item 2): p = w p_base + (1 - w) p_new, w from the document's running ratio."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from conftest import VOCAB, make_model, randomize_new_weights, upscaled_copy
+from scale_cl import set_method
+from scale_cl.likelihood_router import likelihood_mix, running_ratio
+from scale_cl.model import set_live_settings
+
+EOS = 2
+
+
+def test_the_running_ratio_decays_and_resets_at_document_starts():
+    evidence = torch.tensor([[1.0, 2.0, -1.0, 4.0, 1.0]])
+    starts = torch.tensor([[False, False, True, False, False]])
+    got = running_ratio(evidence, starts, decay=0.5, initial=torch.tensor([2.0]))
+    assert got.tolist() == [[2.0, 3.0, 0.0, 4.0, 3.0]]
+
+
+def test_the_mixture_is_the_posterior_weighted_sum_and_never_reads_the_token_it_predicts():
+    gen = torch.Generator().manual_seed(0)
+    base, new = torch.randn(2, 6, 9, generator=gen), torch.randn(2, 6, 9, generator=gen)
+    ids = torch.randint(3, 9, (2, 6), generator=gen)
+    ids[1, 3] = EOS
+    logits, weight, memory = likelihood_mix(base, new, ids, prior=0.5, decay=0.8, eos_ids=(EOS,))
+    lb, ln = base.log_softmax(-1), new.log_softmax(-1)
+    for row in range(2):
+        ratio = 0.0
+        for t in range(6):
+            evidence = 0.0 if t == 0 else float(lb[row, t - 1, ids[row, t]] - ln[row, t - 1, ids[row, t]])
+            ratio = 0.0 if ids[row, t] == EOS else 0.8 * ratio + evidence
+            w = torch.sigmoid(torch.tensor(0.5 + ratio))
+            expected = torch.log(w * lb[row, t].exp() + (1 - w) * ln[row, t].exp())
+            torch.testing.assert_close(logits[row, t], expected, atol=1e-5, rtol=0)
+            assert float(weight[row, t]) == pytest.approx(float(w), abs=1e-6)
+    assert float(weight[1, 3]) == pytest.approx(float(torch.sigmoid(torch.tensor(0.5))))  # a fresh document
+    changed = ids.clone()
+    changed[:, -1] = (changed[:, -1] + 1) % 9
+    again = likelihood_mix(base, new, changed, prior=0.5, decay=0.8, eos_ids=(EOS,))[0]
+    torch.testing.assert_close(again[:, :-1], logits[:, :-1], atol=0, rtol=0)  # w_t reads tokens up to x_t only
+    assert memory.ratio.shape == (2,) and memory.last_log_ratio.shape == (2, 9)
+
+
+def test_a_call_that_continues_reads_its_first_evidence_from_the_memory():
+    gen = torch.Generator().manual_seed(1)
+    base, new = torch.randn(1, 8, 9, generator=gen), torch.randn(1, 8, 9, generator=gen)
+    ids = torch.randint(3, 9, (1, 8), generator=gen)
+    whole, w_whole, _ = likelihood_mix(base, new, ids, prior=0.0, decay=0.9, eos_ids=(EOS,))
+    first, _, memory = likelihood_mix(base[:, :5], new[:, :5], ids[:, :5], prior=0.0, decay=0.9, eos_ids=(EOS,))
+    rest, w_rest, _ = likelihood_mix(
+        base[:, 5:], new[:, 5:], ids[:, 5:], prior=0.0, decay=0.9, eos_ids=(EOS,), memory=memory
+    )
+    torch.testing.assert_close(torch.cat((first, rest), 1), whole, atol=1e-6, rtol=0)
+    torch.testing.assert_close(w_rest, w_whole[:, 5:], atol=1e-6, rtol=0)
+
+
+def _route_model(arch: str = "llama-gqa2-tied"):
+    base = make_model(arch, seed=0)
+    model = upscaled_copy(base, "route", ffn_up=16, preserve_layers=1, w21_init="random", w22_init="random", seed=1)
+    randomize_new_weights(model, seed=4, w12_scale=0.3)
+    model.config.eos_token_id = EOS
+    model.scale_route.eos_ids = (EOS,)
+    return base, set_live_settings(model, router="likelihood", router_prior=0.3, router_decay=0.9).eval()
+
+
+@pytest.mark.parametrize("arch", ["llama-gqa2-tied", "neox-parallel-rot0.25"])
+def test_route_mixes_the_base_model_and_the_adapt_path(arch):
+    base, model = _route_model(arch)
+    ids = torch.randint(3, VOCAB, (2, 10), generator=torch.Generator().manual_seed(3))
+    ids[0, 4] = EOS
+    with torch.no_grad():
+        got = model(input_ids=ids).logits
+        base_logits = base(input_ids=ids).logits
+        adapt = set_method(copy.deepcopy(model), "adapt")(input_ids=ids).logits
+    expected, weight, _ = likelihood_mix(base_logits, adapt, ids, prior=0.3, decay=0.9, eos_ids=(EOS,))
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    assert (adapt - base_logits).abs().max() > 1e-2, "the two paths differ, so the mixture is not trivial"
+    share = model(input_ids=ids)["route_preserve_share"]
+    assert float(share) == pytest.approx(float(weight.mean()), abs=1e-6), "the base path's share is the mean w"
+
+
+def test_generate_with_a_kv_cache_equals_recomputing_the_whole_sequence():
+    _, model = _route_model()
+    ids = torch.randint(3, VOCAB, (2, 6), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=6, do_sample=False)
+        logits = model(input_ids=out).logits
+    assert torch.equal(logits[:, ids.shape[1] - 1 : -1].argmax(-1), out[:, ids.shape[1] :])
+    with torch.no_grad():
+        no_cache = model.generate(
+            ids, attention_mask=torch.ones_like(ids), max_new_tokens=6, do_sample=False, use_cache=False
+        )
+    assert torch.equal(out, no_cache)
+
+
+def test_training_reaches_the_new_path_only():
+    _, model = _route_model()
+    model.train()
+    ids = torch.randint(3, VOCAB, (2, 8), generator=torch.Generator().manual_seed(6))
+    model(input_ids=ids, labels=ids).loss.backward()
+    head = model.get_output_embeddings()
+    assert head.weight_up.grad is not None and head.weight_up.grad.abs().sum() > 0
+    assert head.weight.grad is None, "the base's head stays frozen"
+
+
+def test_the_export_refuses_the_likelihood_router_with_a_way_out():
+    from scale_cl.export.merge import export_config
+
+    _, model = _route_model()
+    with pytest.raises(ValueError, match=r"router=.likelihood..*set_live_settings"):
+        export_config(model)
+    with pytest.raises(ValueError, match=r"ScaleConfig\.router must be one of"):
+        set_live_settings(model, router="softmax")
+
+
+def test_left_padded_generation_equals_each_row_alone_and_beam_search_runs():
+    _, model = _route_model()
+    gen = torch.Generator().manual_seed(7)
+    ids = torch.randint(3, VOCAB, (3, 7), generator=gen)
+    mask = torch.ones_like(ids)
+    for row, pad in enumerate([0, 2, 4]):
+        ids[row, :pad], mask[row, :pad] = 0, 0
+    with torch.no_grad():
+        out = model.generate(ids, attention_mask=mask, max_new_tokens=5, do_sample=False, pad_token_id=0)
+        for row, pad in enumerate([0, 2, 4]):
+            alone = model.generate(ids[row : row + 1, pad:], max_new_tokens=5, do_sample=False, pad_token_id=0)
+            assert torch.equal(out[row, 7:], alone[0, 7 - pad :]), row
+    from scale_cl.likelihood_router import RouterMemory
+
+    reorders = []
+    reorder = RouterMemory.reorder
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(RouterMemory, "reorder", lambda self, index: (reorders.append(1), reorder(self, index))[1])
+        with torch.no_grad():
+            beams = model.generate(
+                ids, attention_mask=mask, max_new_tokens=4, num_beams=3, do_sample=False, pad_token_id=0
+            )
+    assert beams.shape == (3, 11) and reorders, "beam search reorders the router's memory with the cache"
