@@ -23,8 +23,9 @@ sweep --methods fft --options.distill_weight 1 --options.distill_new_tokens all 
   --out outputs/sweep-cpt-clean-lwf "$@"
 # SCALE-Route as the paper trains it, read with route_exact and with the likelihood router at every alpha; and
 # trained with the likelihood router
-sweep --methods scale_route --eval.nll_split true --out outputs/sweep-cpt-clean-route-readings "$@"
-sweep --methods scale_route --options.scale.router likelihood --eval.nll_split true \
+sweep --methods scale_route --reference scale_route --eval.nll_split true \
+  --out outputs/sweep-cpt-clean-route-readings "$@"
+sweep --methods scale_route --reference scale_route --options.scale.router likelihood --eval.nll_split true \
   --out outputs/sweep-cpt-clean-route-likelihood "$@"
 sweep --methods fft scale_preserve scale_route --options.distill_weight 1 --eval.nll_split true \
   --out outputs/sweep-cpt-clean-distill "$@"
