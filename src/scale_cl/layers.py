@@ -370,11 +370,7 @@ class ScaleHead(SplitInput):
     def parts(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The original-part logits ``Z`` and the added part ``Z_up``."""
         x, x_up = hidden.split((self.hidden_size, self.hidden_up), dim=-1)
-        x = self.original(x)
-        z = F.linear(x, self.weight, self.bias)
-        if self.weight_new is not None:
-            z = torch.cat((z, F.linear(x, self.weight_new)), dim=-1)
-        return z, F.linear(x_up, self.weight_up)
+        return self._original_logits(self.original(x)), F.linear(x_up, self.weight_up)
 
     def setting(self, name: str, default: Any) -> Any:
         """A `ScaleConfig` field as the model holds it now (``config.scale_cl``: its one home, saved and exported)."""
@@ -412,6 +408,7 @@ class ScaleHead(SplitInput):
         return logits
 
     def _original_logits(self, x: torch.Tensor) -> torch.Tensor:
+        """``W_out x`` (+ bias), with an extended vocabulary's new rows appended."""
         z = F.linear(x, self.weight, self.bias)
         return z if self.weight_new is None else torch.cat((z, F.linear(x, self.weight_new)), dim=-1)
 
