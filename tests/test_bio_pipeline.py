@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -65,6 +66,16 @@ def test_micro_run_writes_figure_tables_and_curves_for_every_method(finished):
     counts = {m: r["trainable"] for m, r in saved["methods"].items()}
     assert counts["fft"] == max(counts.values())
     assert counts["scale_adapt"] == counts["scale_route"] > counts["scale_preserve"]
+    # SCALE-Route (Eq. 5) is also read, training nothing, with route_exact and with the likelihood router
+    route = json.loads((out / "seed-0" / "scale_route.json").read_text())
+    readings = route["readings"]
+    assert [(r.get("route_exact", False), r.get("router", "cosine")) for r in readings] == [
+        (False, "cosine"),
+        (True, "cosine"),
+        (False, "likelihood"),
+    ]
+    assert {k: readings[0][k] for k in ("task0", "task1")} == {k: route["curve"][-1][k] for k in ("task0", "task1")}
+    assert "likelihood_router" in readings[2] and "likelihood_router" not in readings[0]
 
 
 @pytest.mark.slow
@@ -155,6 +166,7 @@ def test_interrupted_stage_cache_is_not_taken_as_finished(tmp_path, monkeypatch)
         ({"options": {"lora_rank": "big"}}, "lora_rank"),
         ({"data": {"qa_people": 31}}, r"data.qa_people must be between 0 \(all\) and data.people // 4 = 30"),
         ({"task1": {"early_eval_every": -5}}, "early_eval_every"),
+        ({"task1": {"replay_ratio": 0.25, "pseudo_replay_ratio": 0.25}}, "pseudo-replay takes replay's place"),
     ],
 )
 def test_bad_settings_are_refused_before_anything_is_written(tmp_path, overrides, message):
@@ -447,3 +459,37 @@ def test_medium_preset_is_small_twice_as_wide_and_valid():
         [asdict(medium.model), asdict(medium.pretrain)]
     )
     assert parse_settings(["bio", "--preset", "medium"]).bio == medium
+
+
+@pytest.mark.slow
+def test_pseudo_replay_mixes_in_the_task0_models_own_text_sampled_once(tmp_path, monkeypatch):
+    """A quarter of every Task-1 batch is text the Task-0 model sampled (loss on every token), drawn once per seed and
+    Task-0 model and cached beside the stage models, so a second run with the same cache samples nothing."""
+    cfg = micro(
+        methods=["scale_route"],
+        task1={"pseudo_replay_ratio": 0.25, "pseudo_replay_sequences": 8, "pseudo_replay_tokens": 12},
+        options={"scale": {"router": "likelihood"}},
+    )
+    draws, datasets = [], []
+    generate, training_data = pipeline.generate_blocks, pipeline.task1_training_data
+    monkeypatch.setattr(pipeline, "generate_blocks", lambda *a, **k: draws.append(a[2:4]) or generate(*a, **k))
+    monkeypatch.setattr(
+        pipeline, "task1_training_data", lambda *a, **k: datasets.append(training_data(*a, **k)) or datasets[-1]
+    )
+    cache = tmp_path / "cache"
+    pipeline.run_bio(cfg, tmp_path / "a", cache)
+    assert draws == [(8, 12)]
+    mix = datasets[0]
+    sampled = [mix[i] for i in range(len(mix)) if mix.source(i)[0] == "replay"]
+    assert len(sampled) == len(mix) // 4
+    eos = pipeline.build_data(cfg, cache).tokenizer.eos_token_id
+    for item in sampled:
+        assert len(item["input_ids"]) == 12 and item["input_ids"][0] == eos and item["labels"] == item["input_ids"]
+    pipeline.run_bio(replace(cfg, methods=["fft"]), tmp_path / "b", cache)
+    assert draws == [(8, 12)], "the second run reads the cached draw"
+    # a likelihood-routed run records, at every evaluation, whether the router tells Task 0 from Task 1
+    curve = json.loads((tmp_path / "a" / "seed-0" / "scale_route.json").read_text())["curve"]
+    for record in curve[1:]:
+        router = record["likelihood_router"]
+        assert 0 <= router["auroc"] <= 1 and 0 <= router["auroc_trained"] <= 1
+        assert all(0 < router[f"{name}_base_weight"] < 1 for name in ("task0", "task0_trained", "task1"))

@@ -141,3 +141,39 @@ def test_left_padded_generation_equals_each_row_alone_and_beam_search_runs():
                 ids, attention_mask=mask, max_new_tokens=4, num_beams=3, do_sample=False, pad_token_id=0
             )
     assert beams.shape == (3, 11) and reorders, "beam search reorders the router's memory with the cache"
+
+
+def test_auroc_is_the_share_of_pairs_ranked_right_with_ties_half():
+    from scale_cl.eval.router import auroc
+
+    gen = torch.Generator().manual_seed(8)
+    pos = torch.randint(0, 5, (40,), generator=gen).float()  # few values: many ties
+    neg = torch.randint(0, 5, (30,), generator=gen).float() - 0.5 * torch.randint(0, 2, (30,), generator=gen)
+    pairs = (pos[:, None] > neg[None]).double() + 0.5 * (pos[:, None] == neg[None]).double()
+    assert auroc(pos, neg) == pytest.approx(float(pairs.mean()), abs=1e-12)
+    assert auroc([2.0, 3.0], [0.0, 1.0]) == 1.0 and auroc([0.0], [1.0]) == 0.0
+    with pytest.raises(ValueError, match="both classes"):
+        auroc([], [1.0])
+
+
+def test_the_base_weight_read_where_each_left_padded_prompt_ends_equals_the_prompt_alone():
+    from scale_cl.eval.first_token import QAExample, first_token_accuracy
+    from scale_cl.eval.router import collect_base_weights
+
+    _, model = _route_model()
+    gen = torch.Generator().manual_seed(9)
+    prompts = [tuple(torch.randint(3, VOCAB, (n,), generator=gen).tolist()) for n in (7, 4, 2)]
+    with collect_base_weights(model) as batched:
+        first_token_accuracy(model, [QAExample(p, 5, "a") for p in prompts], pad_token_id=0, batch_size=8)
+    assert len(batched) == 1 and batched[0].shape == (3,)
+    for row, prompt in enumerate(prompts):
+        with torch.no_grad():
+            model(input_ids=torch.tensor([prompt]))
+        alone = model.scale_route.last_mask[0, -1]
+        assert float(batched[0][row]) == pytest.approx(float(alone), abs=1e-6), row
+    assert float(batched[0].min()) > 0 and float(batched[0].max()) < 1
+    with (
+        pytest.raises(ValueError, match="router='likelihood'"),
+        collect_base_weights(set_live_settings(model, router="cosine")),
+    ):
+        pass

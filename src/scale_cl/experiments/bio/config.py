@@ -119,8 +119,43 @@ class Task1Config(MethodStageConfig):
         },
     )
 
+    pseudo_replay_ratio: float = field(
+        default=0.0,
+        metadata={
+            "ge": 0,
+            "lt": 1,
+            "help": "share of every Task-1 batch that is text the Task-0 model samples itself from a document start "
+            "(pseudo-replay: no stored Task-0 data; loss on every token), on replay's schedule; not with "
+            "task1.replay_ratio; 0 = off",
+        },
+    )
+    pseudo_replay_sequences: int = field(
+        default=256,
+        metadata={
+            "ge": 1,
+            "help": "with pseudo_replay_ratio: sequences sampled once per Task-0 model and seed (cached beside the "
+            "stage models), reused in a fresh order each time they are used up",
+        },
+    )
+    pseudo_replay_tokens: int = field(
+        default=64,
+        metadata={
+            "ge": 2,
+            "help": "with pseudo_replay_ratio: tokens per sampled sequence (every one carries loss, so long "
+            "sequences outweigh the few answer tokens of the Task-1 questions beside them)",
+        },
+    )
+    pseudo_replay_temperature: float = field(
+        default=1.0, metadata={"gt": 0, "help": "with pseudo_replay_ratio: the sampling temperature"}
+    )
+
     def __post_init__(self) -> None:
         super().__post_init__()  # every field's range, these included
+        if self.replay_ratio and self.pseudo_replay_ratio:
+            raise ValueError(
+                f"task1.replay_ratio={self.replay_ratio} and task1.pseudo_replay_ratio={self.pseudo_replay_ratio}: "
+                "pseudo-replay takes replay's place; set one of them to 0"
+            )
 
 
 @dataclass

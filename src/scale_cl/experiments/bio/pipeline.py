@@ -50,8 +50,10 @@ from scale_cl.data import (
     splits,
     train_bpe_tokenizer,
 )
+from scale_cl.data.pseudo_replay import cached_blocks, generate_blocks
 from scale_cl.data.replay import ReplayMix, describe_share
 from scale_cl.eval.first_token import QAExample, first_token_accuracy
+from scale_cl.eval.router import auroc, collect_base_weights, routes_by_likelihood
 from scale_cl.experiments.bio.config import BioConfig
 from scale_cl.experiments.bio.datasets import AnswerOnlyQA, PackedText, PadCollator
 from scale_cl.experiments.run_folder import claim_output_folder
@@ -197,13 +199,27 @@ def _cached_stage(directory: Path, build: Callable[[], GPTNeoXForCausalLM]) -> G
 
 
 def evaluate_tasks(model: torch.nn.Module, data: BioData) -> dict[str, dict[str, float]]:
-    """Accuracy on Task 0 (held-out people, the paper's view), Task 0's QA-trained people and Task 1."""
+    """Accuracy on Task 0 (held-out people, the paper's view), Task 0's QA-trained people and Task 1.
+
+    A SCALE-Route model with the likelihood router also records, under ``"likelihood_router"``, the base path's
+    mean weight where each split's answers are predicted and the AUROC of Task-0 questions against Task-1
+    questions by that weight (`scale_cl.eval.router`): whether the router tells them apart (issue 28).
+    """
     pad = data.tokenizer.pad_token_id
-    return {
-        "task0": first_token_accuracy(model, data.task0_test, pad),
-        "task0_trained": first_token_accuracy(model, data.task0_trained, pad),
-        "task1": first_token_accuracy(model, data.task1_test, pad),
+    questions = {"task0": data.task0_test, "task0_trained": data.task0_trained, "task1": data.task1_test}
+    if not routes_by_likelihood(model):
+        return {name: first_token_accuracy(model, examples, pad) for name, examples in questions.items()}
+    result, weights = {}, {}
+    for name, examples in questions.items():
+        with collect_base_weights(model) as collected:
+            result[name] = first_token_accuracy(model, examples, pad)
+        weights[name] = torch.cat(collected)
+    result["likelihood_router"] = {
+        **{f"{name}_base_weight": float(w.mean()) for name, w in weights.items()},
+        "auroc": auroc(weights["task0"], weights["task1"]),
+        "auroc_trained": auroc(weights["task0_trained"], weights["task1"]),
     }
+    return result
 
 
 def stage_keys(cfg: BioConfig, seed: int) -> tuple[str, str]:
@@ -266,14 +282,44 @@ def stage_accuracies(data: BioData, seed: int, stage_dirs: tuple[Path, Path], ou
     return result
 
 
-def task1_training_data(cfg: BioConfig, data: BioData, seed: int, mark: bool = False) -> Any:
+def task1_training_data(
+    cfg: BioConfig, data: BioData, seed: int, mark: bool = False, pseudo_replay: list[dict] | None = None
+) -> Any:
     """Task 1's training questions, or with ``task1.replay_ratio`` those with Task 0's training questions replayed
-    at that share, in an order drawn from ``seed`` (`scale_cl.data.replay`); ``mark``: each question says whether
-    it is replayed (for the distillation term)."""
-    ratio = cfg.task1.replay_ratio
+    at that share, in an order drawn from ``seed`` (`scale_cl.data.replay`); with ``task1.pseudo_replay_ratio``
+    the Task-0 model's own text (``pseudo_replay``, `pseudo_replay_examples`) takes replay's place. ``mark``: each
+    example says whether it is (pseudo-)replayed (for the distillation term)."""
+    ratio = cfg.task1.replay_ratio or cfg.task1.pseudo_replay_ratio
     if not ratio:
         return data.task1_train
-    return ReplayMix(data.task1_train, data.task0_train, ratio, seed, cfg.task1.batch_size, mark=mark)
+    if cfg.task1.pseudo_replay_ratio and pseudo_replay is None:
+        raise ValueError("task1.pseudo_replay_ratio needs the sampled text (pseudo_replay_examples)")
+    replay = pseudo_replay if cfg.task1.pseudo_replay_ratio else data.task0_train
+    return ReplayMix(data.task1_train, replay, ratio, seed, cfg.task1.batch_size, mark=mark)
+
+
+def pseudo_replay_examples(cfg: BioConfig, data: BioData, task0_dir: Path, seed: int) -> list[dict] | None:
+    """Text the Task-0 model samples from a document start for ``task1.pseudo_replay_ratio`` (loss on every token),
+    drawn once per Task-0 model and seed and cached beside it (`scale_cl.data.pseudo_replay`); None without."""
+    t = cfg.task1
+    if not t.pseudo_replay_ratio:
+        return None
+    settings = {
+        "task0_model": task0_dir.name,
+        "seed": seed,
+        "sequences": t.pseudo_replay_sequences,
+        "tokens": t.pseudo_replay_tokens,
+        "temperature": t.pseudo_replay_temperature,
+    }
+
+    def sample() -> torch.Tensor:
+        print(f"[bio] pseudo-replay: the Task-0 model samples {t.pseudo_replay_sequences} sequences (seed {seed})")
+        model = GPTNeoXForCausalLM.from_pretrained(task0_dir).to("cuda" if torch.cuda.is_available() else "cpu")
+        start, count, length = data.tokenizer.eos_token_id, t.pseudo_replay_sequences, t.pseudo_replay_tokens
+        return generate_blocks(model, start, count, length, seed, t.pseudo_replay_temperature)
+
+    blocks = cached_blocks(task0_dir.parent, settings, sample)
+    return [{"input_ids": row, "labels": row} for row in blocks.tolist()]
 
 
 def run_method(
@@ -308,6 +354,10 @@ def run_method(
     replay = ""
     if cfg.task1.replay_ratio:
         replay = f", {describe_share(cfg.task1.replay_ratio, cfg.task1.batch_size)} replayed from Task 0"
+    if cfg.task1.pseudo_replay_ratio:
+        share = describe_share(cfg.task1.pseudo_replay_ratio, cfg.task1.batch_size)
+        replay = f", {share} the Task-0 model's own text (pseudo-replay)"
+    pseudo_replay = pseudo_replay_examples(cfg, data, task0_dir, seed)
     distill = cfg.options.distill_config(method)
     distillation = None
     if distill is not None:
@@ -332,6 +382,9 @@ def run_method(
     run_info = {"method": method, "lr": lr, "seed": seed, "task0_model": task0_dir.name}
     if cfg.task1.replay_ratio:
         run_info["replay_ratio"] = cfg.task1.replay_ratio
+    if cfg.task1.pseudo_replay_ratio:
+        names = ("ratio", "sequences", "tokens", "temperature")
+        run_info["pseudo_replay"] = {name: getattr(cfg.task1, f"pseudo_replay_{name}") for name in names}
     collator = PadCollator(data.tokenizer.pad_token_id)
 
     def task0_questions(count: int) -> list[dict[str, torch.Tensor]]:  # the calibration sample
@@ -343,7 +396,7 @@ def run_method(
     start = time.perf_counter()
     train_model(
         model,
-        task1_training_data(cfg, data, seed, mark=distillation is not None),
+        task1_training_data(cfg, data, seed, mark=distillation is not None, pseudo_replay=pseudo_replay),
         args,
         collator=collator,
         callbacks=[tracker, saver],
@@ -362,9 +415,19 @@ def run_method(
         "seconds": time.perf_counter() - start,
         "curve": tracker.records,
     }
+    if method == "scale_route":
+        result["readings"] = route_readings(model, data)
     write_json(result_path, result)
     shutil.rmtree(run_dir, ignore_errors=True)  # the method is finished: nothing to resume
     return result
+
+
+def route_readings(model: torch.nn.Module, data: BioData) -> list[dict[str, Any]]:
+    """The trained SCALE-Route model evaluated as it is and, trained with Eq. 5, read with ``route_exact`` and with
+    the likelihood router (training nothing; `scale_cl.experiments.cpt.pipeline.up_logit_frontier` at alpha 1)."""
+    from scale_cl.experiments.cpt.pipeline import up_logit_frontier
+
+    return up_logit_frontier(model, lambda m: evaluate_tasks(m, data), (1.0,))
 
 
 def validate(cfg: BioConfig) -> None:
