@@ -58,6 +58,13 @@ QUIET_CASES = {
     ),
     "quiet-adapt-neox": ("neox-sequential-rot1.0", "adapt", {"up_norm": "joint", "embed_up_init": "zero"}),
 }
+# The likelihood router (issue 28): the two paths' mixture by the running likelihood ratio, with a KV cache and beams.
+LIKELIHOOD = {"router": "likelihood", "router_prior": 0.3, "router_decay": 0.9}
+LIKELIHOOD_CASES = {
+    "likelihood-route-llama": ("llama-gqa2-tied", 1),
+    "likelihood-route-neox": ("neox-parallel-rot0.25", 1),
+    "likelihood-route-no-collaborative-layer": ("llama-mqa", 3),
+}
 NEW_TOKENS = 8
 SRC = Path(scale_cl.__file__).resolve().parents[1]
 
@@ -94,6 +101,9 @@ for job in json.loads(open(sys.argv[2]).read()):
         routed = getattr(head, "last_mask", None)  # route: Eq. 5's choice per token
         if routed is not None:
             out["routed"], out["tau"] = routed, torch.tensor(head.tau, dtype=torch.float64)
+        weight = getattr(head, "last_weight", None)  # the likelihood router's base weight per token
+        if weight is not None:
+            out["weight"] = weight
         new = job["new_tokens"]
         out["greedy"] = model.generate(ids, max_new_tokens=new, min_new_tokens=new, **kwargs)
         if job["beams"]:
@@ -127,7 +137,9 @@ def reference(model, ids: torch.Tensor, mask: torch.Tensor, beams: bool = False)
     with torch.no_grad(), one_thread():
         out = {"logits": model(ids, attention_mask=mask, position_ids=position_ids).logits}
         route = getattr(model, "scale_route", None)
-        if route is not None and route.stacked:  # without a collaborative layer every token routes alike
+        if route is not None and route.active and route.settings["config"]["router"] == "likelihood":
+            out["weight"] = route.last_mask  # the base path's weight per token
+        elif route is not None and route.stacked:  # without a collaborative layer every token routes alike
             out["routed"] = route.last_mask
         out["greedy"] = generate_greedy(model, ids, mask, NEW_TOKENS)
         if beams:
@@ -174,6 +186,8 @@ def assert_matches(
     assert torch.equal(got["greedy"], want["greedy"])
     if "routed" in want:
         assert torch.equal(got["routed"], want["routed"])
+    if "weight" in want:
+        torch.testing.assert_close(got["weight"][real], want["weight"][real], atol=1e-6, rtol=0)
     if "beams" in want:
         assert torch.equal(got["beams"], want["beams"])
 
@@ -189,7 +203,8 @@ def lively_scale_model(arch: str, method: str, preserve_layers: int = 1, **optio
     fields = {"ffn_up": 16, "w21_init": "random", "w22_init": "random", "seed": 1, **options}
     model = upscaled_copy(base, method, preserve_layers=preserve_layers, **fields).eval()
     model = randomize_new_weights(model, seed=4, w12_scale=0.3)
-    return balance_route(model) if model.scale_route.stacked else model
+    eq5 = model.scale_route.stacked and options.get("router", "cosine") == "cosine"
+    return balance_route(model) if eq5 else model
 
 
 def balance_route(model):
@@ -242,6 +257,11 @@ def scale_exports(tmp_path_factory):
         expected[name] = reference(model, ids, mask)
         export_model(model, root / name)
         jobs.append(job(name, root / name, True, ids, mask))
+    for name, (arch, preserve_layers) in LIKELIHOOD_CASES.items():
+        model = lively_scale_model(arch, "route", preserve_layers, **LIKELIHOOD)
+        expected[name] = reference(model, ids, mask, beams=True)
+        export_model(model, root / name)
+        jobs.append(job(name, root / name, True, ids, mask, beams=True))
     model = tau_saved_and_reloaded(root / "tau-checkpoint")  # set, saved, loaded, then exported
     expected[TAU_CASE] = reference(model, ids, mask)
     export_model(model, root / TAU_CASE)
@@ -310,6 +330,7 @@ def test_exported_route_head_is_the_packages_eq5(new_rows, tau, exact):
         scale_route_tau=tau,
         scale_route_vocab_size=vocab if new_rows else 0,
         scale_route_exact=exact,
+        scale_router="cosine",
     )
     head = modeling_scale.RouteHead(d + u, vocab + new_rows, config)
     with torch.no_grad():
@@ -349,6 +370,17 @@ def test_route_exact_without_a_collaborative_layer_is_refused(tmp_path):
     with pytest.raises(ValueError, match="route_exact and no collaborative layer"):
         export_model(model, tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("name", sorted(LIKELIHOOD_CASES))
+def test_the_likelihood_router_is_exported(scale_exports, name):
+    """Its mixture, its base weight per token, greedy generation with a KV cache and beam search (the memory
+    reordered with the beams) equal the in-library model's; both paths really carry weight."""
+    root, expected, got, _, mask = scale_exports
+    assert json.loads((root / name / "config.json").read_text())["scale_router"] == "likelihood"
+    assert_matches(got[name], expected[name], mask)
+    weight = expected[name]["weight"][mask.bool()]
+    assert float(weight.max() - weight.min()) > 0.2, "the weight moves with the evidence (not one constant mix)"
 
 
 @pytest.mark.parametrize("name", sorted(ROUTE_EDGES))

@@ -98,12 +98,6 @@ def export_config(model: nn.Module) -> PreTrainedConfig:
             "cannot export SCALE-Route with route_exact and no collaborative layer: every token would route to the "
             "preserve path and get the base model's logits; export the base model, or lower preserve_layers"
         )
-    if cfg.method == "route" and cfg.router != "cosine":
-        raise ValueError(
-            f"cannot export SCALE-Route with router={cfg.router!r} yet: the exported RouteHead has Eq. 5's cosine "
-            "router only; export with set_live_settings(model, router='cosine'), or keep the model in scale_cl's "
-            "own format (save_pretrained / scale_cl.load), which keeps the router"
-        )
     extension = extension_record(model)
     fields = {k: v for k, v in model.config.to_dict().items() if k not in _DROPPED}
     config = config_class.from_dict(
@@ -120,6 +114,9 @@ def export_config(model: nn.Module) -> PreTrainedConfig:
             "scale_route_vocab_size": extension["base_rows"] if extension else 0,
             "scale_route_exact": cfg.route_exact,
             "scale_up_norm": cfg.up_norm,
+            "scale_router": cfg.router,
+            "scale_router_prior": cfg.router_prior,
+            "scale_router_decay": cfg.router_decay,
         }
     )
     module = MODELING_FILE.removesuffix(".py")

@@ -17,6 +17,8 @@ model once two things are swapped in:
   (`stack_paths`, so the KV cache holds both paths in those layers), each linear of those layers applies
   W12 to the adapt half only (`TwoPathLinear`), and the head combines the halves per token (`RouteHead`).
   Hidden states asked for with ``output_hidden_states`` hold both paths (2B rows) from that layer on.
+  With ``scale_router == "likelihood"`` the head mixes the two paths' distributions by the document's running
+  likelihood ratio instead (`likelihood_mix`); a model pre-hook hands it the token ids (`capture_router_inputs`).
 """
 
 from __future__ import annotations
@@ -125,6 +127,75 @@ def route_mask(z_p: torch.Tensor, z_a: torch.Tensor, tau: float) -> torch.Tensor
     return (p * a).sum(-1) / norms.clamp_min(1e-8) > tau
 
 
+def running_ratio(
+    evidence: torch.Tensor, starts: torch.Tensor, decay: float, initial: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``r_t = decay r_{t-1} + e_t``, set to 0 where ``starts`` (B, T) is true; ``initial``: ``r_{-1}`` per row."""
+    ratio = torch.zeros(evidence.shape[0], device=evidence.device) if initial is None else initial.float()
+    out = torch.empty_like(evidence)
+    for t in range(evidence.shape[1]):
+        ratio = torch.where(starts[:, t], 0.0, decay * ratio + evidence[:, t])
+        out[:, t] = ratio
+    return out
+
+
+def likelihood_mix(
+    base_logits: torch.Tensor,
+    new_logits: torch.Tensor,
+    input_ids: torch.Tensor,
+    *,
+    prior: float,
+    decay: float,
+    eos_ids: tuple[int, ...],
+    attention_mask: torch.Tensor | None = None,
+    memory: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+    """``p = w p_base + (1 - w) p_new`` as log-probabilities, with ``w_t = sigmoid(prior + r_t)`` and
+    ``r_t = decay r_{t-1} + ln p_base(x_t) - ln p_new(x_t)`` (0 at a sequence start and at EOS; no evidence from
+    padding); returns it, ``w`` (B, T) and the memory for the next call (``r`` and the last position's log-ratio
+    row). A standalone copy of scale-cl's ``likelihood_mix``, tested equal to it."""
+    log_base = F.log_softmax(base_logits.float(), dim=-1)
+    log_new = F.log_softmax(new_logits.float(), dim=-1)
+    ids = input_ids.to(log_base.device)
+    evidence = torch.zeros(ids.shape, device=log_base.device)
+    with torch.no_grad():
+        if ids.shape[1] > 1:
+            nxt = ids[:, 1:, None]
+            evidence[:, 1:] = (log_base[:, :-1].gather(-1, nxt) - log_new[:, :-1].gather(-1, nxt)).squeeze(-1)
+        if memory is not None:
+            evidence[:, 0] = memory[1].gather(-1, ids[:, :1]).squeeze(-1)
+        if attention_mask is not None:
+            mask = attention_mask.to(evidence.device, evidence.dtype)
+            evidence = evidence * mask
+            evidence[:, 1:] *= mask[:, :-1]
+        starts = torch.zeros(ids.shape, dtype=torch.bool, device=ids.device)
+        for eos in eos_ids:
+            starts |= ids == eos
+        ratio = running_ratio(evidence, starts, decay, None if memory is None else memory[0])
+        score = prior + ratio
+    mixed = torch.logaddexp(F.logsigmoid(score)[..., None] + log_base, F.logsigmoid(-score)[..., None] + log_new)
+    next_memory = (ratio[:, -1].detach(), (log_base[:, -1] - log_new[:, -1]).detach())
+    return mixed.to(new_logits.dtype), torch.sigmoid(score), next_memory
+
+
+def capture_router_inputs(model: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
+    """Forward pre-hook of a likelihood-routed model: hands the head this call's token ids and the mask of their
+    positions, starts a fresh memory for a call with an empty KV cache, and asks for every position's logits
+    (each is evidence for the next)."""
+    head = model.get_output_embeddings()
+    ids = kwargs.get("input_ids", args[0] if args else None)
+    mask = kwargs.get("attention_mask", args[1] if len(args) > 1 else None)
+    if isinstance(ids, torch.Tensor) and isinstance(mask, torch.Tensor) and mask.dim() == 2:
+        mask = mask[:, -ids.shape[1] :]  # generation passes the mask of the cached positions too
+    head.inputs = {"input_ids": ids, "attention_mask": mask if isinstance(mask, torch.Tensor) else None}
+    cache = kwargs.get("past_key_values", kwargs.get("cache"))
+    if cache is None or not hasattr(cache, "get_seq_length") or cache.get_seq_length() == 0:
+        head.memory = None
+    if kwargs.get("logits_to_keep", 0) != 0:
+        return args, {**kwargs, "logits_to_keep": 0}
+    return None
+
+
 class RouteHead(nn.Linear):
     """The LM head of a route model: reads ``[preserve path; adapt path]`` (2B rows), returns B rows (Eq. 5).
 
@@ -137,20 +208,30 @@ class RouteHead(nn.Linear):
     reads the first ``scale_route_vocab_size`` logits (the vocabulary before an extension; 0: all).
     ``last_mask`` keeps the last decision (True: preserve path). A standalone copy of scale-cl's
     ``route_logits`` (this file must import nothing but torch and transformers), tested equal to it.
+
+    With ``scale_router == "likelihood"``: ``likelihood_mix`` of ``Z_p`` (the base model's logits) and
+    ``Z_a + Z_a_up``; ``last_weight`` keeps the base path's weight per token. ``stacked=False`` (no collaborative
+    layer, likelihood router only): one path, whose ``Z`` is the base's and ``Z + Z_up`` the new.
     """
 
-    def __init__(self, in_features: int, out_features: int, config: Any) -> None:
+    def __init__(self, in_features: int, out_features: int, config: Any, stacked: bool = True) -> None:
         super().__init__(in_features, out_features, bias=False)
         self.config = config
         self.split = config.scale_hidden_size
         self.route_vocab_size = config.scale_route_vocab_size or out_features
+        self.stacked = stacked
         self.last_mask: torch.Tensor | None = None
+        self.last_weight: torch.Tensor | None = None
+        self.inputs: dict[str, Any] = {}  # the likelihood router's: this call's token ids and mask
+        self.memory: tuple[torch.Tensor, torch.Tensor] | None = None
 
     @property
     def tau(self) -> float:
         return self.config.scale_route_tau
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self.config.scale_router == "likelihood":
+            return self._likelihood(hidden)
         half, d = hidden.shape[0] // 2, self.split
         x, x_up = hidden[..., :d], hidden[..., d:]
         w_out, w_up = self.weight[:, :d], self.weight[:, d:]
@@ -163,6 +244,34 @@ class RouteHead(nn.Linear):
             return torch.where(keep, z_p, z_a + F.linear(x_up[half:], w_up))
         z = torch.where(keep, (z_p + z_a) / 2, z_a)
         return z + F.linear(torch.where(keep, x_up[:half], x_up[half:]), w_up)
+
+    def _likelihood(self, hidden: torch.Tensor) -> torch.Tensor:
+        d = self.split
+        x, x_up = hidden[..., :d], hidden[..., d:]
+        w_out, w_up = self.weight[:, :d], self.weight[:, d:]
+        if self.stacked:
+            half = hidden.shape[0] // 2
+            base = F.linear(x[:half], w_out)
+            new = F.linear(x[half:], w_out) + F.linear(x_up[half:], w_up)
+        else:
+            base = F.linear(x, w_out)
+            new = base + F.linear(x_up, w_up)
+        ids = self.inputs.get("input_ids")
+        if ids is None:
+            raise ValueError("the likelihood router reads the input token ids: call the model with input_ids")
+        eos = self.config.eos_token_id
+        eos_ids = tuple(eos) if isinstance(eos, list | tuple) else () if eos is None else (eos,)
+        logits, self.last_weight, self.memory = likelihood_mix(
+            base,
+            new,
+            ids,
+            prior=self.config.scale_router_prior,
+            decay=self.config.scale_router_decay,
+            eos_ids=eos_ids,
+            attention_mask=self.inputs.get("attention_mask"),
+            memory=self.memory,
+        )
+        return logits
 
     def extra_repr(self) -> str:
         return f"{self.split}+{self.in_features - self.split} -> {self.out_features}, tau={self.tau}"
@@ -204,6 +313,9 @@ class ScaleFields:
     scale_route_vocab_size: int = 0  # route: logits the cosine reads (0: all)
     scale_route_exact: bool = False  # route: a token routed to the preserve path gets the base model's logits
     scale_up_norm: str = "own"  # x_up normalised by its own statistic, the original stream's or the whole width's
+    scale_router: str = "cosine"  # route: Eq. 5's cosine router, or "likelihood" (the paths' mixture)
+    scale_router_prior: float = 0.0  # likelihood router: the prior log-odds of the base path
+    scale_router_decay: float = 0.95  # likelihood router: the running ratio's decay per token
 
 
 class ScaleLlamaConfig(ScaleFields, LlamaConfig):
@@ -245,9 +357,15 @@ class ScaleMixin:
             for name in self.layer_norms:
                 setattr(layer, name, norm())
         self.route_from = None  # the first layer that runs both paths, None when nothing is stacked
+        likelihood = config.scale_method == "route" and config.scale_router == "likelihood"
         if config.scale_method == "route" and config.scale_preserve_layers < len(decoder.layers):
             self.route_from = config.scale_preserve_layers
             self.add_route_paths(decoder.layers, config)
+        elif likelihood:  # one path: the base's logits are its Z
+            head = self.get_output_embeddings()
+            self.set_output_embeddings(RouteHead(head.in_features, head.out_features, config, stacked=False))
+        if likelihood:
+            self.register_forward_pre_hook(capture_router_inputs, with_kwargs=True)
 
     def add_route_paths(self, layers: nn.ModuleList, config: Any) -> None:
         for index in range(self.route_from, len(layers)):
@@ -262,7 +380,11 @@ class ScaleMixin:
         self.set_output_embeddings(RouteHead(head.in_features, head.out_features, config))
 
     def _reorder_cache(self, cache: Any, beam_idx: torch.Tensor) -> Any:
-        """Beam search: the layers holding both route paths (2n rows) reorder both halves alike."""
+        """Beam search: the layers holding both route paths (2n rows) reorder both halves alike (and the
+        likelihood router's memory is reordered with the beams)."""
+        head = self.get_output_embeddings()
+        if getattr(head, "memory", None) is not None:
+            head.memory = tuple(m.index_select(0, beam_idx.to(m.device)) for m in head.memory)
         if self.route_from is None:
             cache.reorder_cache(beam_idx)
             return cache
