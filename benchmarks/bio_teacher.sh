@@ -5,7 +5,8 @@
 # 25% of every batch), both, FFT + LwF (every position at weight 1), SCALE-Route trained with the likelihood
 # router (alone and with pseudo-replay + distillation; every Eq.-5 Route run is also read with it and with
 # route_exact, and a likelihood-routed run records the router's AUROC of Task-0 against Task-1 questions); the
-# quiet-stream options. With Task-0 replay (25%): FFT and Route, with and without distillation.
+# quiet-stream options; FFT and Freeze read with WiSE-FT. With Task-0 replay (25%): FFT and Route, with and without
+# distillation.
 # Stages 1-2 are built once per seed (each seed in its own folder, then gathered into <root>/cache) and shared,
 # read only, by every sweep. Resumable.
 # Environment: SCALE_CL (the command, default .venv/bin/scale-cl), BIO_TEACHER_OUT (default outputs/bio-teacher),
@@ -20,7 +21,7 @@ root=${BIO_TEACHER_OUT:-outputs/bio-teacher}
 preset=${BIO_PRESET:-small}
 seeds=(0 1 2)
 read -r -a scales <<<"${BIO_LR_SCALES:-1}"
-read -r -a chosen <<<"${BIO_SWEEPS:-no-old-data pseudo lwf route-likelihood quiet replay}"
+read -r -a chosen <<<"${BIO_SWEEPS:-no-old-data pseudo lwf route-likelihood quiet replay wise}"
 pids=()
 sweep() {
   local name=$1 scale folder
@@ -75,4 +76,5 @@ sweep route-likelihood --methods scale_route --reference scale_route --options.s
 sweep quiet --methods scale_preserve scale_route --reference scale_preserve --axis options.scale.up_norm joint \
   --axis options.scale.embed_up_init zero
 sweep replay --methods fft scale_route --task1.replay_ratio 0.25 --axis options.distill_weight 1
+sweep wise --methods fft freeze --task1.wise_ft_alphas 0.25 0.5 0.75
 wait_all

@@ -3,10 +3,11 @@
 Matched learning without a rate sweep: for each run, the first evaluation step where Task-1 accuracy reaches the
 target (90%), linearly interpolated between the two evaluations around it, and held-out Task-0 accuracy at that
 point. Loss = the Task-0 model's held-out Task-0 accuracy - that value; each run's loss is divided by FFT's (its
-preset rate, nothing added) for the same seed. Mean ± population std over the seeds; 'k/n' where only k seeds
-reach the target. Then, for SCALE-Route: the readings of each trained model at the end (as trained, with
-route_exact, with the likelihood router) and the likelihood router's base weight and AUROC of Task-0 against
-Task-1 questions at the position that predicts the answer.
+preset rate, nothing added) for the same seed. Mean ± population std over the seeds; 'k/n' where only k seeds reach
+the target. An FFT/Freeze run with WiSE-FT readings (task1.wise_ft_alphas) is also read at the alpha where its
+interpolation towards the Task-0 model reaches the target. Then, for SCALE-Route: the readings of each trained model
+at the end (as trained, with route_exact, with the likelihood router) and the likelihood router's base weight and
+AUROC of Task-0 against Task-1 questions at the position that predicts the answer.
 
 Usage: python benchmarks/bio_teacher_table.py ROOT [--target 0.9]   (ROOT: BIO_TEACHER_OUT of bio_teacher.sh)
 """
@@ -33,6 +34,19 @@ def at_target(curve: list[dict], target: float) -> tuple[float, float] | None:
     if curve and curve[0]["task1"]["overall"] >= target:
         return curve[0]["step"], curve[0]["task0"]["overall"]
     return None
+
+
+def wise_ft_at_target(run: dict, target: float) -> tuple[float, float] | None:
+    """(alpha, held-out Task-0 accuracy) where WiSE-FT's interpolation of an FFT/Freeze run towards the Task-0
+    model first reaches ``target`` on Task 1, linear in alpha between the readings (alpha 0 is the Task-0 model,
+    1 the trained one); None without readings or if even alpha 1 stays below."""
+    readings = [r for r in run.get("readings", []) if "alpha" in r and "router" not in r]
+    if not readings:
+        return None
+    points = [{"step": 0.0, **run["curve"][0]}, *({"step": r["alpha"], **r} for r in readings)]
+    points.append({"step": 1.0, **run["curve"][-1]})
+    points = sorted({p["step"]: p for p in points}.values(), key=lambda p: p["step"])
+    return at_target(points, target)
 
 
 def runs(point: Path) -> dict[str, dict]:
@@ -74,13 +88,22 @@ def main() -> None:
             f"| {spread(shares)} | {spread([r['curve'][-1]['task1']['overall'] for r in by_seed.values()])} "
             f"| {spread([r['curve'][-1]['task0']['overall'] for r in by_seed.values()])} |"
         )
+        wise = {s: wise_ft_at_target(r, args.target) for s, r in by_seed.items()}
+        wise = {s: v for s, v in wise.items() if v is not None}
+        if wise:
+            shares = [(start[s] - v[1]) / fft_loss[s] for s, v in wise.items() if fft_loss.get(s)]
+            print(
+                f"| {point.parent.parent.name} | {point.name}, WiSE-FT | {len(wise)}/{len(by_seed)} "
+                f"| alpha {spread([v[0] for v in wise.values()], 1, 2)} | {spread([v[1] for v in wise.values()])} "
+                f"| {spread(shares)} | | |"
+            )
     print()
     print("SCALE-Route at the end of training, read three ways (training nothing); the likelihood router's base")
     print("weight where the answer is predicted, and its AUROC of Task-0 (held-out / QA-trained) vs Task-1 questions")
     print()
     print("| sweep | point | reading | Task 1 % | Task 0 % | w Task 0 | w Task 1 | AUROC | AUROC QA-trained |")
     print("|---|---|---|---|---|---|---|---|---|")
-    for point in points:
+    for point in (p for p in points if p.name.startswith("scale_route")):
         by_seed = {s: r for s, r in runs(point).items() if r.get("readings")}
         if not by_seed:
             continue

@@ -205,7 +205,7 @@ def test_the_options_are_saved_and_reloaded(tmp_path):
 def test_the_cpt_frontier_reads_route_with_and_without_route_exact_and_restores_the_model():
     """`up_logit_frontier` really switches route_exact on for its second pass (its logits differ where tokens
     route), evaluates each alpha, and leaves the model's own settings as they were."""
-    from scale_cl.experiments.cpt.pipeline import up_logit_frontier
+    from scale_cl.eval.readings import up_logit_frontier
 
     _, model = lively("route")
     ids, mask = batch(padded=True)

@@ -119,6 +119,15 @@ class Task1Config(MethodStageConfig):
         },
     )
 
+    wise_ft_alphas: tuple[float, ...] = field(
+        default=(),
+        metadata={
+            "ge": 0,
+            "le": 1,
+            "help": "FFT and Freeze: after Task 1, also evaluate the weights task0 + alpha (trained - task0) at each "
+            "alpha (WiSE-FT; readings in seed-<s>/<method>.json, training nothing)",
+        },
+    )
     pseudo_replay_ratio: float = field(
         default=0.0,
         metadata={
@@ -150,6 +159,7 @@ class Task1Config(MethodStageConfig):
     )
 
     def __post_init__(self) -> None:
+        self.wise_ft_alphas = tuple(float(a) for a in self.wise_ft_alphas)
         super().__post_init__()  # every field's range, these included
         if self.replay_ratio and self.pseudo_replay_ratio:
             raise ValueError(

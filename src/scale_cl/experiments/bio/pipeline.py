@@ -53,6 +53,7 @@ from scale_cl.data import (
 from scale_cl.data.pseudo_replay import cached_blocks, generate_blocks
 from scale_cl.data.replay import ReplayMix, describe_share
 from scale_cl.eval.first_token import QAExample, first_token_accuracy
+from scale_cl.eval.readings import WISE_FT_METHODS, up_logit_frontier, wise_ft_frontier
 from scale_cl.eval.router import auroc, collect_base_weights, routes_by_likelihood
 from scale_cl.experiments.bio.config import BioConfig
 from scale_cl.experiments.bio.datasets import AnswerOnlyQA, PackedText, PadCollator
@@ -417,6 +418,9 @@ def run_method(
     }
     if method == "scale_route":
         result["readings"] = route_readings(model, data)
+    elif cfg.task1.wise_ft_alphas and method in WISE_FT_METHODS:
+        task0 = GPTNeoXForCausalLM.from_pretrained(task0_dir)
+        result["readings"] = wise_ft_frontier(model, task0, lambda m: evaluate_tasks(m, data), cfg.task1.wise_ft_alphas)
     write_json(result_path, result)
     shutil.rmtree(run_dir, ignore_errors=True)  # the method is finished: nothing to resume
     return result
@@ -424,9 +428,7 @@ def run_method(
 
 def route_readings(model: torch.nn.Module, data: BioData) -> list[dict[str, Any]]:
     """The trained SCALE-Route model evaluated as it is and, trained with Eq. 5, read with ``route_exact`` and with
-    the likelihood router (training nothing; `scale_cl.experiments.cpt.pipeline.up_logit_frontier` at alpha 1)."""
-    from scale_cl.experiments.cpt.pipeline import up_logit_frontier
-
+    the likelihood router (training nothing; `scale_cl.eval.readings.up_logit_frontier` at alpha 1)."""
     return up_logit_frontier(model, lambda m: evaluate_tasks(m, data), (1.0,))
 
 

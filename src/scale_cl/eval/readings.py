@@ -1,0 +1,63 @@
+"""Readings of one trained model along a frontier, training nothing (docs/design.md §2): SCALE's new-stream logits
+weighted by alpha (with SCALE-Route also read with ``route_exact`` and with the likelihood router), and WiSE-FT's
+interpolation of FFT's weights towards the base model's. `cpt` and `bio` record them beside each run's curve."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+def up_logit_frontier(model: torch.nn.Module, evaluate: Any, scales: tuple[float, ...]) -> list[dict[str, Any]]:
+    """The trained SCALE model evaluated with its new stream's logits weighted by each alpha (``Z + alpha Z_up``,
+    `scale_cl.set_up_logit_scale`), then given back its own settings: one record per alpha (docs/design.md §2).
+
+    A SCALE-Route model trained with Eq. 5 as the paper has it is evaluated with ``route_exact`` too (records
+    with ``"route_exact": true``): trained with it from the start, Route cannot learn (at W12 = 0 both paths
+    agree, every token routes to the exact base logits, and no gradient flows), so it is an evaluation option;
+    and with the likelihood router (``"router": "likelihood"``, its prior and decay as the model holds them).
+    """
+    from scale_cl import scale_config_of
+    from scale_cl.model import set_live_settings
+
+    own = scale_config_of(model)
+    variants = [{}]  # the model's own settings, then (SCALE-Route trained with Eq. 5) the other two readings
+    if model.scale_route.active and own.router == "cosine" and not own.route_exact:
+        variants += [{"route_exact": True}, {"router": "likelihood"}]
+    frontier = []
+    try:
+        for changes in variants:
+            for alpha in scales:
+                set_live_settings(model, up_logit_scale=alpha, **changes)
+                frontier.append({"alpha": alpha, **changes, **evaluate(model)})
+                set_live_settings(model, **{name: getattr(own, name) for name in changes})
+    finally:
+        set_live_settings(model, up_logit_scale=own.up_logit_scale, route_exact=own.route_exact, router=own.router)
+    return frontier
+
+
+WISE_FT_METHODS = ("fft", "freeze")  # methods that train the base model's own weights, nothing added
+
+
+def wise_ft_frontier(
+    model: torch.nn.Module, base: torch.nn.Module, evaluate: Any, alphas: tuple[float, ...]
+) -> list[dict[str, Any]]:
+    """The trained model's weights interpolated towards the base model's, ``base + alpha (trained - base)``
+    (WiSE-FT, Wortsman et al. 2022), evaluated at each alpha, then given back the trained weights."""
+    trained = {name: p.detach().clone() for name, p in model.named_parameters() if p.requires_grad}
+    start = dict(base.named_parameters())
+    frontier = []
+    try:
+        for alpha in alphas:
+            with torch.no_grad():
+                for name, param in model.named_parameters():
+                    if name in trained:
+                        param.copy_(torch.lerp(start[name].to(param.device, param.dtype), trained[name], alpha))
+            frontier.append({"alpha": alpha, **evaluate(model)})
+    finally:
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                if name in trained:
+                    param.copy_(trained[name])
+    return frontier
