@@ -22,6 +22,25 @@ def test_the_running_ratio_decays_and_resets_at_document_starts():
     assert got.tolist() == [[2.0, 3.0, 0.0, 4.0, 3.0]]
 
 
+@pytest.mark.parametrize("length", [1, 63, 64, 65, 300])
+@pytest.mark.parametrize("decay", [0.5, 0.95, 1.0])
+def test_the_chunked_ratio_is_the_recurrence_across_chunk_boundaries(length, decay):
+    """Computed 64 positions at a time; equal to the recurrence step by step, with documents that start inside a
+    chunk, at its first position and nowhere in it, and a carried ratio."""
+    gen = torch.Generator().manual_seed(length)
+    evidence = torch.randn(3, length, generator=gen)
+    starts = torch.rand(3, length, generator=gen) < 0.03
+    starts[1] = False  # one row is one document throughout
+    if length > 64:
+        starts[2, 64] = True  # a document starting exactly at a chunk's first position
+    initial = torch.randn(3, generator=gen)
+    expected, ratio = torch.empty_like(evidence), initial
+    for t in range(length):
+        ratio = torch.where(starts[:, t], 0.0, decay * ratio + evidence[:, t])
+        expected[:, t] = ratio
+    torch.testing.assert_close(running_ratio(evidence, starts, decay, initial), expected, atol=2e-5, rtol=1e-5)
+
+
 def test_the_mixture_is_the_posterior_weighted_sum_and_never_reads_the_token_it_predicts():
     gen = torch.Generator().manual_seed(0)
     base, new = torch.randn(2, 6, 9, generator=gen), torch.randn(2, 6, 9, generator=gen)

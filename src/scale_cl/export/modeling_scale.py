@@ -128,14 +128,27 @@ def route_mask(z_p: torch.Tensor, z_a: torch.Tensor, tau: float) -> torch.Tensor
 
 
 def running_ratio(
-    evidence: torch.Tensor, starts: torch.Tensor, decay: float, initial: torch.Tensor | None = None
+    evidence: torch.Tensor, starts: torch.Tensor, decay: float, initial: torch.Tensor | None = None, chunk: int = 64
 ) -> torch.Tensor:
-    """``r_t = decay r_{t-1} + e_t``, set to 0 where ``starts`` (B, T) is true; ``initial``: ``r_{-1}`` per row."""
+    """``r_t = decay r_{t-1} + e_t``, set to 0 where ``starts`` (B, T) is true; ``initial``: ``r_{-1}`` per row.
+
+    Computed ``chunk`` positions at a time (T / chunk sequential steps, not T): within a chunk ``r_t = sum_s
+    decay^(t-s) e_s`` over the positions of ``t``'s own document (a start's own evidence dropped), plus the carried
+    ``decay^(t-c+1) r_(c-1)`` where no document starts between the chunk's first position ``c`` and ``t``."""
     ratio = torch.zeros(evidence.shape[0], device=evidence.device) if initial is None else initial.float()
+    evidence = evidence.masked_fill(starts, 0.0)
+    steps = torch.arange(chunk, device=evidence.device)
+    lag = steps[:, None] - steps[None, :]
+    powers = torch.where(lag >= 0, decay ** lag.clamp_min(0).to(evidence.dtype), 0.0)  # decay^(t-s), s <= t
+    carry = decay ** (steps + 1).to(evidence.dtype)
     out = torch.empty_like(evidence)
-    for t in range(evidence.shape[1]):
-        ratio = torch.where(starts[:, t], 0.0, decay * ratio + evidence[:, t])
-        out[:, t] = ratio
+    for first in range(0, evidence.shape[1], chunk):
+        n = min(chunk, evidence.shape[1] - first)
+        document = starts[:, first : first + n].cumsum(1)  # which document of the chunk each position is in
+        weights = powers[:n, :n] * (document[:, :, None] == document[:, None, :])
+        local = (weights @ evidence[:, first : first + n, None]).squeeze(-1)
+        out[:, first : first + n] = local + carry[:n] * ratio[:, None] * (document == 0)
+        ratio = out[:, first + n - 1]
     return out
 
 
