@@ -122,6 +122,7 @@ class Task1Config(MethodStageConfig):
     wise_ft_alphas: tuple[float, ...] = field(
         default=(),
         metadata={
+            "type": float,
             "ge": 0,
             "le": 1,
             "help": "FFT and Freeze: after Task 1, also evaluate the weights task0 + alpha (trained - task0) at each "

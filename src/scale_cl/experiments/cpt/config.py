@@ -80,6 +80,7 @@ class EvalConfig:
     up_logit_scales: tuple[float, ...] = field(
         default=(),
         metadata={
+            "type": float,
             "ge": 0,
             "help": "SCALE methods: after training, evaluate the model again with its new stream's logits weighted "
             "by each alpha (Z + alpha Z_up): a learning-forgetting frontier from one trained model, no retraining",
@@ -89,6 +90,7 @@ class EvalConfig:
     wise_ft_alphas: tuple[float, ...] = field(
         default=(),
         metadata={
+            "type": float,
             "ge": 0,
             "le": 1,
             "help": "FFT and Freeze: after training, evaluate the weights base + alpha (trained - base) at each alpha "
