@@ -43,8 +43,8 @@ def wise_ft_at_target(run: dict, target: float) -> tuple[float, float] | None:
     readings = [r for r in run.get("readings", []) if "alpha" in r and "router" not in r]
     if not readings:
         return None
-    points = [{"step": 0.0, **run["curve"][0]}, *({"step": r["alpha"], **r} for r in readings)]
-    points.append({"step": 1.0, **run["curve"][-1]})
+    points = [{**run["curve"][0], "step": 0.0}, *({**r, "step": r["alpha"]} for r in readings)]
+    points.append({**run["curve"][-1], "step": 1.0})
     points = sorted({p["step"]: p for p in points}.values(), key=lambda p: p["step"])
     return at_target(points, target)
 
