@@ -24,7 +24,7 @@ import torch
 from safetensors.torch import load_file
 
 import scale_cl
-from conftest import ARCHS, VOCAB, make_model, randomize_new_weights, upscaled_copy
+from conftest import ARCHS, VOCAB, hidden_up_for, make_model, randomize_new_weights, upscaled_copy
 from conftest import greedy as generate_greedy
 from scale_cl import ScaleConfig, set_method, upscale
 from scale_cl.arch import SPECS
@@ -57,6 +57,19 @@ QUIET_CASES = {
         {"up_norm": "original", "up_logit_scale": 2.0, "w22_init": "zero"},
     ),
     "quiet-adapt-neox": ("neox-sequential-rot1.0", "adapt", {"up_norm": "joint", "embed_up_init": "zero"}),
+}
+# Models grown more than once (issue 29): each stage's (method, options); the norms' groups with their statistics.
+GROWN_CASES = {
+    "grown-llama-adapt-route": ("llama-gqa2-tied", [("adapt", {"up_norm": "joint"}), ("route", {})]),
+    "grown-neox-preserve-adapt-route": (
+        "neox-parallel-rot0.25",
+        [("preserve", {}), ("adapt", {"up_norm": "original", "w22_init": "zero"}), ("route", {"up_logit_scale": 0.5})],
+    ),
+    "grown-qwen2-adapt-preserve": ("qwen2-qkv-bias", [("adapt", {}), ("preserve", {"up_norm": "joint"})]),
+    "grown-llama-biases-preserve-adapt": (
+        "llama-biases",
+        [("preserve", {"up_norm": "original", "w22_init": "zero"}), ("adapt", {})],
+    ),
 }
 # The likelihood router (issue 28): the two paths' mixture by the running likelihood ratio, with a KV cache and beams.
 LIKELIHOOD = {"router": "likelihood", "router_prior": 0.3, "router_decay": 0.9}
@@ -207,6 +220,17 @@ def lively_scale_model(arch: str, method: str, preserve_layers: int = 1, **optio
     return balance_route(model) if eq5 else model
 
 
+def grown_scale_model(arch: str, stages: list[tuple[str, dict]]):
+    """`lively_scale_model` grown once per later stage (`scale_cl.grow`), every stage's new weights lively too."""
+    (method, options), *later = stages
+    model = lively_scale_model(arch, method, **options)
+    for seed, (method, options) in enumerate(later, start=5):
+        fields = {"ffn_up": 16, "w21_init": "random", "w22_init": "random", "seed": seed, **options}
+        model = upscale(model, ScaleConfig(hidden_up=hidden_up_for(model), method=method, preserve_layers=1, **fields))
+        model = randomize_new_weights(model.eval(), seed=seed, w12_scale=0.3)
+    return balance_route(model) if model.scale_route.stacked else model
+
+
 def balance_route(model):
     """Route with the tau (from a grid) that sends the share of tokens closest to half to each branch of Eq. 5,
     so that the comparison covers both; kept by the model, as a trained model's tau is."""
@@ -259,6 +283,11 @@ def scale_exports(tmp_path_factory):
         jobs.append(job(name, root / name, True, ids, mask))
     for name, (arch, preserve_layers) in LIKELIHOOD_CASES.items():
         model = lively_scale_model(arch, "route", preserve_layers, **LIKELIHOOD)
+        expected[name] = reference(model, ids, mask, beams=True)
+        export_model(model, root / name)
+        jobs.append(job(name, root / name, True, ids, mask, beams=True))
+    for name, (arch, stages) in GROWN_CASES.items():
+        model = grown_scale_model(arch, stages)
         expected[name] = reference(model, ids, mask, beams=True)
         export_model(model, root / name)
         jobs.append(job(name, root / name, True, ids, mask, beams=True))
@@ -381,6 +410,16 @@ def test_the_likelihood_router_is_exported(scale_exports, name):
     assert_matches(got[name], expected[name], mask)
     weight = expected[name]["weight"][mask.bool()]
     assert float(weight.max() - weight.min()) > 0.2, "the weight moves with the evidence (not one constant mix)"
+
+
+@pytest.mark.parametrize("name", sorted(GROWN_CASES))
+def test_grown_models_are_exported(scale_exports, name):
+    """A model grown two or three times: its norms' groups (each with its statistic), the merged earlier stages
+    and the last stage's method, with a KV cache and beams, as the in-library model computes them."""
+    root, expected, got, _, mask = scale_exports
+    config = json.loads((root / name / "config.json").read_text())
+    assert len(config["scale_norm_groups"]) == len(GROWN_CASES[name][1]) - 1
+    assert_matches(got[name], expected[name], mask)
 
 
 @pytest.mark.parametrize("name", sorted(ROUTE_EDGES))

@@ -590,7 +590,7 @@ def test_import_scale_cl_loads_the_tuner_only():
     )
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     tuner = {"arch", "bounds", "config", "files", "init", "io", "layers", "model", "provenance", "restore", "route"}
-    tuner |= {"likelihood_router", "shapes", "summary", "upscale", "vocab"}
+    tuner |= {"grow", "likelihood_router", "shapes", "summary", "upscale", "vocab"}
     assert set(json.loads(loaded)) <= tuner, loaded
     code = "import sys, scale_cl.vocab; print('scale_cl.vocab.tokenizer' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout == "False\n"

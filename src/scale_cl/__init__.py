@@ -6,7 +6,9 @@ set_method(model, "route", tau=0.3)
 model.save_pretrained("out"); model = load("out")
 
 ``import scale_cl`` loads the tuner and nothing else (docs/design.md §4): config, bounds, shapes, arch/,
-layers, init, route, upscale, model, io, restore, summary, provenance, files, and vocab/'s new token rows.
+layers, init, route, upscale, grow, model, io, restore, summary, provenance, files, and vocab/'s new token rows.
+
+``upscale`` on an upscaled model grows it again (`scale_cl.grow`): everything trained so far is the new base.
 `prepare` and the other names of `scale_cl.methods` (the seven methods, PEFT among them) are imported when
 first asked for; the experiments, training, data and evaluation code and the benchmark harness use the tuner
 and are never imported by it.

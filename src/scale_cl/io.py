@@ -13,7 +13,10 @@ A checkpoint directory holds:
   ``weight_up``), and an extended vocabulary's new token rows (``weight_new``, `scale_cl.vocab`), under
   the names the upscaled model uses;
 * ``base_model.safetensors``: only for ``full=True``, the frozen base weights, so that loading
-  needs no other file.
+  needs no other file;
+* ``scale_frozen_stages.safetensors``: only for a model grown more than once (`scale_cl.grow`), what the
+  earlier stages added to the frozen tensors (each one's right and bottom blocks, `scale_cl.grow.frozen_parts`);
+  the config then lists the earlier stages (``stages``: their configs and sizes), which loading replays.
 
 Files are written to temporary names and renamed into place, so an interrupted save never leaves
 a directory that looks complete. Nothing is pickled.
@@ -34,6 +37,8 @@ from transformers import PreTrainedModel
 
 from scale_cl.config import scale_config_of
 from scale_cl.files import atomic_write, sha256_of
+from scale_cl.grow import STAGES_KEY, frozen_parts
+from scale_cl.layers import is_new_parameter
 from scale_cl.vocab.grow import EXTENSION_KEY
 
 FORMAT = "scale-cl"
@@ -41,11 +46,7 @@ VERSION = 1
 CONFIG_NAME = "scale_config.json"
 WEIGHTS_NAME = "scale_model.safetensors"
 BASE_WEIGHTS_NAME = "base_model.safetensors"
-NEW_PARAM_NAMES = ("w12", "w21", "w22", "bias_up", "weight_up", "weight_new")
-
-
-def is_new_parameter(name: str) -> bool:
-    return name.rsplit(".", 1)[-1] in NEW_PARAM_NAMES
+FROZEN_WEIGHTS_NAME = "scale_frozen_stages.safetensors"
 
 
 def _unique_parameters(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -83,6 +84,11 @@ def save(
     params = _unique_parameters(model)
     new = {n: values[n].detach().contiguous().cpu() for n in params if is_new_parameter(n)}
     original = {n: values[n].detach().contiguous().cpu() for n in params if not is_new_parameter(n)}
+    stages = model.config.scale_cl.get(STAGES_KEY, [])
+    frozen = {}
+    if stages:  # a grown model: its frozen tensors are the original base's widened by the earlier stages
+        hub, added = frozen_parts(model)
+        original, frozen = ({n: t.detach().contiguous().cpu() for n, t in part.items()} for part in (hub, added))
 
     directory = Path(save_directory)
     directory.mkdir(parents=True, exist_ok=True)
@@ -93,18 +99,25 @@ def save(
         "scale_config": cfg.to_dict(),
         "base_model": base,
         **({"vocab": vocab} if vocab else {}),
+        **({STAGES_KEY: stages, "frozen_tensors": {n: list(t.shape) for n, t in frozen.items()}} if stages else {}),
         "full": full,
         "tensors": {n: list(t.shape) for n, t in new.items()},
         "sha256": {},
     }
     # Weights first, the config last: a directory whose config names them is complete.
     (directory / CONFIG_NAME).unlink(missing_ok=True)
-    files = {WEIGHTS_NAME: new, **({BASE_WEIGHTS_NAME: original} if full else {})}
+    files = {
+        WEIGHTS_NAME: new,
+        **({FROZEN_WEIGHTS_NAME: frozen} if stages else {}),
+        **({BASE_WEIGHTS_NAME: original} if full else {}),
+    }
     for name, tensors in files.items():
         atomic_write(directory / name, lambda p, t=tensors: save_file(t, p, metadata={"format": "pt"}))
         meta["sha256"][name] = sha256_of(directory / name)
     if not full:
         (directory / BASE_WEIGHTS_NAME).unlink(missing_ok=True)
+    if not stages:
+        (directory / FROZEN_WEIGHTS_NAME).unlink(missing_ok=True)
     atomic_write(directory / CONFIG_NAME, lambda p: Path(p).write_text(json.dumps(meta, indent=2)))
     return directory
 

@@ -20,6 +20,18 @@ from torch import nn
 from scale_cl.config import UP_NORMS
 from scale_cl.route import RouteState, route_cosine, route_logits
 
+# The names of what SCALE adds to a module (everything else keeps the base model's names and stays frozen).
+NEW_PARAM_NAMES = ("w12", "w21", "w22", "bias_up", "weight_up", "weight_new")
+
+
+def is_new_parameter(name: str) -> bool:
+    """Whether the parameter ``name`` (dotted) is one SCALE added, not the base model's."""
+    return name.rsplit(".", 1)[-1] in NEW_PARAM_NAMES
+
+
+# Where a grown model's norm keeps the earlier stages' norm (frozen): `SplitNorm` ``inner`` (`scale_cl.grow`).
+INNER = "inner"
+
 
 class SplitInput(nn.Module):
     """A module reading ``[x; x_up]`` whose original part ``x`` may be constant during training.
@@ -260,6 +272,9 @@ class SplitNorm(SplitInput):
     ``x_up`` by its own statistics; ``"original"`` divides it by the original stream's RMS (``rms``) or
     standard deviation (``layer``, not centred), ``"joint"`` by the whole ``[x; x_up]``'s, so a quiet ``x_up``
     stays quiet (docs/design.md §2).
+
+    On a grown model (`scale_cl.grow`) ``base`` is the earlier stages' `SplitNorm`, kept frozen as ``inner``: it
+    normalises the whole earlier width ``x`` (its own groups apart), and this norm adds the next group.
     """
 
     def __init__(self, base: nn.Module, kind: str, hidden_up: int, eps: float, up_norm: str = "own") -> None:
@@ -269,12 +284,19 @@ class SplitNorm(SplitInput):
         if up_norm not in UP_NORMS:
             raise ValueError(f"unknown up_norm {up_norm!r}")
         self.kind, self.eps, self.up_norm = kind, eps, up_norm
-        self.hidden_size, self.hidden_up = base.weight.shape[0], hidden_up
-        self.weight = base.weight
-        factory = {"device": base.weight.device, "dtype": base.weight.dtype}
+        if isinstance(base, SplitNorm):  # a grown model's: the earlier stages' norm, frozen, over the whole x
+            self.hidden_size, self.hidden_up = base.hidden_size + base.hidden_up, hidden_up
+            setattr(self, INNER, base)
+            reference = base.weight_up
+        else:
+            self.hidden_size, self.hidden_up = base.weight.shape[0], hidden_up
+            self.weight = base.weight
+            reference = base.weight
+            if kind == "layer":
+                self.bias = base.bias
+        factory = {"device": reference.device, "dtype": reference.dtype}
         self.weight_up = nn.Parameter(torch.ones(hidden_up, **factory))
         if kind == "layer":
-            self.bias = base.bias
             self.bias_up = nn.Parameter(torch.zeros(hidden_up, **factory))
 
     def _norm(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -292,16 +314,30 @@ class SplitNorm(SplitInput):
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         x, x_up = hidden.split((self.hidden_size, self.hidden_up), dim=-1)
         x = self.original(x)
-        bias, bias_up = (self.bias, self.bias_up) if self.kind == "layer" else (None, None)
+        bias_up = self.bias_up if self.kind == "layer" else None
         if self.up_norm == "own":
             up = self._norm(x_up, self.weight_up, bias_up)
         else:  # over x's statistic ("original") or the whole width's ("joint"); x never reads x_up's
             up = self._by_other(x if self.up_norm == "original" else hidden, x_up)
-        return torch.cat((self._norm(x, self.weight, bias), up), dim=-1)
+        inner = getattr(self, INNER, None)
+        if inner is not None:
+            return torch.cat((inner(x), up), dim=-1)
+        return torch.cat((self._norm(x, self.weight, self.bias if self.kind == "layer" else None), up), dim=-1)
+
+    def earlier_stages(self) -> list[nn.Module]:
+        """A grown model's earlier norms kept inside this one (frozen; none on a model upscaled once)."""
+        inner = getattr(self, INNER, None)
+        return [] if inner is None else list(inner.modules())
+
+    @property
+    def groups(self) -> tuple[int, ...]:
+        """The widths normalised apart, first the original model's: ``(d, u1, u2, ...)`` on a grown model."""
+        inner = getattr(self, INNER, None)
+        return (*(inner.groups if inner is not None else (self.hidden_size,)), self.hidden_up)
 
     def extra_repr(self) -> str:
         up = "" if self.up_norm == "own" else f", x_up by the {self.up_norm} statistic"
-        return f"{self.kind}, {self.hidden_size}+{self.hidden_up}, eps={self.eps}{up}"
+        return f"{self.kind}, {'+'.join(map(str, self.groups))}, eps={self.eps}{up}"
 
 
 class ScaleEmbedding(nn.Module):

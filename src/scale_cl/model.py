@@ -15,7 +15,7 @@ from torch import nn
 from scale_cl.arch import decoder_layers
 from scale_cl.config import ScaleConfig, check_method, scale_config_of
 from scale_cl.io import save
-from scale_cl.layers import ScaleEmbedding, ScaleLinear, SplitInput
+from scale_cl.layers import ScaleEmbedding, ScaleLinear, SplitInput, SplitNorm
 from scale_cl.route import reorder_cache
 from scale_cl.summary import ParamSummary, parameter_summary
 from scale_cl.vocab.grow import resize_token_rows
@@ -26,7 +26,8 @@ def set_method(model: nn.Module, method: str, tau: float | None = None) -> nn.Mo
 
     Sets how every W12 block is applied and resets trainability: every original parameter frozen,
     every new parameter trainable except W12, which trains only for adapt/route and only in
-    collaborative linears (layer >= preserve_layers, module in collab_modules). ``tau`` sets
+    collaborative linears (layer >= preserve_layers, module in collab_modules); a grown model's earlier
+    stages stay frozen (`scale_cl.grow`). ``tau`` sets
     SCALE-Route's threshold of Eq. 5 (a cosine in [-1, 1]; by default the model keeps its own): it is
     the model's ``ScaleConfig.route_tau``, so what routing uses is what is saved, reloaded and exported
     (``model.scale_route.tau = ...`` sets the same value).
@@ -58,8 +59,9 @@ def set_method(model: nn.Module, method: str, tau: float | None = None) -> nn.Mo
 
     for param in model.parameters():
         param.requires_grad_(False)
+    earlier = {id(m) for norm in model.modules() if isinstance(norm, SplitNorm) for m in norm.earlier_stages()}
     for module in model.modules():
-        if isinstance(module, (SplitInput, ScaleEmbedding)):
+        if isinstance(module, (SplitInput, ScaleEmbedding)) and id(module) not in earlier:
             for name, param in module.named_parameters(recurse=False):
                 if name == "w12":
                     param.requires_grad_(module.use_w12)

@@ -1,8 +1,9 @@
 """Rebuild an upscaled model from a checkpoint written by `scale_cl.io.save` (``model.save_pretrained``).
 
 The base model is loaded (or taken as given), checked against what the checkpoint recorded
-(class, shape fields, weight fingerprint), upscaled with the saved config and given the saved
-new weights, so its logits are bitwise the saved model's.
+(class, shape fields, weight fingerprint), upscaled with the saved config (a grown model: with each
+earlier stage's in turn, `scale_cl.grow`) and given the saved new weights (and the earlier stages'
+additions to the frozen tensors), so its logits are bitwise the saved model's.
 """
 
 from __future__ import annotations
@@ -15,15 +16,17 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
 
 from scale_cl.config import ScaleConfig
+from scale_cl.grow import STAGES_KEY, assemble_frozen
 from scale_cl.io import (
     BASE_WEIGHTS_NAME,
     CONFIG_NAME,
+    FROZEN_WEIGHTS_NAME,
     WEIGHTS_NAME,
     check_tensors,
-    is_new_parameter,
     read_meta,
     read_tensors,
 )
+from scale_cl.layers import is_new_parameter
 from scale_cl.model import set_method
 from scale_cl.provenance import weight_fingerprint
 from scale_cl.upscale import upscale
@@ -125,14 +128,23 @@ def load(
 
     if meta.get("vocab"):  # an extended vocabulary: the new rows' values come with the new weights below
         grow_embeddings(model, meta["vocab"]["new_rows"])
-    # The saved values replace the initialisers, so skip the SVD.
-    model = upscale(model, ScaleConfig.from_dict({**cfg.to_dict(), "w21_init": "zero", "w22_init": "zero"}))
+    # The saved values replace the initialisers, so skip the SVD. A grown model's earlier stages are replayed
+    # first (their frozen tensors are filled in below).
+    for stage in [*(record["config"] for record in meta.get(STAGES_KEY, [])), cfg.to_dict()]:
+        model = upscale(model, ScaleConfig.from_dict({**stage, "w21_init": "zero", "w22_init": "zero"}))
     params = dict(model.named_parameters())
     expected = {n: p.shape for n, p in params.items() if is_new_parameter(n)}
     check_tensors(shapes, expected, str(directory / WEIGHTS_NAME))
     with torch.no_grad():
         for name, tensor in weights.items():
             params[name].copy_(tensor)
+    if meta.get(STAGES_KEY):
+        frozen = read_tensors(directory / FROZEN_WEIGHTS_NAME, meta)
+        if {n: list(t.shape) for n, t in frozen.items()} != meta["frozen_tensors"]:
+            raise ValueError(f"{directory / FROZEN_WEIGHTS_NAME} does not hold the tensors {CONFIG_NAME} lists")
+        assemble_frozen(model, frozen)
     model.config.scale_cl["config"] = {**model.config.scale_cl["config"], **cfg.to_dict()}
     model.config.scale_cl["base"] = recorded
+    if meta.get(STAGES_KEY):
+        model.config.scale_cl[STAGES_KEY] = meta[STAGES_KEY]  # as trained (replayed above with zero initialisers)
     return set_method(model, cfg.method)

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from torch import nn
 
 from scale_cl.arch import decoder_layers
+from scale_cl.grow import STAGES_KEY, added_parameters
 from scale_cl.layers import ScaleEmbedding, ScaleHead, ScaleLinear, SplitNorm
 
 
@@ -18,10 +19,16 @@ class ParamSummary:
     # (place, parameter name) -> trainable count, e.g. ("attn", "w21")
     trainable_by_place: dict[tuple[str, str], int] = field(default_factory=dict)
     collaborative_layers: list[int] = field(default_factory=list)
+    # a grown model's stages, first to current: (method, hidden_up, ffn_up, parameters added)
+    stages: list[tuple[str, int, int, int]] = field(default_factory=list)
 
     def __str__(self) -> str:
         share = 100 * self.trainable / max(self.total, 1)
         lines = [f"trainable params: {self.trainable:,} || all params: {self.total:,} || trainable%: {share:.4f}"]
+        for number, (method, hidden_up, ffn_up, added) in enumerate(self.stages, start=1):
+            now = "now" if number == len(self.stages) else "frozen"
+            stage = f"stage {number} ({method}, +{hidden_up} wide, +{ffn_up} FFN, {now})"
+            lines.append(f"  {stage}: {added:,} params added")
         for (place, name), count in sorted(self.trainable_by_place.items()):
             lines.append(f"  {place:<10} {name:<8} {count:>14,}")
         layers = self.collaborative_layers
@@ -60,4 +67,13 @@ def parameter_summary(model: nn.Module) -> ParamSummary:
         for index, layer in enumerate(decoder_layers(model))
         if any(isinstance(m, ScaleLinear) and m.w12.requires_grad for m in layer.modules())
     ]
-    return ParamSummary(total, trainable, dict(by_place), collaborative)
+    return ParamSummary(total, trainable, dict(by_place), collaborative, _stages(model))
+
+
+def _stages(model: nn.Module) -> list[tuple[str, int, int, int]]:
+    """Each stage of a model grown more than once (`scale_cl.grow`); none for a model upscaled once."""
+    state = model.config.scale_cl
+    if not state.get(STAGES_KEY):
+        return []
+    records = [*state[STAGES_KEY], {"config": state["config"], "added": added_parameters(model)}]
+    return [(r["config"]["method"], r["config"]["hidden_up"], r["config"]["ffn_up"], r["added"]) for r in records]

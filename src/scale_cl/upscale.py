@@ -10,6 +10,7 @@ under ``config.scale_cl``, gives the model its `RouteState` and a class with `se
 from __future__ import annotations
 
 import itertools
+from dataclasses import asdict
 from functools import partial
 from typing import Any
 
@@ -17,8 +18,9 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel
 
-from scale_cl.arch import ArchSpec, spec_for
+from scale_cl.arch import SPECS, ArchSpec, spec_for
 from scale_cl.config import ScaleConfig
+from scale_cl.grow import STAGES_KEY, check_growable, freeze_stage
 from scale_cl.init import expansion_blocks, top_singular_all
 from scale_cl.layers import ScaleEmbedding, ScaleHead, ScaleLinear, ScaleMLP, SplitNorm
 from scale_cl.model import scale_class, set_method
@@ -39,19 +41,36 @@ def upscale(model: PreTrainedModel, config: ScaleConfig) -> PreTrainedModel:
     The returned model computes exactly the base model's logits until W12 or the LM head's new
     columns change (Theorem 3.1). Every original parameter is frozen; which new ones train is
     decided by ``config.method`` (see `set_method`). Randomness is seeded by ``config.seed``.
+
+    An upscaled model is grown again: everything it has (trained under its current method) is frozen into
+    the new base (`scale_cl.grow.freeze_stage`) and ``config`` adds to its whole width, so the result
+    computes exactly that model at start. A config the model cannot take is refused before anything changes.
     """
     if not isinstance(config, ScaleConfig):
         raise TypeError(f"config must be a ScaleConfig, got {type(config).__name__}")
-    spec = spec_for(model)
-    model = split_vocab(model)  # a reloaded extended vocabulary: its new rows train, its original rows do not
+    again = getattr(model, "is_scale_upscaled", False)  # grow an upscaled model again (`scale_cl.grow`)
+    if again:
+        check_growable(model)
+        spec = SPECS[model.config.scale_cl["base"]["class"]]
+    else:
+        spec = spec_for(model)
+        model = split_vocab(model)  # a reloaded extended vocabulary: its new rows train, its original rows do not
     dims = base_dims(model.config, spec)
-    config = resolve(config, dims)
-    base = base_record(model, dims)
+    config = resolve(config, dims)  # refused before anything changes
+    before = sum(p.numel() for p in model.parameters())
+    if again:
+        freeze_stage(model)  # everything trained so far: the new, frozen base
+        base, stages = model.config.scale_cl["base"], model.config.scale_cl[STAGES_KEY]
+    else:
+        base, stages = base_record(model, dims), []
     grow = growth(config, dims)
     u = config.hidden_up
 
     backbone = getattr(model, spec.backbone)
-    route = RouteState({"arch": spec.backbone, "config": config.to_dict(), "base": base})  # model.config.scale_cl
+    # model.config.scale_cl: the original base model, the sizes this stage grows and the earlier stages
+    settings = {"arch": spec.backbone, "config": config.to_dict(), "base": base, "dims": asdict(dims)}
+    settings["grew_from_parameters"] = before
+    route = RouteState({**settings, **({STAGES_KEY: stages} if stages else {})})
     param = next(model.parameters())
     devices = [param.device] if param.device.type != "cpu" else []
     with torch.no_grad(), torch.random.fork_rng(devices=devices, device_type=param.device.type):

@@ -2,9 +2,9 @@
 
 Every SCALE module becomes the one stock tensor it computes with: a `ScaleLinear` its block matrix
 ``[[W, W12], [W21, W22]]`` (W12 taken as zero where the method does not use it) and bias ``[b; bias_up]``,
-a `SplitNorm` its two gains (and biases) concatenated, the embedding ``[E, E_up]`` and the head
-``[W_out, W_out_up]`` (an extended vocabulary's rows appended to ``E``/``W_out``). Everything else is
-taken as it is. The result is checked against the exported class itself (`exported_model`), so a
+a `SplitNorm` its gains (and biases) concatenated (a grown model's earlier groups first), the embedding
+``[E, E_up]`` and the head ``[W_out, W_out_up]`` (an extended vocabulary's rows appended to ``E``/``W_out``).
+Everything else is taken as it is. The result is checked against the exported class itself (`exported_model`), so a
 mismatch fails before anything is written.
 """
 
@@ -16,7 +16,8 @@ from transformers import PreTrainedConfig, PreTrainedModel
 
 from scale_cl.config import scale_config_of
 from scale_cl.export import modeling_scale
-from scale_cl.layers import ScaleEmbedding, ScaleHead, ScaleLinear, SplitNorm
+from scale_cl.grow import STAGES_KEY
+from scale_cl.layers import INNER, ScaleEmbedding, ScaleHead, ScaleLinear, SplitNorm
 from scale_cl.vocab import extension_record
 
 # The stock class an upscaled model was made from -> the exported (config, model) classes.
@@ -61,8 +62,7 @@ def _merged(module: nn.Module) -> dict[str, torch.Tensor | None] | None:
         weight, bias = module.merged_weight()
         return {"weight": weight, "bias": bias}
     if isinstance(module, SplitNorm):
-        bias = torch.cat((module.bias, module.bias_up)) if module.kind == "layer" else None
-        return {"weight": torch.cat((module.weight, module.weight_up)), "bias": bias}
+        return _norm_gains(module)
     if isinstance(module, ScaleEmbedding):
         return {"weight": torch.cat((_token_rows(module), module.weight_up), dim=1)}
     if isinstance(module, ScaleHead):
@@ -74,14 +74,25 @@ def _merged(module: nn.Module) -> dict[str, torch.Tensor | None] | None:
     return None
 
 
+def _norm_gains(norm: SplitNorm) -> dict[str, torch.Tensor | None]:
+    """A `SplitNorm`'s gains (and biases) concatenated, a grown model's earlier groups first."""
+    inner = getattr(norm, INNER, None)
+    weight, bias = (norm.weight, getattr(norm, "bias", None)) if inner is None else _norm_gains(inner).values()
+    if norm.kind != "layer":
+        return {"weight": torch.cat((weight, norm.weight_up)), "bias": None}
+    return {"weight": torch.cat((weight, norm.weight_up)), "bias": torch.cat((bias, norm.bias_up))}
+
+
 def merged_state_dict(model: nn.Module, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
     """The upscaled ``model``'s weights under the exported model's names and shapes (fresh tensors, CPU)."""
     state = model.state_dict()
+    done: list[str] = []  # merged modules: their submodules (a grown model's earlier norms) are merged with them
     with torch.no_grad():
         for name, module in model.named_modules():
-            merged = _merged(module)
+            merged = None if any(name.startswith(f"{prefix}.") for prefix in done) else _merged(module)
             if merged is None:
                 continue
+            done.append(name)
             prefix = f"{name}." if name else ""
             for key in module.state_dict():  # w12, weight_up, ...: the module's own entries, replaced
                 del state[prefix + key]
@@ -92,7 +103,9 @@ def merged_state_dict(model: nn.Module, dtype: torch.dtype | None = None) -> dic
 def export_config(model: nn.Module) -> PreTrainedConfig:
     """The exported config: the upscaled model's widened one, the original sizes and the method's settings."""
     config_class, model_class = _family(model)
-    cfg, dims = scale_config_of(model), model.config.scale_cl["base"]["dims"]
+    state = model.config.scale_cl
+    cfg, dims = scale_config_of(model), state.get("dims", state["base"]["dims"])  # the sizes the last stage grew
+    earlier = [[stage["config"]["hidden_up"], stage["config"]["up_norm"]] for stage in state.get(STAGES_KEY, [])]
     if cfg.method == "route" and cfg.route_exact and cfg.preserve_layers >= model.config.num_hidden_layers:
         raise ValueError(
             "cannot export SCALE-Route with route_exact and no collaborative layer: every token would route to the "
@@ -114,6 +127,7 @@ def export_config(model: nn.Module) -> PreTrainedConfig:
             "scale_route_vocab_size": extension["base_rows"] if extension else 0,
             "scale_route_exact": cfg.route_exact,
             "scale_up_norm": cfg.up_norm,
+            "scale_norm_groups": earlier or None,
             "scale_router": cfg.router,
             "scale_router_prior": cfg.router_prior,
             "scale_router_decay": cfg.router_decay,

@@ -12,6 +12,8 @@ model once two things are swapped in:
 * the norms (`SplitRMSNorm`, `SplitLayerNorm`): the first ``scale_hidden_size`` features (the original
   stream ``x``) and the rest (``x_up``) are normalised with their own statistics (``x`` never reads
   ``x_up``'s; with ``scale_up_norm`` ``"original"`` or ``"joint"``, ``x_up`` takes ``x``'s or the whole width's);
+  a model grown more than once normalises each earlier stage's group apart too (``scale_norm_groups``), and its
+  "original" sizes are those of the model its last stage grew;
 * for ``scale_method == "route"`` (paper Eq. 5), two paths above the first collaborative layer
   ``scale_preserve_layers``: a pre-hook stacks the batch as ``[preserve path; adapt path]`` there
   (`stack_paths`, so the KV cache holds both paths in those layers), each linear of those layers applies
@@ -45,54 +47,78 @@ from transformers import (
 BATCHED_KWARGS = ("attention_mask", "position_ids", "position_embeddings")
 
 
-class SplitRMSNorm(nn.Module):
-    """RMSNorm over ``x`` (the first ``split`` features) and over ``x_up`` (the rest) separately.
+def norm_groups(width: int, split: int, up_norm: str, earlier: list | None = None) -> list[tuple[int, int, int, int]]:
+    """The spans a SCALE norm normalises apart, each with the span whose statistic it takes: ``(start, end,
+    ref_start, ref_end)``. First the original stream ``[0, d)`` (its own), then each grown stage's group
+    (``earlier``: ``[width, up_norm]`` per earlier stage of a model grown more than once) and last ``x_up``
+    ``[split, width)`` with ``up_norm``: ``"own"`` its own statistic, ``"original"`` that of everything before it,
+    ``"joint"`` that of everything up to its end."""
+    sizes = [(width_j, mode) for width_j, mode in earlier or []]
+    d = split - sum(width_j for width_j, _ in sizes)
+    groups, start = [(0, d, 0, d)], d
+    for size, mode in [*sizes, (width - split, up_norm)]:
+        ref = {"own": (start, start + size), "original": (0, start), "joint": (0, start + size)}[mode]
+        groups.append((start, start + size, *ref))
+        start += size
+    return groups
 
-    ``weight`` is the two gains concatenated, so the parameter keeps the stock name and shape. The
+
+class SplitRMSNorm(nn.Module):
+    """RMSNorm over ``x`` (the first ``split`` features) and over ``x_up`` (the rest) separately (on a grown model
+    over each stage's group, `norm_groups`).
+
+    ``weight`` is the gains concatenated, so the parameter keeps the stock name and shape. The
     arithmetic is transformers' LlamaRMSNorm's on each part (float32 statistics).
     """
 
-    def __init__(self, hidden_size: int, split: int, eps: float = 1e-6, up_norm: str = "own") -> None:
+    def __init__(
+        self, hidden_size: int, split: int, eps: float = 1e-6, up_norm: str = "own", earlier: list | None = None
+    ) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(hidden_size))
-        self.split, self.variance_epsilon, self.up_norm = split, eps, up_norm
+        self.groups, self.variance_epsilon = norm_groups(hidden_size, split, up_norm, earlier), eps
 
     def _inverse_rms(self, x: torch.Tensor) -> torch.Tensor:
         return torch.rsqrt(x.to(torch.float32).pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        x, x_up = hidden.split((self.split, hidden.shape[-1] - self.split), dim=-1)
-        up_stat = {"own": x_up, "original": x, "joint": hidden}[self.up_norm]  # scale_up_norm: whose RMS x_up takes
-        parts = (x.to(torch.float32) * self._inverse_rms(x), x_up.to(torch.float32) * self._inverse_rms(up_stat))
+        parts = [
+            hidden[..., start:end].to(torch.float32) * self._inverse_rms(hidden[..., ref_start:ref_end])
+            for start, end, ref_start, ref_end in self.groups
+        ]
         return self.weight * torch.cat(parts, dim=-1).to(hidden.dtype)
 
     def extra_repr(self) -> str:
-        return f"{self.split}+{self.weight.shape[0] - self.split}, eps={self.variance_epsilon}"
+        return f"{'+'.join(str(end - start) for start, end, _, _ in self.groups)}, eps={self.variance_epsilon}"
 
 
 class SplitLayerNorm(nn.Module):
-    """LayerNorm (with bias) over ``x`` (the first ``split`` features) and over ``x_up`` separately; with
-    ``up_norm`` ``"original"`` or ``"joint"``, ``x_up`` is divided by the standard deviation of ``x`` or of the
-    whole ``[x; x_up]`` instead (not centred)."""
+    """LayerNorm (with bias) over ``x`` (the first ``split`` features) and over ``x_up`` separately (on a grown
+    model over each stage's group, `norm_groups`); a group that takes another span's statistic (``up_norm``
+    ``"original"`` or ``"joint"``) is divided by that span's standard deviation instead (not centred)."""
 
-    def __init__(self, hidden_size: int, split: int, eps: float = 1e-5, up_norm: str = "own") -> None:
+    def __init__(
+        self, hidden_size: int, split: int, eps: float = 1e-5, up_norm: str = "own", earlier: list | None = None
+    ) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(hidden_size))
         self.bias = nn.Parameter(torch.zeros(hidden_size))
-        self.split, self.eps, self.up_norm = split, eps, up_norm
+        self.groups, self.eps = norm_groups(hidden_size, split, up_norm, earlier), eps
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        sizes = (self.split, hidden.shape[-1] - self.split)
-        (x, x_up), (w, w_up), (b, b_up) = hidden.split(sizes, -1), self.weight.split(sizes), self.bias.split(sizes)
-        if self.up_norm != "own":  # x_up over the standard deviation of x ("original") or of [x; x_up] ("joint")
-            var = (x if self.up_norm == "original" else hidden).to(torch.float32).var(-1, unbiased=False, keepdim=True)
-            up = (x_up.to(torch.float32) * torch.rsqrt(var + self.eps)).to(x_up.dtype) * w_up + b_up
-        else:
-            up = F.layer_norm(x_up, (x_up.shape[-1],), w_up, b_up, self.eps)
-        return torch.cat((F.layer_norm(x, (x.shape[-1],), w, b, self.eps), up), dim=-1)
+        parts = []
+        for start, end, ref_start, ref_end in self.groups:
+            x, w, b = hidden[..., start:end], self.weight[start:end], self.bias[start:end]
+            if (ref_start, ref_end) == (start, end):
+                parts.append(F.layer_norm(x, (end - start,), w, b, self.eps))
+            else:  # over another span's standard deviation, not centred
+                ref = hidden[..., ref_start:ref_end].to(torch.float32)
+                scale = torch.rsqrt(ref.var(-1, unbiased=False, keepdim=True) + self.eps)
+                parts.append((x.to(torch.float32) * scale).to(x.dtype) * w + b)
+        return torch.cat(parts, dim=-1)
 
     def extra_repr(self) -> str:
-        return f"{self.split}+{self.weight.shape[0] - self.split}, eps={self.eps}"
+        return f"{'+'.join(str(end - start) for start, end, _, _ in self.groups)}, eps={self.eps}"
 
 
 class TwoPathLinear(nn.Linear):
@@ -326,6 +352,7 @@ class ScaleFields:
     scale_route_vocab_size: int = 0  # route: logits the cosine reads (0: all)
     scale_route_exact: bool = False  # route: a token routed to the preserve path gets the base model's logits
     scale_up_norm: str = "own"  # x_up normalised by its own statistic, the original stream's or the whole width's
+    scale_norm_groups: list | None = None  # a grown model: [width, up_norm] of each earlier stage's group
     scale_router: str = "cosine"  # route: Eq. 5's cosine router, or "likelihood" (the paths' mixture)
     scale_router_prior: float = 0.0  # likelihood router: the prior log-odds of the base path
     scale_router_decay: float = 0.95  # likelihood router: the running ratio's decay per token
@@ -364,7 +391,7 @@ class ScaleMixin:
         decoder = getattr(self, self.backbone)
         width, split = config.hidden_size, config.scale_hidden_size
         eps = config.layer_norm_eps if hasattr(config, "layer_norm_eps") else config.rms_norm_eps
-        norm = partial(self.norm_class, width, split, eps, config.scale_up_norm)
+        norm = partial(self.norm_class, width, split, eps, config.scale_up_norm, config.scale_norm_groups)
         setattr(decoder, self.final_norm, norm())
         for layer in decoder.layers:
             for name in self.layer_norms:

@@ -105,6 +105,11 @@ def grow_embeddings(model: nn.Module, extension: VocabExtension | int) -> nn.Mod
     Works on a plain transformers model (before a method is prepared: the natural order) and on an
     upscaled one (its trainability is then reset by `set_method`, so grow before making the optimizer).
     """
+    if (getattr(getattr(model, "config", None), "scale_cl", None) or {}).get("stages"):
+        raise ValueError(
+            "extending the vocabulary of a model grown more than once (scale_cl.grow) is not supported: its "
+            "checkpoint could not record the new rows; extend the vocabulary before the first upscale"
+        )
     rows = vocab_rows(model)
     if isinstance(extension, VocabExtension):
         if extension.first_id != rows:
