@@ -13,11 +13,13 @@ from scale_cl.experiments.cpt.config import CptCommand, cpt_settings
 
 def run_bio_command(settings: BioCommand) -> int:
     from scale_cl.experiments.bio.pipeline import run_bio
+    from scale_cl.experiments.bio.report import figures
 
     out = Path(settings.out or f"outputs/bio-{settings.bio.preset}")
     results = run_bio(settings.bio, out, Path(settings.cache) if settings.cache else None)
     print((out / "results.md").read_text())
-    print(f"[bio] wrote {out / 'results.md'}, {out / 'results.json'} and {out / 'accuracy.png'}")
+    written = [out / name for name in ("results.md", "results.json", *figures(results))]
+    print(f"[bio] wrote {', '.join(map(str, written[:-1]))} and {written[-1]}")
     return 0 if results["methods"] else 1
 
 

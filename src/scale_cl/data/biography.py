@@ -654,20 +654,25 @@ def qa_items(person: Person) -> list[QAItem]:
 MIN_PEOPLE = 10  # the smallest N for which every split below is non-empty
 
 
-def splits(n_people: int) -> dict[str, range]:
+def splits(n_people: int, tasks: int = 1) -> dict[str, range]:
     """Person-index ranges of the benchmark's stages, in the paper's shares of N people.
 
     pretrain [0, N/2) biographies; task0_train [0, N/4) and task0_test [N/4, N/2) QA (people
     whose biographies were seen; the test QA never trained); task1 [N/2, N/2 + N/10) QA, trained
     and tested on the same people, never seen in pre-training (as in the paper). For N = 200,000:
     100,000 / 50,000 / 50,000 / 20,000.
+
+    ``tasks`` > 1 (a sequence of new cohorts, ``task1``, ``task2``, ...): consecutive cohorts from N/2 on, each
+    N/10 people (the paper's Task 1) while five fit in the unseen half, else (N/2) / tasks each.
     """
     if isinstance(n_people, bool) or not isinstance(n_people, int) or n_people < MIN_PEOPLE:
         raise ValueError(f"splits need at least {MIN_PEOPLE} people (every split non-empty), got {n_people!r}")
-    half, quarter, tenth = n_people // 2, n_people // 4, n_people // 10
-    return {
-        "pretrain": range(half),
-        "task0_train": range(quarter),
-        "task0_test": range(quarter, half),
-        "task1": range(half, half + tenth),
-    }
+    half, quarter = n_people // 2, n_people // 4
+    cohort = min(n_people // 10, (n_people - half) // tasks)
+    if cohort < 1:
+        raise ValueError(
+            f"{tasks} tasks of new people do not fit {n_people} people ({n_people - half} unseen): give more people "
+            "(data.people) or fewer tasks"
+        )
+    cohorts = {f"task{j}": range(half + (j - 1) * cohort, half + j * cohort) for j in range(1, tasks + 1)}
+    return {"pretrain": range(half), "task0_train": range(quarter), "task0_test": range(quarter, half), **cohorts}

@@ -169,6 +169,41 @@ class Task1Config(MethodStageConfig):
             )
 
 
+SCALE_GROWTHS = ("once", "per_task")
+
+
+@dataclass
+class SequenceConfig:
+    """A sequence of new-people tasks after Task 0 (issue 29): each trained as Task 1 is, every task measured after
+    each."""
+
+    section: ClassVar[str] = "sequence."  # where its settings are given (messages name them so)
+
+    tasks: int = field(
+        default=1,
+        metadata={
+            "ge": 1,
+            "help": "cohorts of new people trained in turn after Task 0, each with Task 1's settings (1 = the paper's "
+            "single Task 1); cohorts of N/10 people while five fit in the unseen half, else N/2 / tasks; results "
+            "gain the accuracy matrix, ACC, BWT, FWT and forgetting",
+        },
+    )
+    scale_growth: str = field(
+        default="once",
+        metadata={
+            "help": "SCALE methods in a sequence: 'once' (the blocks added before Task 1 keep training) or "
+            "'per_task' (grown again before every later task, everything trained so far frozen); not with "
+            "scale_route, which cannot be frozen into a base",
+            "choices": SCALE_GROWTHS,
+        },
+    )
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+        if self.scale_growth not in SCALE_GROWTHS:
+            raise ValueError(f"sequence.scale_growth must be one of {SCALE_GROWTHS}, got {self.scale_growth!r}")
+
+
 @dataclass
 class BioConfig:
     """Every setting of one biography benchmark run."""
@@ -187,6 +222,7 @@ class BioConfig:
     pretrain: StageConfig = field(default_factory=StageConfig)
     task0: StageConfig = field(default_factory=StageConfig)
     task1: Task1Config = field(default_factory=Task1Config)
+    sequence: SequenceConfig = field(default_factory=SequenceConfig)
     options: MethodSettings = field(default_factory=MethodSettings)
 
     def __post_init__(self) -> None:

@@ -32,7 +32,7 @@ import os
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -105,13 +105,25 @@ class BioData:
     task0_trained: list[QAExample]
     task1_test: list[QAExample]
     task0_completion: list[QAExample]
+    # a sequence of tasks (``sequence.tasks`` > 1): the cohorts after Task 1, each one's QA to train and to test
+    later_train: list[AnswerOnlyQA] = field(default_factory=list)
+    later_test: list[list[QAExample]] = field(default_factory=list)
+
+    def task_train(self, task: int) -> AnswerOnlyQA:
+        """The training questions of new-people task ``task`` (1 is Task 1)."""
+        return self.task1_train if task == 1 else self.later_train[task - 2]
+
+    def test_splits(self) -> dict[str, list[QAExample]]:
+        """Every split `evaluate_tasks` reads: Task 0's two views and each new cohort (``task1``, ``task2``, ...)."""
+        later = {f"task{j}": examples for j, examples in enumerate(self.later_test, start=2)}
+        return {"task0": self.task0_test, "task0_trained": self.task0_trained, "task1": self.task1_test, **later}
 
 
 def build_data(cfg: BioConfig, cache: Path) -> BioData:
     """Generate the people, train (or reuse, from ``cache``) the tokenizer, and tokenise every split."""
     spec = bio_spec(cfg.data.pools, people=cfg.data.people)
     people = generate_people(spec, cfg.data.seed)
-    ranges = splits(len(people))
+    ranges = splits(len(people), cfg.sequence.tasks)
     if cfg.data.qa_people:
         ranges["task0_train"] = ranges["task0_train"][: cfg.data.qa_people]
     pretrain_people = (people[i] for i in ranges["pretrain"])
@@ -159,6 +171,8 @@ def build_data(cfg: BioConfig, cache: Path) -> BioData:
         task0_trained=examples(ranges["task0_train"]),
         task1_test=examples(ranges["task1"]),
         task0_completion=examples(ranges["task0_test"], completion),
+        later_train=[AnswerOnlyQA(qa_pairs(ranges[f"task{j}"]), eos) for j in range(2, cfg.sequence.tasks + 1)],
+        later_test=[examples(ranges[f"task{j}"]) for j in range(2, cfg.sequence.tasks + 1)],
     )
 
 
@@ -200,14 +214,15 @@ def _cached_stage(directory: Path, build: Callable[[], GPTNeoXForCausalLM]) -> G
 
 
 def evaluate_tasks(model: torch.nn.Module, data: BioData) -> dict[str, dict[str, float]]:
-    """Accuracy on Task 0 (held-out people, the paper's view), Task 0's QA-trained people and Task 1.
+    """Accuracy on Task 0 (held-out people, the paper's view), Task 0's QA-trained people and Task 1 (and in a
+    sequence every later task, ``task2``, ...).
 
     A SCALE-Route model with the likelihood router also records, under ``"likelihood_router"``, the base path's
     mean weight where each split's answers are predicted and the AUROC of Task-0 questions against Task-1
     questions by that weight (`scale_cl.eval.router`): whether the router tells them apart (issue 28).
     """
     pad = data.tokenizer.pad_token_id
-    questions = {"task0": data.task0_test, "task0_trained": data.task0_trained, "task1": data.task1_test}
+    questions = data.test_splits()
     if not routes_by_likelihood(model):
         return {name: first_token_accuracy(model, examples, pad) for name, examples in questions.items()}
     result, weights = {}, {}
@@ -435,7 +450,9 @@ def route_readings(model: torch.nn.Module, data: BioData) -> list[dict[str, Any]
 def validate(cfg: BioConfig) -> None:
     """Raise a ValueError for settings that cannot work, before anything is written."""
     bio_spec(cfg.data.pools, people=cfg.data.people)
-    splits(cfg.data.people)
+    splits(cfg.data.people, cfg.sequence.tasks)
+    if cfg.sequence.tasks > 1:
+        _validate_sequence(cfg)
     unknown = [a for a in cfg.data.attributes if a not in ATTRIBUTES]
     if unknown or not cfg.data.attributes:
         raise ValueError(f"unknown attributes {unknown}; valid attributes: {', '.join(ATTRIBUTES)}")
@@ -445,6 +462,26 @@ def validate(cfg: BioConfig) -> None:
     cfg.options.validate(backbone_config(cfg), cfg.methods)
     for stage in (cfg.pretrain, cfg.task0, cfg.task1):
         report_to_argument(stage.report_to)  # its backends are installed
+
+
+def _validate_sequence(cfg: BioConfig) -> None:
+    """What a sequence of tasks does not take yet (each is a Task-1 option with one old task in mind)."""
+    t = cfg.task1
+    unsupported = {
+        "task1.replay_ratio": t.replay_ratio,
+        "task1.pseudo_replay_ratio": t.pseudo_replay_ratio,
+        "task1.wise_ft_alphas": t.wise_ft_alphas,
+        "options.distill_weight": cfg.options.distill_weight,
+        "options.route_share": cfg.options.route_share if "scale_route" in cfg.methods else 0,
+    }
+    given = [name for name, value in unsupported.items() if value]
+    if given:
+        raise ValueError(f"sequence.tasks={cfg.sequence.tasks} does not take {', '.join(given)} yet: set them off")
+    if cfg.sequence.scale_growth == "per_task" and "scale_route" in cfg.methods:
+        raise ValueError(
+            "sequence.scale_growth per_task cannot grow scale_route: a Route model routes each token between two "
+            "paths of the same weights, which no frozen base computes; run scale_route with scale_growth once"
+        )
 
 
 def run_bio(cfg: BioConfig, out: Path, cache: Path | None = None) -> dict[str, Any]:
@@ -466,7 +503,12 @@ def run_bio(cfg: BioConfig, out: Path, cache: Path | None = None) -> dict[str, A
         stage_accuracies(data, seed, stage_dirs, out)
         task0_dir = stage_dirs[1]
         for method in cfg.methods:
-            run_method(cfg, data, task0_dir, method, seed, out)
+            if cfg.sequence.tasks > 1:
+                from scale_cl.experiments.bio.sequence import run_sequence
+
+                run_sequence(cfg, data, task0_dir, method, seed, out)
+            else:
+                run_method(cfg, data, task0_dir, method, seed, out)
     results = collect(cfg, out)
     write_report(results, out)
     return results

@@ -1,4 +1,5 @@
-"""The biography benchmark's outputs: results.json, results.md and a figure like the paper's Fig. 8."""
+"""The biography benchmark's outputs: results.json, results.md and a figure like the paper's Fig. 8 (a sequence of
+tasks: its accuracy matrices and metrics, `sequence_report`)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from typing import Any
 import torch
 
 from scale_cl.experiments.bio.config import BioConfig
+from scale_cl.experiments.bio.sequence_report import plot_matrices, plot_sequence, sequence_markdown, sequence_summary
 from scale_cl.files import atomic_write, write_json, write_text
 
 
@@ -57,7 +59,9 @@ def collect(cfg: BioConfig, out: Path) -> dict[str, Any]:
         if not runs:
             continue
         summaries = [_summary(run["curve"]) for run in runs]
+        sequence = {"sequence": sequence_summary(runs)} if "matrix" in runs[0] else {}
         methods[method] = {
+            **sequence,
             "seeds": [run["seed"] for run in runs],
             "lr": runs[0]["lr"],
             "trainable": runs[0]["trainable"],
@@ -120,6 +124,9 @@ def results_markdown(results: dict[str, Any]) -> str:
         cells = [f"{100 * statistics.fmean(end[a] for end in ends):.1f}" for a in attributes]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     seeds = sorted({s for r in methods.values() for s in r["seeds"]})
+    sequence = sequence_markdown(methods)
+    if sequence:
+        lines += ["", sequence.rstrip()]
     if results.get("stages"):
         lines += ["", stages_markdown(results["stages"]).rstrip()]
     lines.append("")
@@ -184,9 +191,17 @@ def plot(results: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
+def figures(results: dict[str, Any]) -> list[str]:
+    """The figures `write_report` draws: accuracy.png, or for a sequence of tasks matrix.png and sequence.png."""
+    if not results["methods"]:
+        return []
+    return ["matrix.png", "sequence.png"] if results["config"]["sequence"]["tasks"] > 1 else ["accuracy.png"]
+
+
 def write_report(results: dict[str, Any], out: Path) -> None:
-    """results.json, results.md and (with any finished method) accuracy.png, each written atomically."""
+    """results.json, results.md and (with any finished method) the `figures`, each written atomically."""
     write_json(out / "results.json", results)
     write_text(out / "results.md", results_markdown(results))
-    if results["methods"]:
-        plot(results, out / "accuracy.png")
+    draw = {"accuracy.png": plot, "matrix.png": plot_matrices, "sequence.png": plot_sequence}
+    for name in figures(results):
+        draw[name](results if name == "accuracy.png" else results["methods"], out / name)

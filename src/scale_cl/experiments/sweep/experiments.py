@@ -63,6 +63,11 @@ class BioExperiment:
     def validate(self, cfg: Any) -> None:
         from scale_cl.experiments.bio.pipeline import validate
 
+        if cfg.sequence.tasks > 1:
+            raise ValueError(
+                "sweep bio does not run a sequence of tasks yet (sequence.tasks > 1): run `scale-cl bio "
+                "--sequence.tasks T` at each rate instead"
+            )
         validate(cfg)
 
     def prepare(self, out: Path) -> dict[str, float]:

@@ -1,0 +1,168 @@
+"""The biography benchmark as a sequence of tasks (``--sequence.tasks T``, issue 29): after Task 0, T cohorts of new
+people in turn, the same QA format each time; after each task every earlier task is measured (the accuracy
+matrix, `scale_cl.eval.continual`).
+
+Each method trains one model through the whole sequence: FFT, Freeze, LoRA and LLaMA Pro keep training what they
+train; a SCALE method either keeps training the blocks it added before Task 1 (``scale_growth once``) or is grown
+again before every later task (``per_task``: everything trained so far becomes the frozen base, `scale_cl.grow`).
+Every task trains as Task 1 does (``task1.*``: the method's rate, steps and evaluation schedule).
+
+Resumable per task: after each task the model's whole state (safetensors) and the results so far are saved under
+``<out>/seed-<s>/<method>.tasks/``; a killed run rebuilds the model as the sequence built it (prepared, grown as
+often) and continues from the last finished task (and within a task from its last checkpoint, as a Task-1 run
+does).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_model, save_model
+from transformers import GPTNeoXForCausalLM
+
+from scale_cl.eval.continual import accuracy_matrix, continual_metrics
+from scale_cl.experiments.bio.config import BioConfig
+from scale_cl.experiments.bio.datasets import PadCollator
+from scale_cl.experiments.bio.pipeline import CHECKPOINT_MINUTES, CHECKPOINTS_KEPT, BioData, evaluate_tasks
+from scale_cl.files import atomic_write, write_json
+from scale_cl.train.arguments import training_arguments
+from scale_cl.train.callbacks import PeriodicEval, SaveAtEvaluations
+from scale_cl.train.recipe import train_model
+
+PROGRESS_FILE = "progress.json"
+RECORD_KEYS = ("step", "train_tokens_per_s")  # a curve record's own keys, beside evaluate_tasks' accuracies
+
+
+def task_names(tasks: int) -> list[str]:
+    """The accuracy matrix's columns: Task 0 (held-out people) and each new cohort."""
+    return ["task0", *(f"task{j}" for j in range(1, tasks + 1))]
+
+
+def grows_per_task(cfg: BioConfig, method: str) -> bool:
+    from scale_cl.methods import method_spec
+
+    return cfg.sequence.scale_growth == "per_task" and method_spec(method).is_scale
+
+
+def _start_model(cfg: BioConfig, task0_dir: Path, method: str, seed: int) -> torch.nn.Module:
+    from scale_cl.methods import prepare
+
+    model = GPTNeoXForCausalLM.from_pretrained(task0_dir)
+    return prepare(model, method, **cfg.options.prepare_options(method, seed))
+
+
+def _grow(cfg: BioConfig, model: torch.nn.Module, method: str, seed: int, task: int) -> torch.nn.Module:
+    """Everything trained so far frozen into the base, and the stage's blocks added (`scale_cl.grow`)."""
+    from scale_cl import upscale
+    from scale_cl.methods import method_spec
+
+    stage = cfg.options.scale_config(method_spec(method).scale_method, seed + task - 1)
+    return upscale(model, stage)
+
+
+def run_sequence(
+    cfg: BioConfig,
+    data: BioData,
+    task0_dir: Path,
+    method: str,
+    seed: int,
+    out: Path,
+    initial: dict[str, Any] | None = None,
+) -> dict:
+    """Tasks 1..T for one method (see module doc): returns (and caches) its curve, matrix and metrics."""
+    from scale_cl.methods import trainable_parameter_count
+
+    result_path = out / f"seed-{seed}" / f"{method}.json"
+    if result_path.is_file():
+        return json.loads(result_path.read_text())
+    tasks, names = cfg.sequence.tasks, task_names(cfg.sequence.tasks)
+    state_dir = result_path.with_suffix(".tasks")
+    state_dir.mkdir(parents=True, exist_ok=True)
+    progress = _read_progress(state_dir)
+    done = progress["tasks_done"]
+    model = _start_model(cfg, task0_dir, method, seed)
+    if done:  # the model as the sequence built it, then its state after the last finished task
+        for task in range(2, done + 1):
+            model = _grow(cfg, model, method, seed, task) if grows_per_task(cfg, method) else model
+        load_model(model, state_dir / f"task-{done}.safetensors", strict=True)
+    else:
+        progress["rows"] = [initial if initial is not None else evaluate_tasks(model, data)]
+    lr = cfg.task1.lr_of(method)
+    stage = replace(cfg.task1, lr=lr)
+    collator = PadCollator(data.tokenizer.pad_token_id)
+    for task in range(done + 1, tasks + 1):
+        if task > 1 and grows_per_task(cfg, method):
+            model = _grow(cfg, model, method, seed, task)
+        trainable = trainable_parameter_count(model)
+        total = sum(p.numel() for p in model.parameters())
+        print(f"[bio] seed {seed}, {method}: task {task}/{tasks}, lr {lr:g}, {trainable:,} trainable of {total:,}")
+        tracker = PeriodicEval(
+            lambda m: evaluate_tasks(m, data),
+            every=cfg.task1.eval_every,
+            path=state_dir / f"task-{task}.jsonl",
+            initial=progress["rows"][-1],  # as the last task left it (growing changes the outputs by rounding only)
+            early_every=cfg.task1.early_eval_every,
+            early_until=cfg.task1.early_eval_until,
+        )
+        run_dir = state_dir / f"task-{task}.checkpoints"
+        args = training_arguments(stage, run_dir, seed + task - 1, save_total_limit=CHECKPOINTS_KEPT)
+        run_info = {"method": method, "lr": lr, "seed": seed, "task": task, "task0_model": task0_dir.name}
+        start = time.perf_counter()
+        train_model(
+            model,
+            data.task_train(task),
+            args,
+            collator=collator,
+            callbacks=[tracker, SaveAtEvaluations(cfg.task1.eval_every, CHECKPOINT_MINUTES)],
+            run_info=run_info,
+            lr_ratios=cfg.options.lr_ratios(method),
+            resume=True,
+        )
+        model.eval()
+        progress["seconds"] += time.perf_counter() - start
+        steps_before = progress["curve"][-1]["step"] if progress["curve"] else 0
+        progress["curve"] += [
+            {**record, "task": task, "task_step": record["step"], "step": steps_before + record["step"]}
+            for record in tracker.records
+        ]
+        progress["rows"].append({k: v for k, v in tracker.records[-1].items() if k not in RECORD_KEYS})
+        progress["parameters"].append({"task": task, "trainable": trainable, "total": total})
+        atomic_write(state_dir / f"task-{task}.safetensors", lambda path, m=model: save_model(m, path))
+        progress["tasks_done"] = task
+        write_json(state_dir / PROGRESS_FILE, progress)  # after the model: a progress file names a saved one
+        (state_dir / f"task-{task - 1}.safetensors").unlink(missing_ok=True)
+        shutil.rmtree(run_dir, ignore_errors=True)
+    matrix = accuracy_matrix(progress["rows"], names)
+    result = {
+        "method": method,
+        "seed": seed,
+        "lr": lr,
+        "tasks": tasks,
+        "scale_growth": cfg.sequence.scale_growth if grows_per_task(cfg, method) else "once",
+        "trainable": progress["parameters"][-1]["trainable"],
+        "parameters": progress["parameters"],
+        "seconds": progress["seconds"],
+        "curve": progress["curve"],
+        "rows": progress["rows"],
+        "matrix": matrix,
+        "metrics": continual_metrics(matrix),
+    }
+    write_json(result_path, result)
+    shutil.rmtree(state_dir, ignore_errors=True)  # finished: nothing to resume
+    return result
+
+
+def _read_progress(state_dir: Path) -> dict[str, Any]:
+    path = state_dir / PROGRESS_FILE
+    if path.is_file():
+        return json.loads(path.read_text())
+    return {"tasks_done": 0, "rows": [], "curve": [], "parameters": [], "seconds": 0.0}
+
+
+__all__ = ["grows_per_task", "run_sequence", "task_names"]

@@ -1,0 +1,169 @@
+"""The biography benchmark as a sequence of tasks (issue 29): the cohorts, the metrics' definitions, a micro run of
+each strategy end to end (matrix, growth, figures), resuming a killed sequence bitwise, and the refusals."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from safetensors.torch import load_file
+
+import scale_cl.experiments.bio.sequence as sequence
+from scale_cl.data import splits
+from scale_cl.eval.continual import accuracy_matrix, continual_metrics
+from scale_cl.experiments.bio import pipeline
+from scale_cl.experiments.bio.config import BioConfig, preset
+from scale_cl.experiments.overrides import apply_overrides
+from scale_cl.experiments.sweep.experiments import BioExperiment
+
+TASKS = 3
+
+
+def micro_sequence(**overrides) -> BioConfig:
+    """The micro preset as a sequence of `TASKS` tasks of 6 steps; ``overrides`` by dotted name."""
+    nested: dict = {}
+    for name, value in {"sequence.tasks": TASKS, "task1.max_steps": 6, **overrides}.items():
+        *sections, key = name.split(".")
+        place = nested
+        for section in sections:
+            place = place.setdefault(section, {})
+        place[key] = value
+    return apply_overrides(preset("micro"), nested)
+
+
+def test_cohorts_follow_task1_and_shrink_past_five():
+    one, five = splits(200), splits(200, 5)
+    assert one["task1"] == five["task1"] == range(100, 120)
+    assert [five[f"task{j}"] for j in range(1, 6)] == [range(100 + 20 * j, 120 + 20 * j) for j in range(5)]
+    seven = splits(200, 7)
+    assert [len(seven[f"task{j}"]) for j in range(1, 8)] == [14] * 7 and seven["task7"].stop <= 200
+    assert {k: one[k] for k in ("pretrain", "task0_train", "task0_test")} == {
+        k: seven[k] for k in ("pretrain", "task0_train", "task0_test")
+    }
+    with pytest.raises(ValueError, match="101 tasks of new people do not fit 200 people"):
+        splits(200, 101)
+
+
+def test_metrics_are_the_standard_definitions():
+    """A 3-task example worked by hand (rows: after task i; columns: task j)."""
+    matrix = [
+        [0.8, 0.1, 0.0],
+        [0.6, 0.9, 0.2],
+        [0.5, 0.7, 0.95],
+    ]
+    metrics = continual_metrics(matrix)
+    assert metrics["acc"] == pytest.approx((0.5 + 0.7 + 0.95) / 3)
+    assert metrics["bwt"] == pytest.approx(((0.5 - 0.8) + (0.7 - 0.9)) / 2)
+    assert metrics["fwt"] == pytest.approx(((0.1 - 0.1) + (0.2 - 0.0)) / 2)
+    assert metrics["forgetting_per_task"] == pytest.approx([0.8 - 0.5, 0.9 - 0.7])
+    assert metrics["forgetting"] == pytest.approx(0.25) and metrics["max_forgetting"] == pytest.approx(0.3)
+    names = ("task0", "task1", "task2")
+    rows = [{name: {"overall": value} for name, value in zip(names, row, strict=True)} for row in matrix]
+    assert accuracy_matrix(rows, ["task0", "task1", "task2"]) == matrix
+    with pytest.raises(ValueError, match="one row per task"):
+        accuracy_matrix(rows[:2], ["task0", "task1", "task2"])
+    with pytest.raises(ValueError, match="square accuracy matrix"):
+        continual_metrics([[1.0, 0.5]])
+
+
+@pytest.fixture(scope="module")
+def per_task(tmp_path_factory) -> tuple[Path, dict]:
+    out = tmp_path_factory.mktemp("bio-sequence") / "per-task"
+    cfg = micro_sequence(**{"sequence.scale_growth": "per_task", "methods": ["fft", "scale_preserve", "lora"]})
+    return out, pipeline.run_bio(cfg, out)
+
+
+def test_a_sequence_reports_the_matrix_metrics_and_figures(per_task):
+    out, results = per_task
+    for method, summary in results["methods"].items():
+        run = summary["runs"][0]
+        assert len(run["matrix"]) == TASKS + 1 and all(len(row) == TASKS + 1 for row in run["matrix"])
+        assert run["metrics"] == continual_metrics(run["matrix"])
+        assert [record["task"] for record in run["curve"]].count(TASKS) > 1
+        steps = [record["step"] for record in run["curve"]]
+        assert steps == sorted(steps) and steps[-1] == TASKS * 6  # one step count over the whole sequence
+        # row i is the evaluation that ended task i
+        ends = [r for r in run["curve"] if r["task_step"] == 6]
+        assert [row["task1"] for row in run["rows"][1:]] == [r["task1"] for r in ends]
+        assert f"{method} (growth: {run['scale_growth']})" in (out / "results.md").read_text()
+    for figure in ("matrix.png", "sequence.png"):
+        assert (out / figure).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert not (out / "accuracy.png").exists()
+    assert not list(out.glob("seed-0/*.tasks"))  # finished: no resume state left
+
+
+def test_per_task_growth_grows_scale_and_only_scale(per_task):
+    _, results = per_task
+    growth = {m: [p["total"] for p in r["runs"][0]["parameters"]] for m, r in results["methods"].items()}
+    assert growth["fft"][0] == growth["fft"][-1] and growth["lora"][0] == growth["lora"][-1]
+    assert growth["scale_preserve"][0] < growth["scale_preserve"][1] < growth["scale_preserve"][2]
+    assert results["methods"]["scale_preserve"]["runs"][0]["scale_growth"] == "per_task"
+    assert results["methods"]["fft"]["runs"][0]["scale_growth"] == "once"
+
+
+def test_a_killed_sequence_resumes_to_the_same_result(per_task, tmp_path, monkeypatch):
+    """Killed during task 3 (after task 2 was saved): the re-run rebuilds the model (grown twice), loads its state
+    and ends with bitwise the uninterrupted run's rows."""
+    reference, _ = per_task
+    cfg = micro_sequence(**{"sequence.scale_growth": "per_task", "methods": ["scale_preserve", "fft"]})
+    real, calls = sequence.train_model, []
+
+    def dies_in_task_3(model, dataset, args, **kwargs):
+        calls.append(kwargs["run_info"]["task"])
+        if kwargs["run_info"]["task"] == 3 and calls.count(3) == 1:
+            raise KeyboardInterrupt
+        return real(model, dataset, args, **kwargs)
+
+    monkeypatch.setattr(sequence, "train_model", dies_in_task_3)
+    out = tmp_path / "run"
+    with pytest.raises(KeyboardInterrupt):
+        pipeline.run_bio(cfg, out)
+    state = out / "seed-0" / "scale_preserve.tasks"
+    assert json.loads((state / "progress.json").read_text())["tasks_done"] == 2
+    assert set(load_file(state / "task-2.safetensors")) and not (state / "task-1.safetensors").exists()
+    pipeline.run_bio(cfg, out)
+    assert calls == [1, 2, 3, 3, 1, 2, 3]  # the re-run trains task 3 only, then fft's whole sequence
+    for method in cfg.methods:
+        got = json.loads((out / "seed-0" / f"{method}.json").read_text())
+        want = json.loads((reference / "seed-0" / f"{method}.json").read_text())
+        assert got["rows"] == want["rows"] and got["parameters"] == want["parameters"]
+
+
+def test_a_sequence_trains_every_task_and_keeps_earlier_stages_frozen(tmp_path, monkeypatch):
+    """Each task moves what the method trains; under per-task growth an earlier stage's weights never move again."""
+    cfg = micro_sequence(**{"sequence.scale_growth": "per_task", "methods": ["scale_adapt"]})
+    real, seen = sequence.train_model, []
+
+    def watched(model, dataset, args, **kwargs):
+        before = {n: p.detach().clone() for n, p in model.named_parameters()}
+        trainer = real(model, dataset, args, **kwargs)
+        moved = {n for n, p in model.named_parameters() if not p.detach().equal(before[n])}
+        trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+        seen.append((moved, trainable, set(before)))
+        return trainer
+
+    monkeypatch.setattr(sequence, "train_model", watched)
+    pipeline.run_bio(cfg, tmp_path / "run")
+    assert len(seen) == TASKS
+    for task, (moved, trainable, names) in enumerate(seen, start=1):
+        assert moved and moved <= trainable
+        earlier_norms = {n for n in names if ".inner." in n}  # each earlier stage's norm gains, kept inside
+        assert bool(earlier_norms) == (task > 1) and not earlier_norms & moved
+        merged = {n for n in names if n.endswith("query_key_value.weight")}  # the original W, then merged stages
+        assert merged and not merged & moved
+
+
+def test_sequence_refusals_before_anything_is_written(tmp_path):
+    for overrides, message in (
+        ({"sequence.scale_growth": "per_task", "methods": ["scale_route"]}, "cannot grow scale_route"),
+        ({"task1.replay_ratio": 0.25}, "does not take task1.replay_ratio"),
+        ({"options.distill_weight": 1.0, "methods": ["scale_preserve"]}, "does not take options.distill_weight"),
+        ({"sequence.tasks": 61}, "61 tasks of new people do not fit 120 people"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            pipeline.run_bio(micro_sequence(**overrides), tmp_path / "run")
+        assert not (tmp_path / "run").exists()
+    cfg = micro_sequence()
+    with pytest.raises(ValueError, match="sweep bio does not run a sequence of tasks yet"):
+        BioExperiment(cfg).validate(cfg)
