@@ -12,9 +12,9 @@ from transformers import LlamaForCausalLM
 from conftest import tiny_llama_config
 from scale_cl import ScaleConfig, upscale
 from scale_cl.bench import BenchConfig
-from scale_cl.bench.measure import forward_flops_per_token, train_flops_per_token
 from scale_cl.bench.report import RATIO_METRICS, evaluate_targets
 from scale_cl.cli import main, parse_settings
+from scale_cl.eval.cost import forward_flops_per_token, train_flops_per_token
 from scale_cl.layers import ScaleLinear
 from scale_cl.methods import METHOD_NAMES
 

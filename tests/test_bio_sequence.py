@@ -93,11 +93,18 @@ def test_a_sequence_reports_the_matrix_metrics_and_figures(per_task):
     assert not list(out.glob("seed-0/*.tasks"))  # finished: no resume state left
 
 
-def test_per_task_growth_grows_scale_and_only_scale(per_task):
+def test_per_task_growth_grows_scale_and_only_scale_and_its_cost(per_task):
     _, results = per_task
     growth = {m: [p["total"] for p in r["runs"][0]["parameters"]] for m, r in results["methods"].items()}
     assert growth["fft"][0] == growth["fft"][-1] and growth["lora"][0] == growth["lora"][-1]
     assert growth["scale_preserve"][0] < growth["scale_preserve"][1] < growth["scale_preserve"][2]
+    flops = {
+        m: [p["inference_flops_per_token"] for p in r["runs"][0]["parameters"]] for m, r in results["methods"].items()
+    }
+    assert flops["fft"][0] == flops["fft"][-1] and flops["scale_preserve"][0] < flops["scale_preserve"][-1]
+    for method, summary in results["methods"].items():
+        for cost in summary["runs"][0]["parameters"]:
+            assert cost["train_flops_per_token"] > cost["inference_flops_per_token"] > 0, method
     assert results["methods"]["scale_preserve"]["runs"][0]["scale_growth"] == "per_task"
     assert results["methods"]["fft"]["runs"][0]["scale_growth"] == "once"
 

@@ -10,18 +10,12 @@ import torch
 from tqdm.auto import tqdm
 
 from scale_cl.bench.config import BenchConfig
-from scale_cl.bench.measure import (
-    forward_flops_per_token,
-    interleaved_inference,
-    interleaved_training,
-    median,
-    state_bytes,
-    train_flops_per_token,
-)
+from scale_cl.bench.measure import interleaved_inference, interleaved_training, median, state_bytes
 from scale_cl.bench.memory import MIB, release_memory, run_child
 from scale_cl.bench.report import add_ratios, evaluate_targets, machine_info, write_results
 from scale_cl.bench.setup import build_method, describe, method_options, scale_configs
 from scale_cl.bench.shapes import SHAPES, Shape, build_base, parameter_count
+from scale_cl.eval.cost import forward_flops_per_token, train_flops_per_token
 from scale_cl.methods import trainable_parameter_count
 
 

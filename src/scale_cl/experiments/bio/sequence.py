@@ -27,6 +27,7 @@ from safetensors.torch import load_model, save_model
 from transformers import GPTNeoXForCausalLM
 
 from scale_cl.eval.continual import accuracy_matrix, continual_metrics
+from scale_cl.eval.cost import forward_flops_per_token, train_flops_per_token
 from scale_cl.experiments.bio.config import BioConfig
 from scale_cl.experiments.bio.datasets import PadCollator
 from scale_cl.experiments.bio.pipeline import CHECKPOINT_MINUTES, CHECKPOINTS_KEPT, BioData, evaluate_tasks
@@ -76,8 +77,6 @@ def run_sequence(
     initial: dict[str, Any] | None = None,
 ) -> dict:
     """Tasks 1..T for one method (see module doc): returns (and caches) its curve, matrix and metrics."""
-    from scale_cl.methods import trainable_parameter_count
-
     result_path = out / f"seed-{seed}" / f"{method}.json"
     if result_path.is_file():
         return json.loads(result_path.read_text())
@@ -99,8 +98,8 @@ def run_sequence(
     for task in range(done + 1, tasks + 1):
         if task > 1 and grows_per_task(cfg, method):
             model = _grow(cfg, model, method, seed, task)
-        trainable = trainable_parameter_count(model)
-        total = sum(p.numel() for p in model.parameters())
+        cost = task_cost(model, data)
+        trainable, total = cost["trainable"], cost["total"]
         print(f"[bio] seed {seed}, {method}: task {task}/{tasks}, lr {lr:g}, {trainable:,} trainable of {total:,}")
         tracker = PeriodicEval(
             lambda m: evaluate_tasks(m, data),
@@ -132,7 +131,7 @@ def run_sequence(
             for record in tracker.records
         ]
         progress["rows"].append({k: v for k, v in tracker.records[-1].items() if k not in RECORD_KEYS})
-        progress["parameters"].append({"task": task, "trainable": trainable, "total": total})
+        progress["parameters"].append({"task": task, **cost})
         atomic_write(state_dir / f"task-{task}.safetensors", lambda path, m=model: save_model(m, path))
         progress["tasks_done"] = task
         write_json(state_dir / PROGRESS_FILE, progress)  # after the model: a progress file names a saved one
@@ -156,6 +155,26 @@ def run_sequence(
     write_json(result_path, result)
     shutil.rmtree(state_dir, ignore_errors=True)  # finished: nothing to resume
     return result
+
+
+COST_TOKENS = 64  # the pre-training text's first tokens: one sequence every method's cost is counted on
+
+
+def task_cost(model: torch.nn.Module, data: BioData) -> dict[str, Any]:
+    """What the model a task trains costs: its parameters (all, trainable) and the FLOPs per token of a training step
+    and of inference, counted on one sequence of `COST_TOKENS` tokens (`scale_cl.eval.cost`: exact op counts)."""
+    from scale_cl.methods import trainable_parameter_count
+
+    ids = torch.tensor([data.pretrain[0]["input_ids"][:COST_TOKENS]])
+    was_training = model.training
+    cost = {
+        "trainable": trainable_parameter_count(model),
+        "total": sum(p.numel() for p in model.parameters()),
+        "train_flops_per_token": train_flops_per_token(model, ids),
+        "inference_flops_per_token": forward_flops_per_token(model, ids),
+    }
+    model.train(was_training)
+    return cost
 
 
 def _read_progress(state_dir: Path) -> dict[str, Any]:

@@ -69,6 +69,20 @@ def sequence_markdown(methods: dict[str, Any]) -> str:
             f"| {name} | {s['scale_growth']} | " + " | ".join(cells) + f" | {params['total']:,} "
             f"({params['trainable']:,} trainable) |"
         )
+    lines += [
+        "",
+        f"Cost at Task 1 and at Task {tasks} (the model each trains; FLOPs per token counted on one 64-token "
+        "sequence, a training step's forward and backward and inference's forward):",
+        "",
+        "| method | growth | parameters | trainable | training MFLOPs/token | inference MFLOPs/token |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, s in sequences.items():
+        cells = [_first_to_last(s["parameters"], key) for key in ("total", "trainable")]
+        cells += [
+            _first_to_last(s["parameters"], key, 1e6) for key in ("train_flops_per_token", "inference_flops_per_token")
+        ]
+        lines.append(f"| {name} | {s['scale_growth']} | " + " | ".join(cells) + " |")
     for name, s in sequences.items():
         header = ["Task 0", *(f"Task {j}" for j in range(1, tasks + 1))]
         lines += ["", f"{name} (growth: {s['scale_growth']}):", "", "| after | " + " | ".join(header) + " |"]
@@ -77,6 +91,12 @@ def sequence_markdown(methods: dict[str, Any]) -> str:
             label = "Task 0 (start)" if i == 0 else f"Task {i}"
             lines.append(f"| {label} | " + " | ".join(f"{100 * v:.1f}" for v in row) + " |")
     return "\n".join(lines) + "\n"
+
+
+def _first_to_last(costs: list[dict[str, Any]], key: str, unit: float | None = None) -> str:
+    """``first -> last`` of one cost over the sequence: counts whole, FLOPs in ``unit``s with two decimals."""
+    first, last = costs[0][key], costs[-1][key]
+    return f"{first:,} -> {last:,}" if unit is None else f"{first / unit:,.2f} -> {last / unit:,.2f}"
 
 
 def plot_matrices(methods: dict[str, Any], path: Path) -> None:
