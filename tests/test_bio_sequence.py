@@ -70,7 +70,7 @@ def test_metrics_are_the_standard_definitions():
 @pytest.fixture(scope="module")
 def per_task(tmp_path_factory) -> tuple[Path, dict]:
     out = tmp_path_factory.mktemp("bio-sequence") / "per-task"
-    cfg = micro_sequence(**{"sequence.scale_growth": "per_task", "methods": ["fft", "scale_preserve", "lora"]})
+    cfg = micro_sequence(**{"sequence.growth": "per_task", "methods": ["fft", "scale_preserve", "lora"]})
     return out, pipeline.run_bio(cfg, out)
 
 
@@ -86,18 +86,19 @@ def test_a_sequence_reports_the_matrix_metrics_and_figures(per_task):
         # row i is the evaluation that ended task i
         ends = [r for r in run["curve"] if r["task_step"] == 6]
         assert [row["task1"] for row in run["rows"][1:]] == [r["task1"] for r in ends]
-        assert f"{method} (growth: {run['scale_growth']})" in (out / "results.md").read_text()
+        assert f"{method} (growth: {run['growth']})" in (out / "results.md").read_text()
     for figure in ("matrix.png", "sequence.png"):
         assert (out / figure).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert not (out / "accuracy.png").exists()
     assert not list(out.glob("seed-0/*.tasks"))  # finished: no resume state left
 
 
-def test_per_task_growth_grows_scale_and_only_scale_and_its_cost(per_task):
+def test_per_task_growth_grows_scale_and_lora_and_their_cost(per_task):
     _, results = per_task
     growth = {m: [p["total"] for p in r["runs"][0]["parameters"]] for m, r in results["methods"].items()}
-    assert growth["fft"][0] == growth["fft"][-1] and growth["lora"][0] == growth["lora"][-1]
+    assert growth["fft"][0] == growth["fft"][-1]
     assert growth["scale_preserve"][0] < growth["scale_preserve"][1] < growth["scale_preserve"][2]
+    assert growth["lora"][0] < growth["lora"][-1]  # a stacked adapter per task
     flops = {
         m: [p["inference_flops_per_token"] for p in r["runs"][0]["parameters"]] for m, r in results["methods"].items()
     }
@@ -105,32 +106,34 @@ def test_per_task_growth_grows_scale_and_only_scale_and_its_cost(per_task):
     for method, summary in results["methods"].items():
         for cost in summary["runs"][0]["parameters"]:
             assert cost["train_flops_per_token"] > cost["inference_flops_per_token"] > 0, method
-    assert results["methods"]["scale_preserve"]["runs"][0]["scale_growth"] == "per_task"
-    assert results["methods"]["fft"]["runs"][0]["scale_growth"] == "once"
+    assert results["methods"]["scale_preserve"]["runs"][0]["growth"] == "per_task"
+    assert results["methods"]["fft"]["runs"][0]["growth"] == "once"
 
 
 def test_a_killed_sequence_resumes_to_the_same_result(per_task, tmp_path, monkeypatch):
     """Killed during task 3 (after task 2 was saved): the re-run rebuilds the model (grown twice), loads its state
     and ends with bitwise the uninterrupted run's rows."""
     reference, _ = per_task
-    cfg = micro_sequence(**{"sequence.scale_growth": "per_task", "methods": ["scale_preserve", "fft"]})
+    cfg = micro_sequence(**{"sequence.growth": "per_task", "methods": ["scale_preserve", "lora", "fft"]})
     real, calls = sequence.train_model, []
 
-    def dies_in_task_3(model, dataset, args, **kwargs):
-        calls.append(kwargs["run_info"]["task"])
-        if kwargs["run_info"]["task"] == 3 and calls.count(3) == 1:
+    def dies_in_task_3(model, dataset, args, **kwargs):  # once for SCALE (grown twice), once for LoRA (3 adapters)
+        calls.append((kwargs["run_info"]["method"], kwargs["run_info"]["task"]))
+        if calls[-1][1] == 3 and calls.count(calls[-1]) == 1 and calls[-1][0] != "fft":
             raise KeyboardInterrupt
         return real(model, dataset, args, **kwargs)
 
     monkeypatch.setattr(sequence, "train_model", dies_in_task_3)
     out = tmp_path / "run"
-    with pytest.raises(KeyboardInterrupt):
-        pipeline.run_bio(cfg, out)
-    state = out / "seed-0" / "scale_preserve.tasks"
-    assert json.loads((state / "progress.json").read_text())["tasks_done"] == 2
-    assert set(load_file(state / "task-2.safetensors")) and not (state / "task-1.safetensors").exists()
+    for method in ("scale_preserve", "lora"):  # killed in one, the next run finishes it and is killed in the other
+        with pytest.raises(KeyboardInterrupt):
+            pipeline.run_bio(cfg, out)
+        state = out / "seed-0" / f"{method}.tasks"
+        assert json.loads((state / "progress.json").read_text())["tasks_done"] == 2
+        assert set(load_file(state / "task-2.safetensors")) and not (state / "task-1.safetensors").exists()
     pipeline.run_bio(cfg, out)
-    assert calls == [1, 2, 3, 3, 1, 2, 3]  # the re-run trains task 3 only, then fft's whole sequence
+    trained = [("scale_preserve", t) for t in (1, 2, 3, 3)] + [("lora", t) for t in (1, 2, 3, 3)]
+    assert calls == trained + [("fft", t) for t in (1, 2, 3)]  # each re-run trains task 3 only
     for method in cfg.methods:
         got = json.loads((out / "seed-0" / f"{method}.json").read_text())
         want = json.loads((reference / "seed-0" / f"{method}.json").read_text())
@@ -139,7 +142,7 @@ def test_a_killed_sequence_resumes_to_the_same_result(per_task, tmp_path, monkey
 
 def test_a_sequence_trains_every_task_and_keeps_earlier_stages_frozen(tmp_path, monkeypatch):
     """Each task moves what the method trains; under per-task growth an earlier stage's weights never move again."""
-    cfg = micro_sequence(**{"sequence.scale_growth": "per_task", "methods": ["scale_adapt"]})
+    cfg = micro_sequence(**{"sequence.growth": "per_task", "methods": ["scale_adapt"]})
     real, seen = sequence.train_model, []
 
     def watched(model, dataset, args, **kwargs):
@@ -161,9 +164,38 @@ def test_a_sequence_trains_every_task_and_keeps_earlier_stages_frozen(tmp_path, 
         assert merged and not merged & moved
 
 
+@pytest.mark.parametrize("kind", ("stacked", "merged"))
+def test_lora_adds_an_adapter_per_task(kind, tmp_path, monkeypatch):
+    """Stacked: each task trains only its own adapter, the earlier ones act and stay frozen (inference FLOPs grow);
+    merged: the finished adapter is merged into the weights and a fresh one trains (parameters stay the same)."""
+    cfg = micro_sequence(**{"sequence.growth": "per_task", "sequence.lora_per_task": kind, "methods": ["lora"]})
+    real, seen = sequence.train_model, []
+
+    def watched(model, dataset, args, **kwargs):
+        before = {n: p.detach().clone() for n, p in model.named_parameters()}
+        trainer = real(model, dataset, args, **kwargs)
+        seen.append({n for n, p in model.named_parameters() if not p.detach().equal(before[n])})
+        return trainer
+
+    monkeypatch.setattr(sequence, "train_model", watched)
+    results = pipeline.run_bio(cfg, tmp_path / "run")
+    run = results["methods"]["lora"]["runs"][0]
+    costs = run["parameters"]
+    assert run["growth"] == f"per_task ({kind})"
+    if kind == "stacked":
+        for task, moved in enumerate(seen, start=1):
+            adapter = "default" if task == 1 else f"task{task}"
+            assert moved and all(f".{adapter}." in name for name in moved), (task, sorted(moved)[:3])
+        assert costs[0]["total"] < costs[1]["total"] < costs[2]["total"]
+        assert costs[0]["inference_flops_per_token"] < costs[2]["inference_flops_per_token"]
+    else:
+        assert all(moved and all(".default." in name for name in moved) for moved in seen)
+        assert costs[0]["total"] == costs[2]["total"] and costs[0]["trainable"] == costs[2]["trainable"]
+
+
 def test_sequence_refusals_before_anything_is_written(tmp_path):
     for overrides, message in (
-        ({"sequence.scale_growth": "per_task", "methods": ["scale_route"]}, "cannot grow scale_route"),
+        ({"sequence.growth": "per_task", "methods": ["scale_route"]}, "cannot grow scale_route"),
         ({"task1.replay_ratio": 0.25}, "does not take task1.replay_ratio"),
         ({"options.distill_weight": 1.0, "methods": ["scale_preserve"]}, "does not take options.distill_weight"),
         ({"sequence.tasks": 61}, "61 tasks of new people do not fit 120 people"),

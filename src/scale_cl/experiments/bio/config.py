@@ -169,7 +169,8 @@ class Task1Config(MethodStageConfig):
             )
 
 
-SCALE_GROWTHS = ("once", "per_task")
+GROWTHS = ("once", "per_task")
+LORA_PER_TASK = ("stacked", "merged")
 
 
 @dataclass
@@ -188,20 +189,30 @@ class SequenceConfig:
             "gain the accuracy matrix, ACC, BWT, FWT and forgetting",
         },
     )
-    scale_growth: str = field(
+    growth: str = field(
         default="once",
         metadata={
-            "help": "SCALE methods in a sequence: 'once' (the blocks added before Task 1 keep training) or "
-            "'per_task' (grown again before every later task, everything trained so far frozen); not with "
-            "scale_route, which cannot be frozen into a base",
-            "choices": SCALE_GROWTHS,
+            "help": "SCALE methods and LoRA in a sequence: 'once' (what was added before Task 1 keeps training) or "
+            "'per_task' (SCALE grown again before every later task, everything trained so far frozen; LoRA a new "
+            "adapter per task, see lora_per_task); not with scale_route, which cannot be frozen into a base",
+            "choices": GROWTHS,
+        },
+    )
+    lora_per_task: str = field(
+        default="stacked",
+        metadata={
+            "help": "LoRA with growth per_task: 'stacked' (each finished adapter frozen and kept beside the new one) "
+            "or 'merged' (merged into the weights before the next adapter)",
+            "choices": LORA_PER_TASK,
         },
     )
 
     def __post_init__(self) -> None:
         check_fields(self)
-        if self.scale_growth not in SCALE_GROWTHS:
-            raise ValueError(f"sequence.scale_growth must be one of {SCALE_GROWTHS}, got {self.scale_growth!r}")
+        if self.growth not in GROWTHS:
+            raise ValueError(f"sequence.growth must be one of {GROWTHS}, got {self.growth!r}")
+        if self.lora_per_task not in LORA_PER_TASK:
+            raise ValueError(f"sequence.lora_per_task must be one of {LORA_PER_TASK}, got {self.lora_per_task!r}")
 
 
 @dataclass

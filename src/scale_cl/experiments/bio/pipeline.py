@@ -477,10 +477,10 @@ def _validate_sequence(cfg: BioConfig) -> None:
     given = [name for name, value in unsupported.items() if value]
     if given:
         raise ValueError(f"sequence.tasks={cfg.sequence.tasks} does not take {', '.join(given)} yet: set them off")
-    if cfg.sequence.scale_growth == "per_task" and "scale_route" in cfg.methods:
+    if cfg.sequence.growth == "per_task" and "scale_route" in cfg.methods:
         raise ValueError(
-            "sequence.scale_growth per_task cannot grow scale_route: a Route model routes each token between two "
-            "paths of the same weights, which no frozen base computes; run scale_route with scale_growth once"
+            "sequence.growth per_task cannot grow scale_route: a Route model routes each token between two "
+            "paths of the same weights, which no frozen base computes; run scale_route with growth once"
         )
 
 

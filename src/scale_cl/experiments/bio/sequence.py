@@ -2,9 +2,11 @@
 people in turn, the same QA format each time; after each task every earlier task is measured (the accuracy
 matrix, `scale_cl.eval.continual`).
 
-Each method trains one model through the whole sequence: FFT, Freeze, LoRA and LLaMA Pro keep training what they
-train; a SCALE method either keeps training the blocks it added before Task 1 (``scale_growth once``) or is grown
-again before every later task (``per_task``: everything trained so far becomes the frozen base, `scale_cl.grow`).
+Each method trains one model through the whole sequence: FFT, Freeze and LLaMA Pro keep training what they train;
+a SCALE method either keeps training the blocks it added before Task 1 (``growth once``) or is grown again before
+every later task (``per_task``: everything trained so far becomes the frozen base, `scale_cl.grow`), and LoRA
+likewise keeps its adapter or adds one per task (stacked beside the frozen earlier ones, or after merging them into
+the weights: ``lora_per_task``).
 Every task trains as Task 1 does (``task1.*``: the method's rate, steps and evaluation schedule).
 
 Resumable per task: after each task the model's whole state (safetensors) and the results so far are saved under
@@ -15,6 +17,7 @@ does).
 
 from __future__ import annotations
 
+import copy
 import json
 import shutil
 import time
@@ -46,9 +49,18 @@ def task_names(tasks: int) -> list[str]:
 
 
 def grows_per_task(cfg: BioConfig, method: str) -> bool:
+    """Whether ``method`` adds to the model before every later task: a SCALE method (grown again) or LoRA (a new
+    adapter), with ``sequence.growth per_task``."""
     from scale_cl.methods import method_spec
 
-    return cfg.sequence.scale_growth == "per_task" and method_spec(method).is_scale
+    return cfg.sequence.growth == "per_task" and (method_spec(method).is_scale or method == "lora")
+
+
+def growth_label(cfg: BioConfig, method: str) -> str:
+    """How ``method``'s model changes between tasks, for the report."""
+    if not grows_per_task(cfg, method):
+        return "once"
+    return f"per_task ({cfg.sequence.lora_per_task})" if method == "lora" else "per_task"
 
 
 def _start_model(cfg: BioConfig, task0_dir: Path, method: str, seed: int) -> torch.nn.Module:
@@ -59,12 +71,22 @@ def _start_model(cfg: BioConfig, task0_dir: Path, method: str, seed: int) -> tor
 
 
 def _grow(cfg: BioConfig, model: torch.nn.Module, method: str, seed: int, task: int) -> torch.nn.Module:
-    """Everything trained so far frozen into the base, and the stage's blocks added (`scale_cl.grow`)."""
+    """What ``method`` adds before ``task`` (>= 2) with ``growth per_task``: SCALE grows again, everything trained so
+    far frozen into the base (`scale_cl.grow`); LoRA a new adapter, the finished ones frozen beside it (stacked) or
+    merged into the weights first (merged)."""
     from scale_cl import upscale
-    from scale_cl.methods import method_spec
+    from scale_cl.methods import method_spec, prepare
 
-    stage = cfg.options.scale_config(method_spec(method).scale_method, seed + task - 1)
-    return upscale(model, stage)
+    if method != "lora":
+        return upscale(model, cfg.options.scale_config(method_spec(method).scale_method, seed + task - 1))
+    if cfg.sequence.lora_per_task == "merged":
+        return prepare(model.merge_and_unload(), method, **cfg.options.prepare_options(method, seed))
+    name = f"task{task}"
+    model.add_adapter(name, copy.deepcopy(model.peft_config["default"]))
+    model.base_model.set_adapter(list(model.peft_config))  # every adapter acts; PEFT makes them all trainable
+    for param_name, param in model.named_parameters():
+        param.requires_grad_(f".{name}." in param_name)
+    return model
 
 
 def run_sequence(
@@ -143,7 +165,7 @@ def run_sequence(
         "seed": seed,
         "lr": lr,
         "tasks": tasks,
-        "scale_growth": cfg.sequence.scale_growth if grows_per_task(cfg, method) else "once",
+        "growth": growth_label(cfg, method),
         "trainable": progress["parameters"][-1]["trainable"],
         "parameters": progress["parameters"],
         "seconds": progress["seconds"],
@@ -184,4 +206,4 @@ def _read_progress(state_dir: Path) -> dict[str, Any]:
     return {"tasks_done": 0, "rows": [], "curve": [], "parameters": [], "seconds": 0.0}
 
 
-__all__ = ["grows_per_task", "run_sequence", "task_names"]
+__all__ = ["grows_per_task", "growth_label", "run_sequence", "task_cost", "task_names"]

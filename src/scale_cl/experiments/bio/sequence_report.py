@@ -32,7 +32,7 @@ def sequence_summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
     per_seed = [continual_metrics(m) for m in matrices]
     return {
         "tasks": runs[0]["tasks"],
-        "scale_growth": runs[0]["scale_growth"],
+        "growth": runs[0]["growth"],
         "matrix": mean,
         "metrics": {key: _spread([metrics[key] for metrics in per_seed]) for key in METRICS},
         "forgetting_per_task": [
@@ -66,7 +66,7 @@ def sequence_markdown(methods: dict[str, Any]) -> str:
         cells = [_cell(s["metrics"][key]) for key in METRICS]
         params = s["parameters"][-1]
         lines.append(
-            f"| {name} | {s['scale_growth']} | " + " | ".join(cells) + f" | {params['total']:,} "
+            f"| {name} | {s['growth']} | " + " | ".join(cells) + f" | {params['total']:,} "
             f"({params['trainable']:,} trainable) |"
         )
     lines += [
@@ -82,10 +82,10 @@ def sequence_markdown(methods: dict[str, Any]) -> str:
         cells += [
             _first_to_last(s["parameters"], key, 1e6) for key in ("train_flops_per_token", "inference_flops_per_token")
         ]
-        lines.append(f"| {name} | {s['scale_growth']} | " + " | ".join(cells) + " |")
+        lines.append(f"| {name} | {s['growth']} | " + " | ".join(cells) + " |")
     for name, s in sequences.items():
         header = ["Task 0", *(f"Task {j}" for j in range(1, tasks + 1))]
-        lines += ["", f"{name} (growth: {s['scale_growth']}):", "", "| after | " + " | ".join(header) + " |"]
+        lines += ["", f"{name} (growth: {s['growth']}):", "", "| after | " + " | ".join(header) + " |"]
         lines.append("|---" * (len(header) + 1) + "|")
         for i, row in enumerate(s["matrix"]):
             label = "Task 0 (start)" if i == 0 else f"Task {i}"
@@ -114,7 +114,7 @@ def plot_matrices(methods: dict[str, Any], path: Path) -> None:
         for i, row in enumerate(matrix):
             for j, value in enumerate(row):
                 ax.text(j, i, f"{value:.0f}", ha="center", va="center", fontsize=7, color="w" if value < 60 else "k")
-        ax.set_title(f"{name} ({s['scale_growth']})", fontsize=9)
+        ax.set_title(f"{name} ({s['growth']})", fontsize=9)
         ax.set_xlabel("evaluated on task")
         ax.set_ylabel("after training task")
     fig.colorbar(image, ax=axes[0].tolist(), shrink=0.8, label="accuracy (%)")
