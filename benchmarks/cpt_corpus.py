@@ -2,7 +2,8 @@
 
 New domain: Korean prose (the language of the paper's CPT benchmark) from Debian documentation packages
 and KoNLPy's copy of the Constitution of the Republic of Korea. Old domain: English prose from the Debian
-Administrator's Handbook, for evaluation only. Every text is openly licensed; OUT/SOURCES.md records the
+Administrator's Handbook, for evaluation only. Issue 29's language sequence adds Chinese, Russian, Greek and German
+(`--corpora chinese,russian,greek,german`) from the same LibreOffice help, installation guide and FAQ packages. Every text is openly licensed; OUT/SOURCES.md records the
 package versions, files, licences and sizes.
 
     .venv/bin/python benchmarks/cpt_corpus.py --out outputs/corpora [--cache DIR] [--measure]
@@ -63,7 +64,7 @@ class Corpus:
     """A named corpus: its sources, the script its text must be in, and how it is split."""
 
     name: str
-    script: str  # "hangul" or "latin"
+    script: str  # "latin" or a key of SCRIPTS
     sources: list[Source]
     heldout: bool = True  # False: every document goes to eval.jsonl
     markers: frozenset[str] = frozenset()  # if set, a paragraph needs more of these words ...
@@ -212,6 +213,46 @@ CORPORA = [
         default=False,
     ),
 ]
+
+
+# Issue 29's language sequence after Korean: Chinese, Russian, Greek (three more scripts) and German (English's).
+SEQUENCE_CORPORA = [
+    Corpus(
+        name,
+        script,
+        [
+            Source(
+                "debian",
+                f"libreoffice-help-{lo.lower()}",
+                [f"*/help/{lo}/text/*.html"],
+                "MPL-2.0 (LibreOffice help; parts Apache-2.0)",
+                note="partly untranslated: only paragraphs mostly in the language's script are kept",
+            ),
+            Source("debian", "installation-guide-amd64", [f"*/installation-guide-amd64/{guide}/*.html"], "GPL-2.0"),
+            *(
+                [Source("debian", f"debian-faq-{faq}", [f"*/FAQ/{faq}/*.html"], "Debian FAQ licence (see korean)")]
+                if faq
+                else []
+            ),
+        ],
+        default=False,
+        note="issue 29's language sequence (`scale-cl cpt`, one language per task)",
+    )
+    for name, script, lo, guide, faq in (
+        ("chinese", "han", "zh-CN", "zh_CN", "zh-cn"),
+        ("russian", "cyrillic", "ru", "ru", "ru"),
+        ("greek", "greek", "el", "el", ""),
+    )
+]
+CORPORA += SEQUENCE_CORPORA
+# a script's letters, by code point ranges (Hangul syllables; CJK unified ideographs; Cyrillic; Greek and Coptic,
+# Greek extended); "latin" is ASCII letters
+SCRIPTS = {
+    "hangul": (("\uac00", "\ud7a3"),),
+    "han": (("\u4e00", "\u9fff"),),
+    "cyrillic": (("\u0400", "\u04ff"),),
+    "greek": (("\u0370", "\u03ff"), ("\u1f00", "\u1fff")),
+}
 
 
 def log(message: str) -> None:
@@ -372,13 +413,13 @@ def text_documents(text: str, split: str) -> list[list[str]]:
 
 
 def script_share(text: str, script: str) -> float:
-    """The share of a text's letters that are Hangul syllables ("hangul") or ASCII letters ("latin")."""
+    """The share of a text's letters that are in ``script`` (`SCRIPTS`), or ASCII letters ("latin")."""
     letters = [c for c in text if c.isalpha()]
     if not letters:
         return 0.0
-    if script == "hangul":
-        return sum("\uac00" <= c <= "\ud7a3" for c in letters) / len(letters)
-    return sum(c.isascii() for c in letters) / len(letters)
+    if script == "latin":
+        return sum(c.isascii() for c in letters) / len(letters)
+    return sum(any(low <= c <= high for low, high in SCRIPTS[script]) for c in letters) / len(letters)
 
 
 def keep_paragraph(para: str, source: Source, corpus: Corpus) -> bool:
