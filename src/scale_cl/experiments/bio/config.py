@@ -12,6 +12,7 @@ from typing import Any, ClassVar
 from scale_cl.bounds import check_fields
 from scale_cl.config import ScaleConfig
 from scale_cl.data import ATTRIBUTES
+from scale_cl.experiments.growth import GrowthSettings
 from scale_cl.experiments.settings import MethodSettings, MethodStageConfig
 from scale_cl.methods import METHOD_NAMES as ALL_METHODS
 from scale_cl.methods import check_methods
@@ -169,16 +170,10 @@ class Task1Config(MethodStageConfig):
             )
 
 
-GROWTHS = ("once", "per_task")
-LORA_PER_TASK = ("stacked", "merged")
-
-
 @dataclass
-class SequenceConfig:
+class SequenceConfig(GrowthSettings):
     """A sequence of new-people tasks after Task 0 (issue 29): each trained as Task 1 is, every task measured after
-    each."""
-
-    section: ClassVar[str] = "sequence."  # where its settings are given (messages name them so)
+    each; SCALE and LoRA grow once or per task (`scale_cl.experiments.growth`)."""
 
     tasks: int = field(
         default=1,
@@ -189,30 +184,6 @@ class SequenceConfig:
             "gain the accuracy matrix, ACC, BWT, FWT and forgetting",
         },
     )
-    growth: str = field(
-        default="once",
-        metadata={
-            "help": "SCALE methods and LoRA in a sequence: 'once' (what was added before Task 1 keeps training) or "
-            "'per_task' (SCALE grown again before every later task, everything trained so far frozen; LoRA a new "
-            "adapter per task, see lora_per_task); not with scale_route, which cannot be frozen into a base",
-            "choices": GROWTHS,
-        },
-    )
-    lora_per_task: str = field(
-        default="stacked",
-        metadata={
-            "help": "LoRA with growth per_task: 'stacked' (each finished adapter frozen and kept beside the new one) "
-            "or 'merged' (merged into the weights before the next adapter)",
-            "choices": LORA_PER_TASK,
-        },
-    )
-
-    def __post_init__(self) -> None:
-        check_fields(self)
-        if self.growth not in GROWTHS:
-            raise ValueError(f"sequence.growth must be one of {GROWTHS}, got {self.growth!r}")
-        if self.lora_per_task not in LORA_PER_TASK:
-            raise ValueError(f"sequence.lora_per_task must be one of {LORA_PER_TASK}, got {self.lora_per_task!r}")
 
 
 @dataclass

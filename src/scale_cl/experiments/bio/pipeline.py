@@ -477,11 +477,7 @@ def _validate_sequence(cfg: BioConfig) -> None:
     given = [name for name, value in unsupported.items() if value]
     if given:
         raise ValueError(f"sequence.tasks={cfg.sequence.tasks} does not take {', '.join(given)} yet: set them off")
-    if cfg.sequence.growth == "per_task" and "scale_route" in cfg.methods:
-        raise ValueError(
-            "sequence.growth per_task cannot grow scale_route: a Route model routes each token between two "
-            "paths of the same weights, which no frozen base computes; run scale_route with growth once"
-        )
+    cfg.sequence.check_methods(cfg.methods)
 
 
 def run_bio(cfg: BioConfig, out: Path, cache: Path | None = None) -> dict[str, Any]:

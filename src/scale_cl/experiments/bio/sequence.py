@@ -17,7 +17,6 @@ does).
 
 from __future__ import annotations
 
-import copy
 import json
 import shutil
 import time
@@ -48,45 +47,11 @@ def task_names(tasks: int) -> list[str]:
     return ["task0", *(f"task{j}" for j in range(1, tasks + 1))]
 
 
-def grows_per_task(cfg: BioConfig, method: str) -> bool:
-    """Whether ``method`` adds to the model before every later task: a SCALE method (grown again) or LoRA (a new
-    adapter), with ``sequence.growth per_task``."""
-    from scale_cl.methods import method_spec
-
-    return cfg.sequence.growth == "per_task" and (method_spec(method).is_scale or method == "lora")
-
-
-def growth_label(cfg: BioConfig, method: str) -> str:
-    """How ``method``'s model changes between tasks, for the report."""
-    if not grows_per_task(cfg, method):
-        return "once"
-    return f"per_task ({cfg.sequence.lora_per_task})" if method == "lora" else "per_task"
-
-
 def _start_model(cfg: BioConfig, task0_dir: Path, method: str, seed: int) -> torch.nn.Module:
     from scale_cl.methods import prepare
 
     model = GPTNeoXForCausalLM.from_pretrained(task0_dir)
     return prepare(model, method, **cfg.options.prepare_options(method, seed))
-
-
-def _grow(cfg: BioConfig, model: torch.nn.Module, method: str, seed: int, task: int) -> torch.nn.Module:
-    """What ``method`` adds before ``task`` (>= 2) with ``growth per_task``: SCALE grows again, everything trained so
-    far frozen into the base (`scale_cl.grow`); LoRA a new adapter, the finished ones frozen beside it (stacked) or
-    merged into the weights first (merged)."""
-    from scale_cl import upscale
-    from scale_cl.methods import method_spec, prepare
-
-    if method != "lora":
-        return upscale(model, cfg.options.scale_config(method_spec(method).scale_method, seed + task - 1))
-    if cfg.sequence.lora_per_task == "merged":
-        return prepare(model.merge_and_unload(), method, **cfg.options.prepare_options(method, seed))
-    name = f"task{task}"
-    model.add_adapter(name, copy.deepcopy(model.peft_config["default"]))
-    model.base_model.set_adapter(list(model.peft_config))  # every adapter acts; PEFT makes them all trainable
-    for param_name, param in model.named_parameters():
-        param.requires_grad_(f".{name}." in param_name)
-    return model
 
 
 def run_sequence(
@@ -103,6 +68,7 @@ def run_sequence(
     if result_path.is_file():
         return json.loads(result_path.read_text())
     tasks, names = cfg.sequence.tasks, task_names(cfg.sequence.tasks)
+    grows = cfg.sequence.grows(method)
     state_dir = result_path.with_suffix(".tasks")
     state_dir.mkdir(parents=True, exist_ok=True)
     progress = _read_progress(state_dir)
@@ -110,7 +76,7 @@ def run_sequence(
     model = _start_model(cfg, task0_dir, method, seed)
     if done:  # the model as the sequence built it, then its state after the last finished task
         for task in range(2, done + 1):
-            model = _grow(cfg, model, method, seed, task) if grows_per_task(cfg, method) else model
+            model = cfg.sequence.grow(model, method, cfg.options, seed, task) if grows else model
         load_model(model, state_dir / f"task-{done}.safetensors", strict=True)
     else:
         progress["rows"] = [initial if initial is not None else evaluate_tasks(model, data)]
@@ -118,8 +84,8 @@ def run_sequence(
     stage = replace(cfg.task1, lr=lr)
     collator = PadCollator(data.tokenizer.pad_token_id)
     for task in range(done + 1, tasks + 1):
-        if task > 1 and grows_per_task(cfg, method):
-            model = _grow(cfg, model, method, seed, task)
+        if task > 1 and grows:
+            model = cfg.sequence.grow(model, method, cfg.options, seed, task)
         cost = task_cost(model, data)
         trainable, total = cost["trainable"], cost["total"]
         print(f"[bio] seed {seed}, {method}: task {task}/{tasks}, lr {lr:g}, {trainable:,} trainable of {total:,}")
@@ -165,7 +131,7 @@ def run_sequence(
         "seed": seed,
         "lr": lr,
         "tasks": tasks,
-        "growth": growth_label(cfg, method),
+        "growth": cfg.sequence.label(method),
         "trainable": progress["parameters"][-1]["trainable"],
         "parameters": progress["parameters"],
         "seconds": progress["seconds"],
@@ -206,4 +172,4 @@ def _read_progress(state_dir: Path) -> dict[str, Any]:
     return {"tasks_done": 0, "rows": [], "curve": [], "parameters": [], "seconds": 0.0}
 
 
-__all__ = ["grows_per_task", "growth_label", "run_sequence", "task_cost", "task_names"]
+__all__ = ["run_sequence", "task_cost", "task_names"]
