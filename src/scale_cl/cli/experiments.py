@@ -56,7 +56,8 @@ def run_cpt_command(settings: CptCommand) -> int:
     results = run_cpt(settings.cpt, out)
     if process_state().is_main_process:
         print((out / "results.md").read_text())
-        print(f"[cpt] wrote {out / 'results.md'}, {out / 'results.json'}, {out / 'perplexity.png'}")
+        figures = "" if settings.cpt.sequence.then else f", {out / 'perplexity.png'}"
+        print(f"[cpt] wrote {out / 'results.md'}, {out / 'results.json'}{figures}")
     return 0 if results["methods"] else 1
 
 

@@ -14,6 +14,7 @@ from scale_cl.bounds import check_fields
 from scale_cl.config import ScaleConfig
 from scale_cl.data.corpus import CorpusConfig
 from scale_cl.experiments.base.name import CLEAN_EN
+from scale_cl.experiments.growth import GrowthSettings
 from scale_cl.experiments.settings import MethodSettings, MethodStageConfig
 from scale_cl.methods import METHOD_NAMES, check_methods
 from scale_cl.models import SMOLLM2
@@ -154,6 +155,38 @@ class CptDataConfig(CorpusConfig):
 
 
 @dataclass
+class CptSequenceConfig(GrowthSettings):
+    """A sequence of new domains (issue 29): ``data.train`` first, then each of ``then`` in turn, every domain's
+    held-out split and the old-domain sets measured after each; SCALE and LoRA grow once or per task
+    (`scale_cl.experiments.growth`)."""
+
+    first: str = field(default="new", metadata={"help": "with sequence.then: the name of data.train's domain (task 1)"})
+    then: list[str] = field(
+        default_factory=list,
+        metadata={
+            "help": "later tasks, in order, each NAME=SOURCE (a file or glob as data.train takes; held out by "
+            "data.heldout_fraction as data.train is), each trained as data.train is (train.*); empty = one task"
+        },
+    )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.then = list(self.then)
+        names = [self.first, *(item.partition("=")[0] for item in self.then)]
+        bad = [
+            item for item in self.then if "=" not in item or not item.partition("=")[0] or not item.partition("=")[2]
+        ]
+        if bad:
+            raise ValueError(f"sequence.then entries must be NAME=SOURCE, got {bad}")
+        if len(set(names)) != len(names):
+            raise ValueError(f"sequence.first and sequence.then need distinct names, got {names}")
+
+    def tasks(self) -> list[tuple[str, str | None]]:
+        """(name, source) of every task in order; the first's source is data.train (None here)."""
+        return [(self.first, None), *((name, source) for name, _, source in (t.partition("=") for t in self.then))]
+
+
+@dataclass
 class CptConfig:
     """Every setting of one continual pre-training run (all its methods)."""
 
@@ -172,6 +205,7 @@ class CptConfig:
     data: CptDataConfig = field(default_factory=CptDataConfig)
     train: CptTrainConfig = field(default_factory=CptTrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    sequence: CptSequenceConfig = field(default_factory=CptSequenceConfig)
     options: MethodSettings = field(default_factory=MethodSettings)
 
     def __post_init__(self) -> None:

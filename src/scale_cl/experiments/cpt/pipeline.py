@@ -470,6 +470,10 @@ def run_cpt(cfg: CptConfig, out: Path) -> dict[str, Any]:
     """Run (or resume) every method of ``cfg`` into ``out``; returns the collected results."""
     from scale_cl.experiments.cpt.report import collect, write_report
 
+    if cfg.sequence.then:
+        from scale_cl.experiments.cpt.sequence import run_cpt_sequence
+
+        return {"methods": run_cpt_sequence(cfg, out)}
     out = Path(out)
     validate(cfg, base_model_config(cfg))
     ref = base_model_ref(cfg)

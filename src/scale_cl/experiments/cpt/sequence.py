@@ -1,0 +1,270 @@
+"""Continual pre-training as a sequence of new domains (``--sequence.then NAME=SOURCE ...``, issue 29): the base
+learns ``data.train`` (task 1, named ``--sequence.first``), then each later domain in turn, each for the run's
+``train.*`` steps at the method's rate; after each task (and every ``eval.every`` steps) the old-domain sets and
+every domain's held-out split are measured, so the result holds a perplexity matrix that includes the old domain.
+
+The matrix's metrics (`scale_cl.eval.continual`) read ``-ln(perplexity)`` (the mean log-likelihood per token, in
+nats: higher is better, as an accuracy): task 0 is the first old-domain set (``en`` on the clean base), then each
+new domain. BWT < 0 is forgetting; FWT > 0 is a domain learned before it was trained (through earlier ones).
+
+Output folder: ``cpt_config.json``; per method ``<method>/task-<k>.jsonl`` (the records of task k),
+``<method>/result.json`` (its perplexity matrix, metrics, cost per task); ``results.json`` and ``results.md``.
+Resumable per task as the biography sequence is (``<method>/progress.json`` and the model's state after the last
+finished task; within a task from its last checkpoint). One process (no DDP) for now.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_model, save_model
+
+from scale_cl.data.corpus import build_corpus, check_corpus
+from scale_cl.eval.continual import continual_metrics
+from scale_cl.eval.cost import forward_flops_per_token, train_flops_per_token
+from scale_cl.eval.perplexity import perplexity
+from scale_cl.experiments.cpt.config import CptConfig
+from scale_cl.experiments.cpt.report import RESULT_FILE
+from scale_cl.experiments.run_folder import claim_output_folder
+from scale_cl.files import atomic_write, write_json, write_text
+from scale_cl.models import BaseModelRef, load_base
+from scale_cl.train.callbacks import PeriodicEval
+from scale_cl.train.recipe import train_model
+
+PROGRESS_FILE = "progress.json"
+COST_TOKENS = 64
+
+
+def validate_sequence(cfg: CptConfig) -> None:
+    """What a sequence of domains needs, and the options it does not take yet, refused by name before any writing."""
+    from scale_cl.experiments.cpt.pipeline import process_state
+
+    d, e = cfg.data, cfg.eval
+    unsupported = {
+        "data.replay_ratio": d.replay_ratio,
+        "data.pseudo_replay_ratio": d.pseudo_replay_ratio,
+        "data.extend_vocab": d.extend_vocab,
+        "data.streaming": d.streaming,
+        "options.distill_weight": cfg.options.distill_weight,
+        "options.auto_layers": cfg.options.auto_layers,
+        "options.route_share": cfg.options.route_share,
+        "eval.up_logit_scales": e.up_logit_scales,
+        "eval.wise_ft_alphas": e.wise_ft_alphas,
+        "eval.nll_split": e.nll_split,
+    }
+    given = [name for name, value in unsupported.items() if value]
+    if given:
+        raise ValueError(f"a sequence of domains (sequence.then) does not take {', '.join(given)} yet: set them off")
+    if process_state().num_processes > 1:
+        raise ValueError("a sequence of domains (sequence.then) runs in one process for now")
+    if not d.old_eval or not d.heldout_fraction:
+        raise ValueError(
+            "a sequence of domains measures the old domain and every new one: give data.old_eval and "
+            "data.heldout_fraction > 0"
+        )
+    old_names = {item.partition("=")[0] for item in d.old_eval if "=" in item}
+    clash = old_names & {name for name, _ in cfg.sequence.tasks()}
+    if clash:
+        raise ValueError(f"sequence names {sorted(clash)} are also old-domain set names (data.old_eval): rename them")
+    cfg.sequence.check_methods(cfg.methods)
+    for _, source in cfg.sequence.tasks()[1:]:
+        check_corpus(replace(cfg.data, train=[source]))
+
+
+def sequence_corpora(cfg: CptConfig, tokenizer: Any) -> tuple[list[tuple[str, Any]], dict[str, Any]]:
+    """Each task's (name, training split) and every evaluation set by name: the old-domain sets, then each domain's
+    held-out split (under its name)."""
+    trains, evals = [], {}
+    for index, (name, source) in enumerate(cfg.sequence.tasks()):
+        data = cfg.data if source is None else replace(cfg.data, train=[source], old_eval=[], replay=[])
+        corpus = build_corpus(data, tokenizer)
+        for line in corpus.summary():
+            print(f"[cpt] {name}: data {line}")
+        if index == 0:
+            evals.update(corpus.old_eval)
+        evals[name] = corpus.heldout
+        trains.append((name, corpus.train))
+    return trains, evals
+
+
+def evaluator(cfg: CptConfig, evals: dict[str, Any], bf16: bool):
+    def evaluate(model: torch.nn.Module) -> dict[str, Any]:
+        return {
+            "ppl": {
+                name: perplexity(model, data.blocks, cfg.eval.batch_size, bf16).perplexity
+                for name, data in evals.items()
+            }
+        }
+
+    return evaluate
+
+
+def task_cost(model: torch.nn.Module, probe: torch.Tensor) -> dict[str, Any]:
+    """Parameters and FLOPs per token (training step, inference) of the model a task trains, on one sequence."""
+    from scale_cl.methods import trainable_parameter_count
+
+    was_training = model.training
+    cost = {
+        "trainable": trainable_parameter_count(model),
+        "total": sum(p.numel() for p in model.parameters()),
+        "train_flops_per_token": train_flops_per_token(model, probe),
+        "inference_flops_per_token": forward_flops_per_token(model, probe),
+    }
+    model.train(was_training)
+    return cost
+
+
+def run_method_sequence(
+    cfg: CptConfig, ref: BaseModelRef, trains: list[tuple[str, Any]], evals: dict[str, Any], method: str, out: Path
+) -> dict[str, Any]:
+    """Every task in turn for one method (module doc); returns (and saves) its result."""
+    from scale_cl.experiments.cpt.pipeline import total_steps, training_arguments, use_bf16
+    from scale_cl.methods import prepare
+
+    method_dir = out / method
+    result_path = method_dir / RESULT_FILE
+    if result_path.is_file():
+        return json.loads(result_path.read_text())
+    method_dir.mkdir(parents=True, exist_ok=True)
+    progress = _read_progress(method_dir)
+    done, growth = progress["tasks_done"], cfg.sequence
+    base, _ = load_base(ref)
+    model = prepare(base, method, **cfg.options.prepare_options(method, cfg.seed))
+    evaluate = evaluator(cfg, evals, use_bf16(cfg))
+    if done:  # rebuilt as the sequence built it, then its state after the last finished task
+        for task in range(2, done + 1):
+            model = growth.grow(model, method, cfg.options, cfg.seed, task) if growth.grows(method) else model
+        load_model(model, method_dir / f"task-{done}.safetensors", strict=True)
+    else:
+        progress["rows"] = [evaluate(model)]
+    probe = next(iter(evals.values())).blocks[:1, :COST_TOKENS]
+    for task, (name, train) in enumerate(trains, start=1):
+        if task <= done:
+            continue
+        if task > 1 and growth.grows(method):
+            model = growth.grow(model, method, cfg.options, cfg.seed, task)
+        cost = task_cost(model, probe)
+        task_cfg = replace(cfg, seed=cfg.seed + task - 1)  # each task's own data order
+        steps = total_steps(task_cfg, train)
+        args = training_arguments(task_cfg, method, method_dir / f"task-{task}.run", steps)
+        print(
+            f"[cpt] {method}: task {task}/{len(trains)} ({name}), lr {args.learning_rate:g}, {cost['trainable']:,} "
+            f"trainable of {cost['total']:,}, {steps} steps"
+        )
+        tracker = PeriodicEval(
+            evaluate, every=cfg.eval.every, path=method_dir / f"task-{task}.jsonl", initial=progress["rows"][-1]
+        )
+        run_info = {
+            "method": method,
+            "lr": args.learning_rate,
+            "base": ref.name_or_path,
+            "task": task,
+            "seed": cfg.seed,
+        }
+        start = time.perf_counter()
+        train_model(
+            model,
+            train,
+            args,
+            callbacks=[tracker],
+            run_info=run_info,
+            lr_ratios=cfg.options.lr_ratios(method),
+            resume=True,
+        )
+        model.eval()
+        progress["seconds"] += time.perf_counter() - start
+        before = progress["curve"][-1]["step"] if progress["curve"] else 0
+        progress["curve"] += [
+            {**r, "task": task, "task_step": r["step"], "step": before + r["step"]} for r in tracker.records
+        ]
+        progress["rows"].append({"ppl": tracker.records[-1]["ppl"]})
+        progress["parameters"].append({"task": task, "name": name, "lr": args.learning_rate, **cost})
+        atomic_write(method_dir / f"task-{task}.safetensors", lambda path, m=model: save_model(m, path))
+        progress["tasks_done"] = task
+        write_json(method_dir / PROGRESS_FILE, progress)
+        (method_dir / f"task-{task - 1}.safetensors").unlink(missing_ok=True)
+        shutil.rmtree(method_dir / f"task-{task}.run", ignore_errors=True)
+    columns = [*evals]
+    names = [columns[0], *(name for name, _ in trains)]  # the metrics' tasks: the first old-domain set, each domain
+    matrix = [[-math.log(row["ppl"][name]) for name in names] for row in progress["rows"]]
+    result = {
+        "method": method,
+        "seed": cfg.seed,
+        "growth": growth.label(method),
+        "tasks": names,
+        "columns": columns,
+        "ppl_matrix": [[row["ppl"][name] for name in columns] for row in progress["rows"]],
+        "matrix": matrix,
+        "metrics": continual_metrics(matrix),
+        "parameters": progress["parameters"],
+        "seconds": progress["seconds"],
+        "curve": progress["curve"],
+    }
+    write_json(result_path, result)
+    (method_dir / f"task-{len(trains)}.safetensors").unlink(missing_ok=True)
+    (method_dir / PROGRESS_FILE).unlink(missing_ok=True)
+    return result
+
+
+def _read_progress(method_dir: Path) -> dict[str, Any]:
+    path = method_dir / PROGRESS_FILE
+    if path.is_file():
+        return json.loads(path.read_text())
+    return {"tasks_done": 0, "rows": [], "curve": [], "parameters": [], "seconds": 0.0}
+
+
+def sequence_markdown(cfg: CptConfig, results: dict[str, dict[str, Any]]) -> str:
+    """Each method's perplexity matrix and its metrics in nats of -ln(perplexity) (module doc)."""
+    first = next(iter(results.values()))
+    lines = [
+        f"A sequence of {len(first['tasks']) - 1} new domains after `{first['tasks'][0]}` (model `{cfg.model}`, seed "
+        f"{cfg.seed}, {cfg.train.max_steps or cfg.train.epochs} {'steps' if cfg.train.max_steps else 'epochs'} per "
+        "task). Metrics on -ln(perplexity) per token, in nats (task 0: the first old-domain set; BWT < 0: "
+        "forgetting; FWT > 0: a domain learned before it was trained).",
+        "",
+        "| method | growth | ACC | BWT | FWT | forgetting | max forgetting | parameters after the last task |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for method, r in results.items():
+        m, last = r["metrics"], r["parameters"][-1]
+        cells = [f"{m[k]:+.3f}" for k in ("acc", "bwt", "fwt", "forgetting", "max_forgetting")]
+        lines.append(f"| {method} | {r['growth']} | " + " | ".join(cells) + f" | {last['total']:,} |")
+    for method, r in results.items():
+        lines += [
+            "",
+            f"{method} ({r['growth']}): perplexity after each task",
+            "",
+            "| after | " + " | ".join(r["columns"]) + " |",
+        ]
+        lines.append("|---" * (len(r["columns"]) + 1) + "|")
+        for i, row in enumerate(r["ppl_matrix"]):
+            label = "start" if i == 0 else r["tasks"][i]
+            lines.append(f"| {label} | " + " | ".join(f"{v:,.2f}" for v in row) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def run_cpt_sequence(cfg: CptConfig, out: Path) -> dict[str, Any]:
+    """Run (or resume) every method through the sequence of domains into ``out``; returns the results by method."""
+    from scale_cl.experiments.cpt.pipeline import CONFIG_FILE, base_model_config, base_model_ref, validate
+
+    out = Path(out)
+    validate(cfg, base_model_config(cfg))
+    validate_sequence(cfg)
+    ref = base_model_ref(cfg)
+    _, tokenizer = load_base(ref)
+    trains, evals = sequence_corpora(cfg, tokenizer)
+    claim_output_folder(out, CONFIG_FILE, cfg.to_dict())
+    results = {method: run_method_sequence(cfg, ref, trains, evals, method, out) for method in cfg.methods}
+    write_json(out / "results.json", {"config": cfg.to_dict(), "methods": results})
+    write_text(out / "results.md", sequence_markdown(cfg, results))
+    return results
+
+
+__all__ = ["run_cpt_sequence", "run_method_sequence", "sequence_corpora", "sequence_markdown", "validate_sequence"]

@@ -1,0 +1,103 @@
+"""Continual pre-training as a sequence of domains (issue 29): the perplexity matrix with the old domain, the metrics
+on -ln(perplexity), per-task growth, resuming a killed sequence bitwise, and the refusals."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+import scale_cl.experiments.cpt.sequence as sequence
+from conftest import SYLLABLES, _documents, tiny_config
+from scale_cl.eval.continual import continual_metrics
+from scale_cl.experiments.cpt.config import CptSequenceConfig
+from scale_cl.experiments.cpt.pipeline import run_cpt
+
+STEPS = 4
+
+
+def sequence_config(workspace: Path, methods: list[str], growth: str = "once", **fields):
+    """tiny_config's domain first, then two more (other syllable mixes), `STEPS` steps each."""
+    later = []
+    for index, vocabulary in enumerate((SYLLABLES[:5], SYLLABLES[5:]), start=2):
+        path = workspace / f"domain{index}.jsonl"
+        if not path.is_file():
+            path.write_text("".join(json.dumps({"text": t}) + "\n" for t in _documents(index, 120, vocabulary, "")))
+        later.append(f"domain{index}={path}")
+    cfg = tiny_config(workspace, methods, steps=STEPS, save_every=2)
+    seq = CptSequenceConfig(first="domain1", then=later, growth=growth, **fields)
+    return replace(cfg, sequence=seq, eval=replace(cfg.eval, every=2))
+
+
+@pytest.fixture(scope="module")
+def finished(workspace, tmp_path_factory):
+    out = tmp_path_factory.mktemp("cpt-sequence") / "run"
+    cfg = sequence_config(workspace, ["fft", "scale_preserve", "lora"], growth="per_task")
+    return out, run_cpt(cfg, out)["methods"]
+
+
+def test_the_perplexity_matrix_holds_the_old_domain_and_every_new_one(finished):
+    out, results = finished
+    for method, r in results.items():
+        assert r["columns"] == ["toy", "domain1", "domain2", "domain3"] and r["tasks"] == r["columns"]
+        assert len(r["ppl_matrix"]) == 4 and all(len(row) == 4 for row in r["ppl_matrix"])
+        assert r["matrix"] == [[-math.log(v) for v in row] for row in r["ppl_matrix"]]
+        assert r["metrics"] == continual_metrics(r["matrix"])
+        assert [c["task"] for c in r["parameters"]] == [1, 2, 3]
+        assert r["curve"][-1]["step"] == 3 * STEPS
+        learned = [r["ppl_matrix"][task][task] for task in (1, 2, 3)]  # each domain right after its task
+        assert all(now < start for now, start in zip(learned, r["ppl_matrix"][0][1:], strict=True)), method
+    starts = [r["ppl_matrix"][0] for r in results.values()]
+    assert all(row == pytest.approx(starts[0], rel=1e-5) for row in starts)  # every method starts as the base
+    assert results["scale_preserve"]["growth"] == "per_task" and results["fft"]["growth"] == "once"
+    totals = [c["total"] for c in results["scale_preserve"]["parameters"]]
+    assert totals[0] < totals[1] < totals[2]
+    text = (out / "results.md").read_text()
+    assert "scale_preserve (per_task): perplexity after each task" in text and "| fft | once |" in text
+    assert not list(out.glob("*/task-*.safetensors"))  # finished: no resume state left
+
+
+def test_a_killed_sequence_resumes_to_the_same_result(finished, workspace, tmp_path, monkeypatch):
+    reference, _ = finished
+    cfg = sequence_config(workspace, ["scale_preserve"], growth="per_task")
+    real, calls = sequence.train_model, []
+
+    def dies_in_task_3(model, train, args, **kwargs):
+        calls.append(kwargs["run_info"]["task"])
+        if calls == [1, 2, 3]:
+            raise KeyboardInterrupt
+        return real(model, train, args, **kwargs)
+
+    monkeypatch.setattr(sequence, "train_model", dies_in_task_3)
+    with pytest.raises(KeyboardInterrupt):
+        run_cpt(cfg, tmp_path / "run")
+    assert json.loads((tmp_path / "run" / "scale_preserve" / "progress.json").read_text())["tasks_done"] == 2
+    got = run_cpt(cfg, tmp_path / "run")["methods"]["scale_preserve"]
+    assert calls == [1, 2, 3, 3]
+    want = json.loads((reference / "scale_preserve" / "result.json").read_text())
+    assert got["ppl_matrix"] == want["ppl_matrix"] and got["parameters"] == want["parameters"]
+
+
+def test_sequence_refusals_before_anything_is_written(workspace, tmp_path):
+    base = sequence_config(workspace, ["scale_route"])
+    cases = (
+        (replace(base, sequence=replace(base.sequence, growth="per_task")), "cannot grow scale_route"),
+        (
+            replace(base, data=replace(base.data, replay=[f"{workspace / 'old.jsonl'}"], replay_ratio=0.25)),
+            "replay_ratio",
+        ),
+        (replace(base, eval=replace(base.eval, wise_ft_alphas=(0.5,))), "eval.wise_ft_alphas"),
+        (replace(base, data=replace(base.data, old_eval=[])), "give data.old_eval"),
+        (replace(base, sequence=replace(base.sequence, first="toy")), r"\['toy'\] are also old-domain set names"),
+    )
+    for cfg, message in cases:
+        with pytest.raises(ValueError, match=message):
+            run_cpt(cfg, tmp_path / "run")
+        assert not (tmp_path / "run").exists()
+    with pytest.raises(ValueError, match="NAME=SOURCE"):
+        CptSequenceConfig(then=["domain2"])
+    with pytest.raises(ValueError, match="distinct names"):
+        CptSequenceConfig(first="a", then=["a=x.jsonl"])
