@@ -25,21 +25,17 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_model, save_model
 from transformers import GPTNeoXForCausalLM
 
 from scale_cl.eval.continual import accuracy_matrix, continual_metrics
-from scale_cl.eval.cost import forward_flops_per_token, train_flops_per_token
 from scale_cl.experiments.bio.config import BioConfig
 from scale_cl.experiments.bio.datasets import PadCollator
 from scale_cl.experiments.bio.pipeline import CHECKPOINT_MINUTES, CHECKPOINTS_KEPT, BioData, evaluate_tasks
-from scale_cl.files import atomic_write, write_json
+from scale_cl.experiments.sequence_progress import SequenceProgress, task_cost
+from scale_cl.files import write_json
 from scale_cl.train.arguments import training_arguments
 from scale_cl.train.callbacks import PeriodicEval, SaveAtEvaluations
 from scale_cl.train.recipe import train_model
-
-PROGRESS_FILE = "progress.json"
-RECORD_KEYS = ("step", "train_tokens_per_s")  # a curve record's own keys, beside evaluate_tasks' accuracies
 
 
 def task_names(tasks: int) -> list[str]:
@@ -70,30 +66,30 @@ def run_sequence(
     tasks, names = cfg.sequence.tasks, task_names(cfg.sequence.tasks)
     grows = cfg.sequence.grows(method)
     state_dir = result_path.with_suffix(".tasks")
-    state_dir.mkdir(parents=True, exist_ok=True)
-    progress = _read_progress(state_dir)
-    done = progress["tasks_done"]
+    progress = SequenceProgress(state_dir)
+    done = progress.tasks_done
     model = _start_model(cfg, task0_dir, method, seed)
     if done:  # the model as the sequence built it, then its state after the last finished task
         for task in range(2, done + 1):
             model = cfg.sequence.grow(model, method, cfg.options, seed, task) if grows else model
-        load_model(model, state_dir / f"task-{done}.safetensors", strict=True)
+        progress.restore(model)
     else:
-        progress["rows"] = [initial if initial is not None else evaluate_tasks(model, data)]
+        progress.start(initial if initial is not None else evaluate_tasks(model, data))
     lr = cfg.task1.lr_of(method)
     stage = replace(cfg.task1, lr=lr)
     collator = PadCollator(data.tokenizer.pad_token_id)
+    probe = torch.tensor([data.pretrain[0]["input_ids"][:COST_TOKENS]])
     for task in range(done + 1, tasks + 1):
         if task > 1 and grows:
             model = cfg.sequence.grow(model, method, cfg.options, seed, task)
-        cost = task_cost(model, data)
+        cost = task_cost(model, probe)
         trainable, total = cost["trainable"], cost["total"]
         print(f"[bio] seed {seed}, {method}: task {task}/{tasks}, lr {lr:g}, {trainable:,} trainable of {total:,}")
         tracker = PeriodicEval(
             lambda m: evaluate_tasks(m, data),
             every=cfg.task1.eval_every,
             path=state_dir / f"task-{task}.jsonl",
-            initial=progress["rows"][-1],  # as the last task left it (growing changes the outputs by rounding only)
+            initial=progress.rows[-1],  # as the last task left it (growing changes the outputs by rounding only)
             early_every=cfg.task1.early_eval_every,
             early_until=cfg.task1.early_eval_until,
         )
@@ -112,31 +108,21 @@ def run_sequence(
             resume=True,
         )
         model.eval()
-        progress["seconds"] += time.perf_counter() - start
-        steps_before = progress["curve"][-1]["step"] if progress["curve"] else 0
-        progress["curve"] += [
-            {**record, "task": task, "task_step": record["step"], "step": steps_before + record["step"]}
-            for record in tracker.records
-        ]
-        progress["rows"].append({k: v for k, v in tracker.records[-1].items() if k not in RECORD_KEYS})
-        progress["parameters"].append({"task": task, **cost})
-        atomic_write(state_dir / f"task-{task}.safetensors", lambda path, m=model: save_model(m, path))
-        progress["tasks_done"] = task
-        write_json(state_dir / PROGRESS_FILE, progress)  # after the model: a progress file names a saved one
-        (state_dir / f"task-{task - 1}.safetensors").unlink(missing_ok=True)
+        progress.finish_task(task, model, tracker.records, cost, time.perf_counter() - start)
         shutil.rmtree(run_dir, ignore_errors=True)
-    matrix = accuracy_matrix(progress["rows"], names)
+    state = progress.state
+    matrix = accuracy_matrix(state["rows"], names)
     result = {
         "method": method,
         "seed": seed,
         "lr": lr,
         "tasks": tasks,
         "growth": cfg.sequence.label(method),
-        "trainable": progress["parameters"][-1]["trainable"],
-        "parameters": progress["parameters"],
-        "seconds": progress["seconds"],
-        "curve": progress["curve"],
-        "rows": progress["rows"],
+        "trainable": state["parameters"][-1]["trainable"],
+        "parameters": state["parameters"],
+        "seconds": state["seconds"],
+        "curve": state["curve"],
+        "rows": state["rows"],
         "matrix": matrix,
         "metrics": continual_metrics(matrix),
     }
@@ -145,31 +131,7 @@ def run_sequence(
     return result
 
 
-COST_TOKENS = 64  # the pre-training text's first tokens: one sequence every method's cost is counted on
+COST_TOKENS = 64  # the pre-training text's first tokens: the one sequence every method's cost is counted on
 
 
-def task_cost(model: torch.nn.Module, data: BioData) -> dict[str, Any]:
-    """What the model a task trains costs: its parameters (all, trainable) and the FLOPs per token of a training step
-    and of inference, counted on one sequence of `COST_TOKENS` tokens (`scale_cl.eval.cost`: exact op counts)."""
-    from scale_cl.methods import trainable_parameter_count
-
-    ids = torch.tensor([data.pretrain[0]["input_ids"][:COST_TOKENS]])
-    was_training = model.training
-    cost = {
-        "trainable": trainable_parameter_count(model),
-        "total": sum(p.numel() for p in model.parameters()),
-        "train_flops_per_token": train_flops_per_token(model, ids),
-        "inference_flops_per_token": forward_flops_per_token(model, ids),
-    }
-    model.train(was_training)
-    return cost
-
-
-def _read_progress(state_dir: Path) -> dict[str, Any]:
-    path = state_dir / PROGRESS_FILE
-    if path.is_file():
-        return json.loads(path.read_text())
-    return {"tasks_done": 0, "rows": [], "curve": [], "parameters": [], "seconds": 0.0}
-
-
-__all__ = ["run_sequence", "task_cost", "task_names"]
+__all__ = ["run_sequence", "task_names"]

@@ -24,22 +24,20 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_model, save_model
 
 from scale_cl.data.corpus import build_corpus, check_corpus
 from scale_cl.eval.continual import continual_metrics
-from scale_cl.eval.cost import forward_flops_per_token, train_flops_per_token
 from scale_cl.eval.perplexity import perplexity
 from scale_cl.experiments.cpt.config import CptConfig
 from scale_cl.experiments.cpt.report import RESULT_FILE
 from scale_cl.experiments.run_folder import claim_output_folder
-from scale_cl.files import atomic_write, write_json, write_text
+from scale_cl.experiments.sequence_progress import SequenceProgress, task_cost
+from scale_cl.files import write_json, write_text
 from scale_cl.models import BaseModelRef, load_base
 from scale_cl.train.callbacks import PeriodicEval
 from scale_cl.train.recipe import train_model
 
-PROGRESS_FILE = "progress.json"
-COST_TOKENS = 64
+COST_TOKENS = 64  # the first evaluation set's first tokens: the one sequence each task's cost is counted on
 
 
 def validate_sequence(cfg: CptConfig) -> None:
@@ -106,21 +104,6 @@ def evaluator(cfg: CptConfig, evals: dict[str, Any], bf16: bool):
     return evaluate
 
 
-def task_cost(model: torch.nn.Module, probe: torch.Tensor) -> dict[str, Any]:
-    """Parameters and FLOPs per token (training step, inference) of the model a task trains, on one sequence."""
-    from scale_cl.methods import trainable_parameter_count
-
-    was_training = model.training
-    cost = {
-        "trainable": trainable_parameter_count(model),
-        "total": sum(p.numel() for p in model.parameters()),
-        "train_flops_per_token": train_flops_per_token(model, probe),
-        "inference_flops_per_token": forward_flops_per_token(model, probe),
-    }
-    model.train(was_training)
-    return cost
-
-
 def run_method_sequence(
     cfg: CptConfig, ref: BaseModelRef, trains: list[tuple[str, Any]], evals: dict[str, Any], method: str, out: Path
 ) -> dict[str, Any]:
@@ -132,18 +115,17 @@ def run_method_sequence(
     result_path = method_dir / RESULT_FILE
     if result_path.is_file():
         return json.loads(result_path.read_text())
-    method_dir.mkdir(parents=True, exist_ok=True)
-    progress = _read_progress(method_dir)
-    done, growth = progress["tasks_done"], cfg.sequence
+    progress = SequenceProgress(method_dir)
+    done, growth = progress.tasks_done, cfg.sequence
     base, _ = load_base(ref)
     model = prepare(base, method, **cfg.options.prepare_options(method, cfg.seed))
     evaluate = evaluator(cfg, evals, use_bf16(cfg))
     if done:  # rebuilt as the sequence built it, then its state after the last finished task
         for task in range(2, done + 1):
             model = growth.grow(model, method, cfg.options, cfg.seed, task) if growth.grows(method) else model
-        load_model(model, method_dir / f"task-{done}.safetensors", strict=True)
+        progress.restore(model)
     else:
-        progress["rows"] = [evaluate(model)]
+        progress.start(evaluate(model))
     probe = next(iter(evals.values())).blocks[:1, :COST_TOKENS]
     for task, (name, train) in enumerate(trains, start=1):
         if task <= done:
@@ -159,7 +141,7 @@ def run_method_sequence(
             f"trainable of {cost['total']:,}, {steps} steps"
         )
         tracker = PeriodicEval(
-            evaluate, every=cfg.eval.every, path=method_dir / f"task-{task}.jsonl", initial=progress["rows"][-1]
+            evaluate, every=cfg.eval.every, path=method_dir / f"task-{task}.jsonl", initial=progress.rows[-1]
         )
         run_info = {
             "method": method,
@@ -169,55 +151,31 @@ def run_method_sequence(
             "seed": cfg.seed,
         }
         start = time.perf_counter()
-        train_model(
-            model,
-            train,
-            args,
-            callbacks=[tracker],
-            run_info=run_info,
-            lr_ratios=cfg.options.lr_ratios(method),
-            resume=True,
-        )
+        lr_ratios = cfg.options.lr_ratios(method)
+        train_model(model, train, args, callbacks=[tracker], run_info=run_info, lr_ratios=lr_ratios, resume=True)
         model.eval()
-        progress["seconds"] += time.perf_counter() - start
-        before = progress["curve"][-1]["step"] if progress["curve"] else 0
-        progress["curve"] += [
-            {**r, "task": task, "task_step": r["step"], "step": before + r["step"]} for r in tracker.records
-        ]
-        progress["rows"].append({"ppl": tracker.records[-1]["ppl"]})
-        progress["parameters"].append({"task": task, "name": name, "lr": args.learning_rate, **cost})
-        atomic_write(method_dir / f"task-{task}.safetensors", lambda path, m=model: save_model(m, path))
-        progress["tasks_done"] = task
-        write_json(method_dir / PROGRESS_FILE, progress)
-        (method_dir / f"task-{task - 1}.safetensors").unlink(missing_ok=True)
+        cost = {"name": name, "lr": args.learning_rate, **cost}
+        progress.finish_task(task, model, tracker.records, cost, time.perf_counter() - start)
         shutil.rmtree(method_dir / f"task-{task}.run", ignore_errors=True)
-    columns = [*evals]
+    columns, state = [*evals], progress.state
     names = [columns[0], *(name for name, _ in trains)]  # the metrics' tasks: the first old-domain set, each domain
-    matrix = [[-math.log(row["ppl"][name]) for name in names] for row in progress["rows"]]
+    matrix = [[-math.log(row["ppl"][name]) for name in names] for row in state["rows"]]
     result = {
         "method": method,
         "seed": cfg.seed,
         "growth": growth.label(method),
         "tasks": names,
         "columns": columns,
-        "ppl_matrix": [[row["ppl"][name] for name in columns] for row in progress["rows"]],
+        "ppl_matrix": [[row["ppl"][name] for name in columns] for row in state["rows"]],
         "matrix": matrix,
         "metrics": continual_metrics(matrix),
-        "parameters": progress["parameters"],
-        "seconds": progress["seconds"],
-        "curve": progress["curve"],
+        "parameters": state["parameters"],
+        "seconds": state["seconds"],
+        "curve": state["curve"],
     }
     write_json(result_path, result)
-    (method_dir / f"task-{len(trains)}.safetensors").unlink(missing_ok=True)
-    (method_dir / PROGRESS_FILE).unlink(missing_ok=True)
+    progress.clear()
     return result
-
-
-def _read_progress(method_dir: Path) -> dict[str, Any]:
-    path = method_dir / PROGRESS_FILE
-    if path.is_file():
-        return json.loads(path.read_text())
-    return {"tasks_done": 0, "rows": [], "curve": [], "parameters": [], "seconds": 0.0}
 
 
 def sequence_markdown(cfg: CptConfig, results: dict[str, dict[str, Any]]) -> str:

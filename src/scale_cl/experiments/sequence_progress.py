@@ -1,0 +1,94 @@
+"""What a sequence of tasks has done so far, kept on disk so that a killed run resumes per task (issue 29): shared
+by the biography sequence and the language sequence.
+
+A folder holds ``progress.json`` (the tasks done, the evaluation after each, the whole curve, each task's cost and
+the training time) and the model's whole state after the last finished task (``task-<k>.safetensors``,
+safetensors). The state is written before the progress file that names it, so a progress file always names a saved
+state; the state of the task before is then deleted. Resuming rebuilds the model as the sequence built it (prepared,
+grown as often) and loads the state into it strictly, so trainability and every weight are as they were.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_model, save_model
+
+from scale_cl.eval.cost import forward_flops_per_token, train_flops_per_token
+from scale_cl.files import atomic_write, write_json
+
+PROGRESS_FILE = "progress.json"
+RECORD_KEYS = ("step", "train_tokens_per_s")  # a curve record's own keys, beside the evaluation's
+
+
+class SequenceProgress:
+    """The progress of one method's sequence in ``folder`` (module doc); a fresh one when there is none."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = Path(folder)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        path = self.folder / PROGRESS_FILE
+        fresh = {"tasks_done": 0, "rows": [], "curve": [], "parameters": [], "seconds": 0.0}
+        self.state: dict[str, Any] = json.loads(path.read_text()) if path.is_file() else fresh
+
+    @property
+    def tasks_done(self) -> int:
+        return self.state["tasks_done"]
+
+    @property
+    def rows(self) -> list[dict[str, Any]]:
+        """The evaluation before the first task, then after each finished one."""
+        return self.state["rows"]
+
+    def start(self, row: dict[str, Any]) -> None:
+        """The evaluation before the first task."""
+        self.state["rows"] = [row]
+
+    def restore(self, model: torch.nn.Module) -> None:
+        """Load the state after the last finished task into ``model``, rebuilt as the sequence built it."""
+        load_model(model, self.folder / f"task-{self.tasks_done}.safetensors", strict=True)
+
+    def finish_task(
+        self, task: int, model: torch.nn.Module, records: list[dict[str, Any]], cost: dict[str, Any], seconds: float
+    ) -> None:
+        """Task ``task`` is trained: its records join the curve (``step`` counted over the whole sequence,
+        ``task_step`` within the task), its last one is the task's row, and the model's state is saved."""
+        before = self.state["curve"][-1]["step"] if self.state["curve"] else 0
+        self.state["curve"] += [
+            {**r, "task": task, "task_step": r["step"], "step": before + r["step"]} for r in records
+        ]
+        self.state["rows"].append({k: v for k, v in records[-1].items() if k not in RECORD_KEYS})
+        self.state["parameters"].append({"task": task, **cost})
+        self.state["seconds"] += seconds
+        atomic_write(self.folder / f"task-{task}.safetensors", lambda path: save_model(model, path))
+        self.state["tasks_done"] = task
+        write_json(self.folder / PROGRESS_FILE, self.state)  # after the state: a progress file names a saved one
+        (self.folder / f"task-{task - 1}.safetensors").unlink(missing_ok=True)
+
+    def clear(self) -> None:
+        """The sequence is finished and its result saved: nothing left to resume."""
+        (self.folder / PROGRESS_FILE).unlink(missing_ok=True)
+        for path in self.folder.glob("task-*.safetensors"):
+            path.unlink()
+
+
+def task_cost(model: torch.nn.Module, ids: torch.Tensor) -> dict[str, Any]:
+    """What the model a task trains costs: its parameters (all, trainable) and the FLOPs per token of a training step
+    and of inference on ``ids`` (one sequence; `scale_cl.eval.cost`: exact op counts)."""
+    from scale_cl.methods import trainable_parameter_count
+
+    was_training = model.training
+    cost = {
+        "trainable": trainable_parameter_count(model),
+        "total": sum(p.numel() for p in model.parameters()),
+        "train_flops_per_token": train_flops_per_token(model, ids),
+        "inference_flops_per_token": forward_flops_per_token(model, ids),
+    }
+    model.train(was_training)
+    return cost
+
+
+__all__ = ["PROGRESS_FILE", "SequenceProgress", "task_cost"]
