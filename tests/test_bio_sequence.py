@@ -56,6 +56,7 @@ def test_metrics_are_the_standard_definitions():
     assert metrics["acc"] == pytest.approx((0.5 + 0.7 + 0.95) / 3)
     assert metrics["bwt"] == pytest.approx(((0.5 - 0.8) + (0.7 - 0.9)) / 2)
     assert metrics["fwt"] == pytest.approx(((0.1 - 0.1) + (0.2 - 0.0)) / 2)
+    assert metrics["la"] == pytest.approx((0.9 + 0.95) / 2)
     assert metrics["forgetting_per_task"] == pytest.approx([0.8 - 0.5, 0.9 - 0.7])
     assert metrics["forgetting"] == pytest.approx(0.25) and metrics["max_forgetting"] == pytest.approx(0.3)
     names = ("task0", "task1", "task2")

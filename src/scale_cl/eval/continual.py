@@ -10,6 +10,8 @@ as the first task learned:
   (negative: forgetting).
 * FWT (GEM): ``mean_{j >= 1} (R[j-1][j] - R[0][j])``, what earlier tasks did for a task before it was trained,
   against the model before the sequence (``R[0][j]``: the reference GEM calls ``b_j``).
+* LA, learning accuracy (Riemer et al. 2019): ``mean_{j >= 1} R[j][j]``, each new task just after it was trained:
+  how much each method learns, so that its forgetting is read at matched learning.
 * Forgetting (Chaudhry et al. 2018): per task ``f_j = max_{l in [j, T-1]} R[l][j] - R[T][j]`` for ``j < T`` (the best
   it ever was, after it was learned, less where it ends); ``forgetting`` is their mean and ``max_forgetting`` the
   largest.
@@ -30,7 +32,7 @@ def accuracy_matrix(rows: list[dict[str, Any]], tasks: list[str]) -> list[list[f
 
 
 def continual_metrics(matrix: list[list[float]]) -> dict[str, Any]:
-    """ACC, BWT, FWT and forgetting (module doc) of a square accuracy matrix with at least two rows."""
+    """ACC, BWT, FWT, LA and forgetting (module doc) of a square accuracy matrix with at least two rows."""
     size = len(matrix)
     if size < 2 or any(len(row) != size for row in matrix):
         raise ValueError(f"need a square accuracy matrix of at least 2 x 2, got {[len(row) for row in matrix]}")
@@ -40,6 +42,7 @@ def continual_metrics(matrix: list[list[float]]) -> dict[str, Any]:
         "acc": fmean(matrix[last]),
         "bwt": fmean(matrix[last][task] - matrix[task][task] for task in range(last)),
         "fwt": fmean(matrix[task - 1][task] - matrix[0][task] for task in range(1, size)),
+        "la": fmean(matrix[task][task] for task in range(1, size)),
         "forgetting_per_task": forgetting,
         "forgetting": fmean(forgetting),
         "max_forgetting": max(forgetting),

@@ -11,6 +11,7 @@ from scale_cl.eval.continual import continual_metrics
 from scale_cl.files import atomic_write
 
 METRICS = {
+    "la": "LA (learning)",
     "acc": "ACC",
     "bwt": "BWT",
     "fwt": "FWT",
@@ -55,7 +56,8 @@ def sequence_markdown(methods: dict[str, Any]) -> str:
     tasks = next(iter(sequences.values()))["tasks"]
     lines = [
         f"A sequence of {tasks} new-people tasks after Task 0. Accuracy matrix R[i][j]: accuracy on task j after "
-        "task i (row 0: before Task 1; column 0: Task 0's held-out people). ACC: the final row's mean; BWT: mean "
+        "task i (row 0: before Task 1; column 0: Task 0's held-out people). LA: mean of R[j][j] (each task just "
+        "after it was trained: how much a method learns); ACC: the final row's mean; BWT: mean "
         "of R[T][j] - R[j][j] over j < T; FWT: mean of R[j-1][j] - R[0][j]; forgetting: mean (and largest) over "
         "j < T of the best R[l][j] (l >= j) less R[T][j]. In points of accuracy (%), mean ± spread over seeds.",
         "",

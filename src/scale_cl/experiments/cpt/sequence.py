@@ -187,12 +187,12 @@ def sequence_markdown(cfg: CptConfig, results: dict[str, dict[str, Any]]) -> str
         "task). Metrics on -ln(perplexity) per token, in nats (task 0: the first old-domain set; BWT < 0: "
         "forgetting; FWT > 0: a domain learned before it was trained).",
         "",
-        "| method | growth | ACC | BWT | FWT | forgetting | max forgetting | parameters after the last task |",
-        "|---|---|---|---|---|---|---|---|",
+        "| method | growth | LA | ACC | BWT | FWT | forgetting | max forgetting | parameters after the last task |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for method, r in results.items():
         m, last = r["metrics"], r["parameters"][-1]
-        cells = [f"{m[k]:+.3f}" for k in ("acc", "bwt", "fwt", "forgetting", "max_forgetting")]
+        cells = [f"{m[k]:+.3f}" for k in ("la", "acc", "bwt", "fwt", "forgetting", "max_forgetting")]
         lines.append(f"| {method} | {r['growth']} | " + " | ".join(cells) + f" | {last['total']:,} |")
     for method, r in results.items():
         lines += [
