@@ -3,8 +3,8 @@
 New domain: Korean prose (the language of the paper's CPT benchmark) from Debian documentation packages
 and KoNLPy's copy of the Constitution of the Republic of Korea. Old domain: English prose from the Debian
 Administrator's Handbook, for evaluation only. Issue 29's language sequence adds Chinese, Russian, Greek and German
-(`--corpora chinese,russian,greek,german`) from the same LibreOffice help, installation guide and FAQ packages. Every text is openly licensed; OUT/SOURCES.md records the
-package versions, files, licences and sizes.
+(`--corpora chinese,russian,greek,german`) from the same LibreOffice help, installation guide and FAQ packages.
+Every text is openly licensed; OUT/SOURCES.md records the package versions, files, licences and sizes.
 
     .venv/bin/python benchmarks/cpt_corpus.py --out outputs/corpora [--cache DIR] [--measure]
 

@@ -1,0 +1,79 @@
+"""One table of issue 29's sequence metrics over several output folders (each a `scale-cl bio --sequence.tasks T` or
+a `scale-cl cpt --sequence.then ...` run), with the verdict: does the best SCALE strategy's BWT reach half of FFT's
+(closer to zero) with an ACC at least FFT's?
+
+    python benchmarks/sequence_table.py outputs/bio-seq/once outputs/bio-seq/per-task outputs/bio-seq/lora-merged
+    python benchmarks/sequence_table.py outputs/cpt-seq/once/seed-0 outputs/cpt-seq/once/seed-1 ...
+
+Biography folders hold every seed (mean ± population std over them); a cpt folder holds one seed, and folders of
+the same strategy are pooled by method and growth. Values: biography accuracy points (%), cpt nats of -ln(ppl).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from collections import defaultdict
+from pathlib import Path
+
+from scale_cl.eval.continual import continual_metrics
+
+KEYS = ("la", "acc", "bwt", "fwt", "forgetting", "max_forgetting")
+
+
+def runs_of(folder: Path) -> list[dict]:
+    """Every method run in a folder's results.json (a biography run's seeds, or a cpt run's methods)."""
+    results = json.loads((folder / "results.json").read_text())
+    runs = []
+    for method, summary in results["methods"].items():
+        for run in summary.get("runs", [summary]):  # bio: per seed; cpt: the method's result itself
+            runs.append({**run, "method": method})
+    return runs
+
+
+def spread(values: list[float], scale: float) -> str:
+    mean = statistics.fmean(values) * scale
+    std = statistics.pstdev(values) * scale if len(values) > 1 else 0.0
+    return f"{mean:+.1f} ± {std:.1f}" if scale == 100 else f"{mean:+.3f} ± {std:.3f}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("folders", nargs="+", type=Path)
+    args = parser.parse_args()
+    groups: dict[tuple[str, str], list[dict]] = defaultdict(list)
+    bio = True
+    for folder in args.folders:
+        for run in runs_of(folder):
+            bio = bio and "ppl_matrix" not in run
+            groups[(run["method"], run["growth"])].append(run)
+    scale = 100 if bio else 1
+    unit = "accuracy points (%)" if bio else "nats of -ln(perplexity)"
+    print(f"| method | growth | seeds | {' | '.join(KEYS)} | parameters after the last task | inference FLOPs/token |")
+    print("|---" * (len(KEYS) + 5) + "|")
+    table = {}
+    for (method, growth), runs in sorted(groups.items()):
+        metrics = [continual_metrics(run["matrix"]) for run in runs]
+        table[(method, growth)] = {k: statistics.fmean(m[k] for m in metrics) for k in KEYS}
+        cells = [spread([m[k] for m in metrics], scale) for k in KEYS]
+        last = runs[0]["parameters"][-1]
+        print(
+            f"| {method} | {growth} | {len(runs)} | " + " | ".join(cells) + f" | {last['total']:,} | "
+            f"{last['inference_flops_per_token'] / 1e6:.2f} M |"
+        )
+    print(f"\nIn {unit}; mean ± population std over seeds.")
+    fft = table.get(("fft", "once"))
+    scale_rows = {key: row for key, row in table.items() if key[0].startswith("scale_")}
+    if fft and scale_rows:
+        (method, growth), best = max(scale_rows.items(), key=lambda item: item[1]["bwt"])
+        met = best["bwt"] >= fft["bwt"] / 2 and best["acc"] >= fft["acc"]
+        print(
+            f"Verdict: the best SCALE strategy by BWT is {method} ({growth}): BWT {best['bwt'] * scale:+.2f} against "
+            f"FFT's {fft['bwt'] * scale:+.2f} (target: at least {fft['bwt'] * scale / 2:+.2f}), ACC "
+            f"{best['acc'] * scale:.2f} against {fft['acc'] * scale:.2f}: target {'met' if met else 'missed'}."
+        )
+
+
+if __name__ == "__main__":
+    main()
