@@ -189,14 +189,6 @@ def test_upscale_needs_a_scale_config():
         upscale(make_model("llama-mqa"), {"hidden_up": 64, "ffn_up": 16})
 
 
-def test_upscaling_twice_is_refused():
-    model = upscale(make_model("llama-gqa2-tied"), ScaleConfig(hidden_up=32, ffn_up=16))
-    before = model(probe_ids()).logits
-    with pytest.raises(ValueError, match="already upscaled"):
-        upscale(model, ScaleConfig(hidden_up=32, ffn_up=16))
-    assert torch.equal(model(probe_ids()).logits, before)
-
-
 @pytest.mark.parametrize("method", ["lora", "Route", None])
 def test_set_method_unknown_leaves_model_unchanged(method):
     model = upscale(make_model("llama-gqa2-tied"), ScaleConfig(hidden_up=32, ffn_up=16, method="adapt"))

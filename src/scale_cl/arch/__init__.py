@@ -29,7 +29,7 @@ def spec_for(model: object) -> ArchSpec:
     """The spec of ``model``'s architecture, or a ValueError naming the supported ones."""
     name = type(model).__name__
     if getattr(model, "is_scale_upscaled", False):
-        raise ValueError(f"this {name} is already upscaled by scale_cl; upscale the base model instead")
+        raise ValueError(f"this {name} is already upscaled by scale_cl; use the base model (upscale grows it again)")
     if name not in SPECS:
         raise ValueError(
             f"scale_cl cannot upscale {name}: supported architectures are {', '.join(sorted(SPECS))} "
