@@ -23,7 +23,11 @@ KEYS = ("la", "acc", "bwt", "fwt", "forgetting", "max_forgetting")
 
 
 def runs_of(folder: Path) -> list[dict]:
-    """Every method run in a folder's results.json (a biography run's seeds, or a cpt run's methods)."""
+    """Every method run in a folder's results.json (a biography run's seeds, or a cpt run's methods); a biography
+    run not finished yet: each finished method's seed-<s>/<method>.json."""
+    if not (folder / "results.json").is_file():
+        found = [json.loads(path.read_text()) for path in sorted(folder.glob("seed-*/*.json"))]
+        return [run for run in found if "matrix" in run]
     results = json.loads((folder / "results.json").read_text())
     runs = []
     for method, summary in results["methods"].items():
