@@ -5,7 +5,7 @@ method: a `ScaleLinear` by an ``nn.Linear`` holding its block matrix (W12 where 
 not), the embedding by ``[E, E_up]``, the head by ``[W_out, alpha W_out_up]``, the SCALE FFN by the stock FFN
 arithmetic (`FrozenMLP`). The norms cannot be merged (each group keeps its own statistic), so each `SplitNorm`
 stays as it is, frozen, and the next stage's `SplitNorm` normalises the whole previous width with it: the
-norms split into groups ``d, u1, u2, ...`` (docs/design.md §1, "Growing again").
+norms split into groups ``d, u1, u2, ...`` (docs/design.md §2, "Growing again").
 
 Everything trained so far is then frozen and is the new base, and the next stage's `upscale` computes exactly
 that base until its own W12 or head columns change (Theorem 3.1 at every step). The merged products round
@@ -29,7 +29,7 @@ from scale_cl.config import scale_config_of
 from scale_cl.layers import INNER, ScaleEmbedding, ScaleHead, ScaleLinear, ScaleMLP, SplitNorm, is_new_parameter
 from scale_cl.route import ROUTE_SHARE_KEY, capture_inputs_hook, route_share_hook, stack_paths_hook
 
-# How many SCALE stages a model has had: its earlier ones (``config.scale_cl["stages"]``) and the current one.
+# Where ``config.scale_cl`` lists a grown model's earlier stages (the current one is its ``config``).
 STAGES_KEY = "stages"
 _HOOKS = (route_share_hook, capture_inputs_hook, stack_paths_hook)
 
