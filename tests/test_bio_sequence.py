@@ -72,7 +72,7 @@ def test_metrics_are_the_standard_definitions():
 def per_task(tmp_path_factory) -> tuple[Path, dict]:
     out = tmp_path_factory.mktemp("bio-sequence") / "per-task"
     cfg = micro_sequence(**{"sequence.growth": "per_task", "methods": ["fft", "scale_preserve", "lora"]})
-    return out, pipeline.run_bio(cfg, out)
+    return out, sequence.run_bio_sequence(cfg, out)
 
 
 def test_a_sequence_reports_the_matrix_metrics_and_figures(per_task):
@@ -128,11 +128,11 @@ def test_a_killed_sequence_resumes_to_the_same_result(per_task, tmp_path, monkey
     out = tmp_path / "run"
     for method in ("scale_preserve", "lora"):  # killed in one, the next run finishes it and is killed in the other
         with pytest.raises(KeyboardInterrupt):
-            pipeline.run_bio(cfg, out)
+            sequence.run_bio_sequence(cfg, out)
         state = out / "seed-0" / f"{method}.tasks"
         assert json.loads((state / "progress.json").read_text())["tasks_done"] == 2
         assert set(load_file(state / "task-2.safetensors")) and not (state / "task-1.safetensors").exists()
-    pipeline.run_bio(cfg, out)
+    sequence.run_bio_sequence(cfg, out)
     trained = [("scale_preserve", t) for t in (1, 2, 3, 3)] + [("lora", t) for t in (1, 2, 3, 3)]
     assert calls == trained + [("fft", t) for t in (1, 2, 3)]  # each re-run trains task 3 only
     for method in cfg.methods:
@@ -155,7 +155,7 @@ def test_a_sequence_trains_every_task_and_keeps_earlier_stages_frozen(tmp_path, 
         return trainer
 
     monkeypatch.setattr(sequence, "train_model", watched)
-    pipeline.run_bio(cfg, tmp_path / "run")
+    sequence.run_bio_sequence(cfg, tmp_path / "run")
     assert len(seen) == TASKS
     for task, (moved, trainable, names) in enumerate(seen, start=1):
         assert moved and moved <= trainable
@@ -179,7 +179,7 @@ def test_lora_adds_an_adapter_per_task(kind, tmp_path, monkeypatch):
         return trainer
 
     monkeypatch.setattr(sequence, "train_model", watched)
-    results = pipeline.run_bio(cfg, tmp_path / "run")
+    results = sequence.run_bio_sequence(cfg, tmp_path / "run")
     run = results["methods"]["lora"]["runs"][0]
     costs = run["parameters"]
     assert run["growth"] == f"per_task ({kind})"
@@ -202,8 +202,11 @@ def test_sequence_refusals_before_anything_is_written(tmp_path):
         ({"sequence.tasks": 61}, "61 tasks of new people do not fit 120 people"),
     ):
         with pytest.raises(ValueError, match=message):
-            pipeline.run_bio(micro_sequence(**overrides), tmp_path / "run")
+            sequence.run_bio_sequence(micro_sequence(**overrides), tmp_path / "run")
         assert not (tmp_path / "run").exists()
     cfg = micro_sequence()
     with pytest.raises(ValueError, match="sweep bio does not run a sequence of tasks yet"):
         BioExperiment(cfg).validate(cfg)
+    with pytest.raises(ValueError, match=r"runs through scale_cl\.experiments\.bio\.sequence\.run_bio_sequence"):
+        pipeline.run_bio(cfg, tmp_path / "run")
+    assert not (tmp_path / "run").exists()

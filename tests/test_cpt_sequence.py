@@ -15,6 +15,8 @@ from conftest import SYLLABLES, _documents, tiny_config
 from scale_cl.eval.continual import continual_metrics
 from scale_cl.experiments.cpt.config import CptSequenceConfig
 from scale_cl.experiments.cpt.pipeline import run_cpt
+from scale_cl.experiments.cpt.sequence import run_cpt_sequence
+from scale_cl.experiments.sweep.experiments import CptExperiment
 
 STEPS = 4
 
@@ -36,7 +38,7 @@ def sequence_config(workspace: Path, methods: list[str], growth: str = "once", *
 def finished(workspace, tmp_path_factory):
     out = tmp_path_factory.mktemp("cpt-sequence") / "run"
     cfg = sequence_config(workspace, ["fft", "scale_preserve", "lora"], growth="per_task")
-    return out, run_cpt(cfg, out)["methods"]
+    return out, run_cpt_sequence(cfg, out)
 
 
 def test_the_perplexity_matrix_holds_the_old_domain_and_every_new_one(finished):
@@ -73,9 +75,9 @@ def test_a_killed_sequence_resumes_to_the_same_result(finished, workspace, tmp_p
 
     monkeypatch.setattr(sequence, "train_model", dies_in_task_3)
     with pytest.raises(KeyboardInterrupt):
-        run_cpt(cfg, tmp_path / "run")
+        run_cpt_sequence(cfg, tmp_path / "run")
     assert json.loads((tmp_path / "run" / "scale_preserve" / "progress.json").read_text())["tasks_done"] == 2
-    got = run_cpt(cfg, tmp_path / "run")["methods"]["scale_preserve"]
+    got = run_cpt_sequence(cfg, tmp_path / "run")["scale_preserve"]
     assert calls == [1, 2, 3, 3]
     want = json.loads((reference / "scale_preserve" / "result.json").read_text())
     assert got["ppl_matrix"] == want["ppl_matrix"] and got["parameters"] == want["parameters"]
@@ -95,8 +97,13 @@ def test_sequence_refusals_before_anything_is_written(workspace, tmp_path):
     )
     for cfg, message in cases:
         with pytest.raises(ValueError, match=message):
-            run_cpt(cfg, tmp_path / "run")
+            run_cpt_sequence(cfg, tmp_path / "run")
         assert not (tmp_path / "run").exists()
+    with pytest.raises(ValueError, match=r"runs through scale_cl\.experiments\.cpt\.sequence\.run_cpt_sequence"):
+        run_cpt(base, tmp_path / "run")
+    with pytest.raises(ValueError, match="sweep cpt does not run a sequence of domains yet"):
+        CptExperiment(base).validate(base)
+    assert not (tmp_path / "run").exists()
     with pytest.raises(ValueError, match="NAME=SOURCE"):
         CptSequenceConfig(then=["domain2"])
     with pytest.raises(ValueError, match="distinct names"):

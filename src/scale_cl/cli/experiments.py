@@ -14,9 +14,11 @@ from scale_cl.experiments.cpt.config import CptCommand, cpt_settings
 def run_bio_command(settings: BioCommand) -> int:
     from scale_cl.experiments.bio.pipeline import run_bio
     from scale_cl.experiments.bio.report import figures
+    from scale_cl.experiments.bio.sequence import run_bio_sequence
 
     out = Path(settings.out or f"outputs/bio-{settings.bio.preset}")
-    results = run_bio(settings.bio, out, Path(settings.cache) if settings.cache else None)
+    run = run_bio_sequence if settings.bio.sequence.tasks > 1 else run_bio
+    results = run(settings.bio, out, Path(settings.cache) if settings.cache else None)
     print((out / "results.md").read_text())
     written = [out / name for name in ("results.md", "results.json", *figures(results))]
     print(f"[bio] wrote {', '.join(map(str, written[:-1]))} and {written[-1]}")
@@ -51,9 +53,13 @@ BIO = Command(
 
 def run_cpt_command(settings: CptCommand) -> int:
     from scale_cl.experiments.cpt.pipeline import process_state, run_cpt
+    from scale_cl.experiments.cpt.sequence import run_cpt_sequence
 
     out = Path(settings.out or f"outputs/cpt-{settings.cpt.preset}")
-    results = run_cpt(settings.cpt, out)
+    if settings.cpt.sequence.then:
+        results = {"methods": run_cpt_sequence(settings.cpt, out)}
+    else:
+        results = run_cpt(settings.cpt, out)
     if process_state().is_main_process:
         print((out / "results.md").read_text())
         figures = "" if settings.cpt.sequence.then else f", {out / 'perplexity.png'}"

@@ -480,11 +480,22 @@ def _validate_sequence(cfg: BioConfig) -> None:
     cfg.sequence.check_methods(cfg.methods)
 
 
-def run_bio(cfg: BioConfig, out: Path, cache: Path | None = None) -> dict[str, Any]:
+def run_bio(
+    cfg: BioConfig, out: Path, cache: Path | None = None, run_one: Callable[..., dict] | None = None
+) -> dict[str, Any]:
     """Run (or resume) the whole benchmark into ``out``; returns the collected results.
 
-    ``cache``: folder of the tokenizer and stage-1/2 models (default ``<out>/cache``).
+    ``cache``: folder of the tokenizer and stage-1/2 models (default ``<out>/cache``). ``run_one``: what trains
+    one method after the Task-0 model (`run_method`'s arguments; default `run_method`, Task 1); a sequence of tasks
+    passes its own (`scale_cl.experiments.bio.sequence.run_bio_sequence`).
     """
+    if run_one is None:
+        if cfg.sequence.tasks > 1:
+            raise ValueError(
+                "sequence.tasks > 1 runs through scale_cl.experiments.bio.sequence.run_bio_sequence (as `scale-cl bio` "
+                "does)"
+            )
+        run_one = run_method
     from scale_cl.experiments.bio.report import collect, write_report
 
     out = Path(out)
@@ -499,12 +510,7 @@ def run_bio(cfg: BioConfig, out: Path, cache: Path | None = None) -> dict[str, A
         stage_accuracies(data, seed, stage_dirs, out)
         task0_dir = stage_dirs[1]
         for method in cfg.methods:
-            if cfg.sequence.tasks > 1:
-                from scale_cl.experiments.bio.sequence import run_sequence
-
-                run_sequence(cfg, data, task0_dir, method, seed, out)
-            else:
-                run_method(cfg, data, task0_dir, method, seed, out)
+            run_one(cfg, data, task0_dir, method, seed, out)
     results = collect(cfg, out)
     write_report(results, out)
     return results

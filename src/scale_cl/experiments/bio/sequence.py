@@ -30,7 +30,7 @@ from transformers import GPTNeoXForCausalLM
 from scale_cl.eval.continual import accuracy_matrix, continual_metrics
 from scale_cl.experiments.bio.config import BioConfig
 from scale_cl.experiments.bio.datasets import PadCollator
-from scale_cl.experiments.bio.pipeline import CHECKPOINT_MINUTES, CHECKPOINTS_KEPT, BioData, evaluate_tasks
+from scale_cl.experiments.bio.pipeline import CHECKPOINT_MINUTES, CHECKPOINTS_KEPT, BioData, evaluate_tasks, run_bio
 from scale_cl.experiments.sequence_progress import SequenceProgress, task_cost
 from scale_cl.files import write_json
 from scale_cl.train.arguments import training_arguments
@@ -134,4 +134,9 @@ def run_sequence(
 COST_TOKENS = 64  # the pre-training text's first tokens: the one sequence every method's cost is counted on
 
 
-__all__ = ["run_sequence", "task_names"]
+def run_bio_sequence(cfg: BioConfig, out: Path, cache: Path | None = None) -> dict[str, Any]:
+    """`scale_cl.experiments.bio.pipeline.run_bio` with every method trained through the sequence (`run_sequence`)."""
+    return run_bio(cfg, out, cache, run_one=run_sequence)
+
+
+__all__ = ["run_bio_sequence", "run_sequence", "task_names"]

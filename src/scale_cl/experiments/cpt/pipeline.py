@@ -471,9 +471,9 @@ def run_cpt(cfg: CptConfig, out: Path) -> dict[str, Any]:
     from scale_cl.experiments.cpt.report import collect, write_report
 
     if cfg.sequence.then:
-        from scale_cl.experiments.cpt.sequence import run_cpt_sequence
-
-        return {"methods": run_cpt_sequence(cfg, out)}
+        raise ValueError(
+            "sequence.then runs through scale_cl.experiments.cpt.sequence.run_cpt_sequence (as `scale-cl cpt` does)"
+        )
     out = Path(out)
     validate(cfg, base_model_config(cfg))
     ref = base_model_ref(cfg)

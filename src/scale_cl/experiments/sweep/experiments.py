@@ -167,6 +167,11 @@ class CptExperiment:
     def validate(self, cfg: Any) -> None:
         from scale_cl.experiments.cpt.pipeline import base_model_config, validate
 
+        if cfg.sequence.then:
+            raise ValueError(
+                "sweep cpt does not run a sequence of domains yet (sequence.then): run `scale-cl cpt --sequence.then "
+                "...` at each rate instead"
+            )
         if self._base_config is None:
             self._base_config = base_model_config(cfg)
         validate(cfg, self._base_config)
