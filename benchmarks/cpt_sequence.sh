@@ -3,7 +3,8 @@
 # scripts, and one language that shares English's), each task at the clean-en preset's steps and per-method rates,
 # three seeds. Growth "once" for every method; "per_task" for SCALE-Preserve, SCALE-Adapt and LoRA (stacked; merged
 # in its own folder). SCALE-Route cannot be grown again (refused): it runs once. Each folder's results.md holds the
-# perplexity matrices (English included) and ACC/BWT/FWT/forgetting on -ln(perplexity).
+# perplexity matrices (English included) and ACC/BWT/FWT/forgetting on -ln(perplexity). Every task is measured at its
+# end only (`--eval.every 100`, the preset's steps): seven sets every 20 steps would cost about as much as training.
 # Needs the clean base and corpora of benchmarks/cpt_clean.sh; builds the four later corpora here. Resumable (per
 # task). Environment: SCALE_CL (default .venv/bin/scale-cl), CPT_SEQ_OUT (default outputs/cpt-seq), CPT_SEEDS
 # (default "0 1 2"), CPT_SEQ_RUNS (default "once per-task lora-merged"); extra arguments go to every run.
@@ -24,7 +25,7 @@ run() {
   [[ " ${chosen[*]} " == *" $name "* ]] || return 0
   for seed in "${seeds[@]}"; do
     "${cli[@]}" cpt --preset clean-en --seed "$seed" --sequence.first korean --sequence.then "${languages[@]}" \
-      --out "$root/$name/seed-$seed" "$@"
+      --eval.every 100 --out "$root/$name/seed-$seed" "$@"
   done
 }
 run once --methods fft freeze lora llama_pro scale_preserve scale_adapt scale_route "${@}"
