@@ -34,8 +34,11 @@ pytestmark = [
     ),
 ]
 
-METHODS = ["scale_adapt", "freeze"]  # new weights only / full model with the embedding and layer 0 frozen
-WEIGHTS = {"scale_adapt": "scale_model.safetensors", "freeze": "model.safetensors"}
+# new weights only (Route: its output carries the routing share, which DDP takes apart and rebuilds) / full model
+# with the embedding and layer 0 frozen
+METHODS = ["scale_adapt", "scale_route", "freeze"]
+WEIGHTS = {"scale_adapt": "scale_model.safetensors", "scale_route": "scale_model.safetensors"}
+WEIGHTS["freeze"] = "model.safetensors"
 # With two ranks the DDP all-reduce adds the same two micro-batch gradients that accumulation adds (two-term
 # float addition is commutative, the 1/2 scalings are exact), so on CPU the weights agree bitwise (measured:
 # max abs difference 0). The tolerance only admits float32 rounding (eps 1.2e-7) from another reduction

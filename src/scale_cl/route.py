@@ -15,6 +15,8 @@ route mode needs to know lives in one `RouteState` per model, which `set_method`
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -261,8 +263,18 @@ def route_share_hook(
         share = (routed * weights).sum() / weights.sum().clamp_min(1)
     else:
         share = routed.mean()
-    output[ROUTE_SHARE_KEY] = share
-    return output
+    return _output_with_share(type(output))(**output, **{ROUTE_SHARE_KEY: share})
+
+
+@functools.cache
+def _output_with_share(output_type: type[ModelOutput]) -> type[ModelOutput]:
+    """``output_type`` with the routing share as a declared field. A key merely set on the output would be lost where
+    the output is taken apart and rebuilt from its fields (DDP with ``find_unused_parameters``, the Trainer's
+    default, rebuilds it through torch's pytree): ``CausalLMOutputWithPast(route_preserve_share=...)`` raises."""
+    field = (ROUTE_SHARE_KEY, torch.Tensor | None, dataclasses.field(default=None))
+    return dataclasses.make_dataclass(
+        f"{output_type.__name__}WithRouteShare", [field], bases=(output_type,), namespace={"__module__": __name__}
+    )
 
 
 def reorder_cache(state: RouteState, past_key_values: Any, beam_idx: torch.Tensor) -> Any:
