@@ -4,6 +4,7 @@ a `scale-cl cpt --sequence.then ...` run), with the verdict: does the best SCALE
 
     python benchmarks/sequence_table.py outputs/bio-seq/once outputs/bio-seq/per-task outputs/bio-seq/lora-merged
     python benchmarks/sequence_table.py outputs/cpt-seq/once/seed-0 outputs/cpt-seq/once/seed-1 ...
+    python benchmarks/sequence_table.py --matrices fft:once scale_preserve:per_task -- outputs/bio-seq/once ...
 
 Biography folders hold every seed (mean ± population std over them); a cpt folder holds one seed, and folders of
 the same strategy are pooled by method and growth. Values: biography accuracy points (%), cpt nats of -ln(ppl).
@@ -45,6 +46,14 @@ def spread(values: list[float], scale: float) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("folders", nargs="+", type=Path)
+    parser.add_argument(
+        "--matrices",
+        nargs="*",
+        default=[],
+        metavar="METHOD:GROWTH",
+        help="also print these runs' mean matrices over seeds (accuracy in %%; cpt: perplexity, every set), e.g. "
+        "fft:once scale_preserve:per_task",
+    )
     args = parser.parse_args()
     groups: dict[tuple[str, str], list[dict]] = defaultdict(list)
     bio = True
@@ -77,6 +86,29 @@ def main() -> None:
             f"FFT's {fft['bwt'] * scale:+.2f} (target: at least {fft['bwt'] * scale / 2:+.2f}), ACC "
             f"{best['acc'] * scale:.2f} against {fft['acc'] * scale:.2f}: target {'met' if met else 'missed'}."
         )
+    for wanted in args.matrices:
+        method, _, growth = wanted.partition(":")
+        if (method, growth or "once") not in groups:
+            raise SystemExit(f"--matrices {wanted}: no such run; runs found: {', '.join(map(':'.join, groups))}")
+        print_mean_matrix(f"{method} ({growth or 'once'})", groups[(method, growth or "once")], bio)
+
+
+def print_mean_matrix(title: str, runs: list[dict], bio: bool) -> None:
+    """The mean over seeds of the runs' matrices: rows after each task (start first), columns each task (bio) or
+    every evaluated set (cpt, perplexity)."""
+    first = runs[0]
+    key, columns = ("matrix", first["tasks"]) if bio else ("ppl_matrix", first["columns"])
+    if bio:
+        columns = [f"Task {j}" for j in range(len(first[key][0]))]
+    mean = [
+        [statistics.fmean(run[key][i][j] for run in runs) for j in range(len(columns))] for i in range(len(first[key]))
+    ]
+    print(f"\n{title}, mean of {len(runs)} seed(s), after each task:\n")
+    print("| after | " + " | ".join(columns) + " |")
+    print("|---" * (len(columns) + 1) + "|")
+    for i, row in enumerate(mean):
+        label = "start" if i == 0 else (f"Task {i}" if bio else first["tasks"][i])
+        print(f"| {label} | " + " | ".join(f"{v * 100:.1f}" if bio else f"{v:,.2f}" for v in row) + " |")
 
 
 if __name__ == "__main__":
