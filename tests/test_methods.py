@@ -583,14 +583,16 @@ def test_every_method_declares_the_experiment_settings_it_reads():
 
 def test_import_scale_cl_loads_the_tuner_only():
     """``import scale_cl`` is the tuner: no method, training, data, experiment or CLI module, and no library for
-    learning tokens (the vocabulary rows it loads need none) or for the baselines (PEFT)."""
+    learning tokens (the vocabulary rows it loads need none), for the baselines (PEFT) or for a quantized base
+    (bitsandbytes, imported when a base is quantized)."""
     code = (
         "import json, sys, scale_cl; print(json.dumps(sorted({m for m in sys.modules if m.split('.')[0] in "
-        "('peft', 'tokenizers')} | {m.split('.')[1] for m in sys.modules if m.startswith('scale_cl.')})))"
+        "('peft', 'tokenizers', 'bitsandbytes')} | "
+        "{m.split('.')[1] for m in sys.modules if m.startswith('scale_cl.')})))"
     )
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     tuner = {"arch", "bounds", "config", "files", "init", "io", "layers", "model", "provenance", "restore", "route"}
-    tuner |= {"grow", "likelihood_router", "shapes", "summary", "upscale", "vocab"}
+    tuner |= {"grow", "likelihood_router", "quant", "shapes", "summary", "upscale", "vocab"}
     assert set(json.loads(loaded)) <= tuner, loaded
     code = "import sys, scale_cl.vocab; print('scale_cl.vocab.tokenizer' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout == "False\n"

@@ -67,6 +67,11 @@ def check_growable(model: nn.Module) -> None:
             "which no frozen base computes. Grow it under the method you deploy it with (set_method(model, "
             "'adapt') or 'preserve' first), or keep training the same blocks (grow once)"
         )
+    if model.config.scale_cl["base"].get("base_quant", "none") != "none":
+        raise ValueError(
+            "cannot grow a model on a quantized base again: its frozen block matrices would have to be stored dense "
+            "(or quantized anew, which changes them): keep training the same blocks (grow once)"
+        )
     if getattr(model.get_input_embeddings(), "weight_new", None) is not None:
         raise ValueError(
             "cannot grow a model with an extended vocabulary again (its new token rows would be frozen into the "

@@ -80,6 +80,11 @@ def save(
     """Save an upscaled model's new parameters (and with ``full`` its base weights); see module doc."""
     cfg = scale_config_of(model)
     base = model.config.scale_cl["base"]
+    if full and base.get("base_quant", "none") != "none":
+        raise ValueError(
+            f"full=True writes the base weights dense, but this model's base is quantized ({base['base_quant']}): save "
+            "with full=False (a load quantizes the named base model again, the same way)"
+        )
     values = state_dict if state_dict is not None else _unique_parameters(model)
     params = _unique_parameters(model)
     new = {n: values[n].detach().contiguous().cpu() for n in params if is_new_parameter(n)}

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from scale_cl.config import UP_NORMS
+from scale_cl.quant import is_quantized
 from scale_cl.route import RouteState, route_cosine, route_logits
 
 # The names of what SCALE adds to a module (everything else keeps the base model's names and stays frozen).
@@ -89,9 +90,15 @@ class ScaleLinear(SplitInput):
         self.use_w12 = False
         self.route: RouteState | None = None  # the model's route state, handed over by `upscale`
         self._merged: tuple | None = None  # the merged inference form, see `_inference_weights`
-        self.weight = base.weight
-        self.bias = base.bias
-        factory = {"device": base.weight.device, "dtype": base.weight.dtype}
+        if is_quantized(base):  # a quantized frozen base (`scale_cl.quant`): W x + b is its module's product
+            self.quantized_base = base
+            self.weight = self.bias = None
+            factory = {"device": base.weight.device, "dtype": base.dense_dtype}
+        else:
+            self.quantized_base = None
+            self.weight = base.weight
+            self.bias = base.bias
+            factory = {"device": base.weight.device, "dtype": base.weight.dtype}
         self.w12 = nn.Parameter(torch.zeros(self.out_features, in_up, **factory))
         self.w21 = nn.Parameter(w21.to(**factory))
         self.w22 = nn.Parameter(w22.to(**factory))
@@ -103,8 +110,15 @@ class ScaleLinear(SplitInput):
         return torch.cat(self.project(*hidden.split((self.in_features, self.in_up), dim=-1)), dim=-1)
 
     def merged_inference_active(self) -> bool:
-        """Whether `forward` takes the merged inference form: W12 used, gradients off, ``merge_for_inference`` on."""
-        return self.use_w12 and self.merge_for_inference and not torch.is_grad_enabled()
+        """Whether `forward` takes the merged inference form: W12 used, gradients off, ``merge_for_inference`` on,
+        and a dense ``W`` (a quantized one stays quantized: merging it would store it dense)."""
+        return self.use_w12 and self.merge_for_inference and not torch.is_grad_enabled() and self.weight is not None
+
+    def original_product(self, x: torch.Tensor) -> torch.Tensor:
+        """``W x + b``, the frozen original product (through the quantized module where the base is quantized)."""
+        if self.quantized_base is not None:
+            return self.quantized_base(x)
+        return F.linear(x, self.weight, self.bias)
 
     def _forward_merged(self, hidden: torch.Tensor) -> torch.Tensor:
         """One dense product with the block matrix; route's stacked batch multiplies its preserve half
@@ -116,7 +130,7 @@ class ScaleLinear(SplitInput):
         preserve = hidden[:half]
         preserve = torch.cat(
             (
-                F.linear(self._as_base_input(preserve[..., : self.in_features]), self.weight, self.bias),
+                self.original_product(self._as_base_input(preserve[..., : self.in_features])),
                 F.linear(preserve, bottom, self.bias_up),
             ),
             dim=-1,
@@ -158,7 +172,7 @@ class ScaleLinear(SplitInput):
         x = self._as_base_input(self.original(x))
         if self.constant_preserve_half and torch.is_grad_enabled():
             return self._project_stacked(x, x_up)
-        out = F.linear(x, self.weight, self.bias)
+        out = self.original_product(x)
         if self.use_w12 and self.route is not None and self.route.active:  # [preserve path; adapt path]
             half = out.shape[0] // 2
             out = torch.cat((out[:half], out[half:] + F.linear(x_up[half:], self.w12)))
@@ -173,10 +187,10 @@ class ScaleLinear(SplitInput):
         and saves nothing for it. The forward arithmetic is `project`'s, one half at a time."""
         half = x.shape[0] // 2
         x_p, x_a = x[:half].detach(), x[half:]
-        out_a = F.linear(x_a, self.weight, self.bias)
+        out_a = self.original_product(x_a)
         if self.use_w12:
             out_a = out_a + F.linear(x_up[half:], self.w12)
-        out = torch.cat((F.linear(x_p, self.weight, self.bias), out_a))
+        out = torch.cat((self.original_product(x_p), out_a))
         w21 = torch.cat((F.linear(x_p, self.w21, self.bias_up), F.linear(x_a, self.w21, self.bias_up)))
         return out, w21 + F.linear(x_up, self.w22)
 
@@ -187,6 +201,11 @@ class ScaleLinear(SplitInput):
         path's matrix (W12 taken as zero). A fresh tensor, detached from the parameters.
         """
         with_w12 = self.use_w12 if with_w12 is None else with_w12
+        if self.weight is None:
+            raise ValueError(
+                "this linear's W is quantized (base_quant): it has no dense block matrix to merge (export, growing "
+                "again and merged inference need an unquantized base)"
+            )
         with torch.no_grad():
             w12 = self.w12 if with_w12 else torch.zeros_like(self.w12)
             weight = torch.cat((torch.cat((self.weight, w12), dim=1), torch.cat((self.w21, self.w22), dim=1)))

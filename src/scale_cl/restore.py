@@ -29,6 +29,7 @@ from scale_cl.io import (
 from scale_cl.layers import is_new_parameter
 from scale_cl.model import set_method
 from scale_cl.provenance import weight_fingerprint
+from scale_cl.quant import quantize_base, quantized_kind
 from scale_cl.upscale import upscale
 from scale_cl.vocab import grow_embeddings
 
@@ -110,6 +111,8 @@ def load(
 
     model = _load_base(meta, directory, base_model, dict(from_pretrained_kwargs))
     recorded = meta["base_model"]
+    if recorded.get("base_quant", "none") != quantized_kind(model):  # trained on a quantized base: quantize it alike
+        model = quantize_base(model, recorded["base_quant"])
     if type(model).__name__ != recorded["class"]:
         raise ValueError(
             f"the checkpoint was trained on a {recorded['class']}, the base model is a {type(model).__name__}"

@@ -25,6 +25,7 @@ from scale_cl.init import expansion_blocks, top_singular_all
 from scale_cl.layers import ScaleEmbedding, ScaleHead, ScaleLinear, ScaleMLP, SplitNorm
 from scale_cl.model import scale_class, set_method
 from scale_cl.provenance import base_record
+from scale_cl.quant import dense_weight
 from scale_cl.route import ROUTE_SHARE_KEY, RouteState, capture_inputs_hook, route_share_hook, stack_paths_hook
 from scale_cl.shapes import Dims, base_dims, growth, resolve
 from scale_cl.vocab.grow import split_vocab
@@ -90,7 +91,7 @@ def upscale(model: PreTrainedModel, config: ScaleConfig) -> PreTrainedModel:
         singular = itertools.repeat(None)
         if "svd" in (config.w21_init, config.w22_init):  # the slow part: computed in parallel on a CPU, in order
             work = [
-                (layer.get_submodule(lin.path).weight, grow[lin.grow_out])
+                (dense_weight(layer.get_submodule(lin.path)), grow[lin.grow_out])
                 for layer in backbone.layers
                 for lin in spec.linears
             ]
@@ -101,7 +102,7 @@ def upscale(model: PreTrainedModel, config: ScaleConfig) -> PreTrainedModel:
             for lin in spec.linears:
                 old = layer.get_submodule(lin.path)
                 in_up, out_up = grow[lin.grow_in], grow[lin.grow_out]
-                blocks = (old.weight, out_up, in_up, config.w21_init, config.w22_init, next(singular))
+                blocks = (dense_weight(old), out_up, in_up, config.w21_init, config.w22_init, next(singular))
                 w21, w22 = expansion_blocks(*blocks)
                 collaborative = index >= config.preserve_layers and lin.module in config.collab_modules
                 linear = ScaleLinear(old, in_up, out_up, w21, w22, collaborative, lin.module)

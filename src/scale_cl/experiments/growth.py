@@ -53,12 +53,18 @@ class GrowthSettings:
         if self.lora_per_task not in LORA_PER_TASK:
             raise ValueError(f"{self.section}lora_per_task must be one of {LORA_PER_TASK}, got {self.lora_per_task!r}")
 
-    def check_methods(self, methods: list[str]) -> None:
-        """Refuse SCALE-Route with ``per_task`` (module doc), before anything is written."""
+    def check_methods(self, methods: list[str], base_quant: str = "none") -> None:
+        """Refuse SCALE-Route with ``per_task`` (module doc), and growing on a quantized base (options.base_quant:
+        the frozen stages would be stored dense), before anything is written."""
         if self.growth == "per_task" and "scale_route" in methods:
             raise ValueError(
                 f"{self.section}growth per_task cannot grow scale_route: a Route model routes each token between two "
                 "paths of the same weights, which no frozen base computes; run scale_route with growth once"
+            )
+        if self.growth == "per_task" and base_quant != "none" and any(self.grows(m) for m in methods):
+            raise ValueError(
+                f"{self.section}growth per_task cannot grow on a quantized base (options.base_quant {base_quant!r}): "
+                "each finished stage would be frozen into dense weights; use growth once"
             )
 
     def grows(self, method: str) -> bool:

@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 from scale_cl.bounds import check_fields
 from scale_cl.config import ScaleConfig
 from scale_cl.methods import METHOD_NAMES, method_spec
+from scale_cl.quant import BASE_QUANTS, check_base_quant
 from scale_cl.shapes import base_dims, resolve
 from scale_cl.train.config import StageConfig
 from scale_cl.train.distill import NEW_TOKEN_WEIGHTS, DistillConfig
@@ -43,7 +44,8 @@ _ADAPT_SETTINGS = (
     "auto_layers_budget",
     "auto_layers_steps",
 )
-_DISTILL_SETTINGS = ("distill_weight", "distill_temperature", "distill_new_tokens")  # every method's
+# every method's (base_quant: refused by the methods that train the original weights)
+_DISTILL_SETTINGS = ("base_quant", "distill_weight", "distill_temperature", "distill_new_tokens")
 _PRESERVE_SETTINGS = (*_DISTILL_SETTINGS, *_PRESERVE_SETTINGS)
 _ADAPT_SETTINGS = (*_DISTILL_SETTINGS, *_ADAPT_SETTINGS)
 METHOD_SETTINGS: dict[str, tuple[str, ...]] = {
@@ -141,6 +143,16 @@ class MethodSettings:
         metadata={"ge": 1, "help": "SCALE-Route with route_share: old-domain sequences in the calibration sample"},
     )
 
+    base_quant: str = field(
+        default="none",
+        metadata={
+            "help": "store the base model's attention and FFN weights quantized and frozen (bitsandbytes; int8 = "
+            "LLM.int8, nf4 = QLoRA's 4-bit NormalFloat): only what a method adds trains, in full precision. SCALE "
+            "and LoRA only (LoRA on it is QLoRA); SCALE then preserves the quantized base exactly "
+            "(scale_cl.quant). Needs pip install 'scale-cl[quant]'",
+            "choices": BASE_QUANTS,
+        },
+    )
     distill_weight: float = field(
         default=0.0,
         metadata={
@@ -171,6 +183,7 @@ class MethodSettings:
             value = getattr(self, name)
             if value != MATCH and not (str(value).isdigit() and int(value) > 0):
                 raise ValueError(f"options.{name} must be '{MATCH}' or a positive integer, got {value!r}")
+        check_base_quant(self.base_quant)
         if self.distill_new_tokens not in NEW_TOKEN_WEIGHTS:
             raise ValueError(
                 f"options.distill_new_tokens must be one of {NEW_TOKEN_WEIGHTS}, got {self.distill_new_tokens!r}"
@@ -194,6 +207,8 @@ class MethodSettings:
 
         The SCALE settings are checked by `scale_cl.shapes.check_fits`, exactly as `upscale` will check them.
         """
+        for method in methods:
+            check_base_quant(self.base_quant, method)  # before anything is written
         dims = base_dims(model_config)
         reads = {setting.split(".")[0] for m in methods for setting in settings_of(m)}
         matched = {"lora_rank": self.lora_rank, "llama_pro_blocks": self.llama_pro_blocks}
@@ -210,11 +225,13 @@ class MethodSettings:
     def prepare_options(self, method: str, seed: int = 0) -> dict[str, Any]:
         """Keyword options of `scale_cl.prepare` for ``method``; 'match' counts against SCALE-Route."""
         spec = method_spec(method)
+        quant = {"base_quant": self.base_quant} if self.base_quant != "none" else {}
         if spec.is_scale:
-            return {"scale": self.scale_config(spec.scale_method, seed)}
+            return {"scale": self.scale_config(spec.scale_method, seed), **quant}
         route = self.scale_config("route", seed)
         if method == "lora":
-            return {"rank": MATCH, "match": route} if self.lora_rank == MATCH else {"rank": int(self.lora_rank)}
+            rank = {"rank": MATCH, "match": route} if self.lora_rank == MATCH else {"rank": int(self.lora_rank)}
+            return {**rank, **quant}
         if method == "llama_pro":
             if self.llama_pro_blocks == MATCH:
                 return {"blocks": MATCH, "match": route}

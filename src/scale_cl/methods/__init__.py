@@ -40,6 +40,7 @@ from scale_cl.methods.matching import (
     scale_trainable_count,
     trainable_parameter_count,
 )
+from scale_cl.quant import check_base_quant, quantize_base
 
 
 @dataclass(frozen=True)
@@ -109,13 +110,19 @@ def prepare(model: nn.Module, method: str, /, **options: Any) -> nn.Module:
 
     Modifies ``model`` in place; LoRA returns the PEFT wrapper around it. Unknown methods or
     options, and invalid option values, raise a ValueError that names what is accepted.
+
+    ``base_quant`` ("none", "int8", "nf4"; LoRA and the SCALE methods): store the base model's linears quantized
+    and frozen first (`scale_cl.quant`); LoRA on it is QLoRA.
     """
     spec = method_spec(method)
+    base_quant = options.pop("base_quant", "none")
+    check_base_quant(base_quant, method)
     accepted = method_options(method)
     unknown = sorted(set(options) - set(accepted))
     if unknown:
         takes = f"it accepts {list(accepted)}" if accepted else "it takes no options"
         raise ValueError(f"{method}: unknown options {unknown}; {takes}")
+    model = quantize_base(model, base_quant)
     if spec.is_scale:
         return spec.prepare_function()(model, method, **options)
     return spec.prepare_function()(model, **options)

@@ -51,7 +51,7 @@ def scale_trainable_count(model: nn.Module, cfg: ScaleConfig) -> int:
         total += norm_params * len(spec.layer_norms)
         for lin in spec.linears:
             base = layer.get_submodule(lin.path)
-            out_features, in_features = base.weight.shape
+            out_features, in_features = base.out_features, base.in_features  # a quantized weight is packed
             in_up, out_up = grow[lin.grow_in], grow[lin.grow_out]
             total += out_up * in_features + out_up * in_up
             if base.bias is not None:

@@ -477,7 +477,7 @@ def _validate_sequence(cfg: BioConfig) -> None:
     given = [name for name, value in unsupported.items() if value]
     if given:
         raise ValueError(f"sequence.tasks={cfg.sequence.tasks} does not take {', '.join(given)} yet: set them off")
-    cfg.sequence.check_methods(cfg.methods)
+    cfg.sequence.check_methods(cfg.methods, cfg.options.base_quant)
 
 
 def run_bio(

@@ -71,7 +71,7 @@ def validate_sequence(cfg: CptConfig) -> None:
     clash = old_names & {name for name, _ in cfg.sequence.tasks()}
     if clash:
         raise ValueError(f"sequence names {sorted(clash)} are also old-domain set names (data.old_eval): rename them")
-    cfg.sequence.check_methods(cfg.methods)
+    cfg.sequence.check_methods(cfg.methods, cfg.options.base_quant)
     for _, source in cfg.sequence.tasks()[1:]:
         check_corpus(replace(cfg.data, train=[source]))
 
