@@ -94,6 +94,30 @@ def test_smoke_peak_memory_in_fresh_processes(tmp_path):
     assert methods["scale_preserve"]["vs_fft"]["peak_train_mib"] > 0
 
 
+@pytest.mark.slow
+def test_quantized_rows_beside_dense_ones(tmp_path):
+    """METHOD+nf4 / +int8 rows (QLoRA, SCALE on a quantized base) in the same run as their dense rows: the same
+    FLOPs (counted on the dense twin), the same trainable parameters, less stored state, a fresh-process peak."""
+    pytest.importorskip("bitsandbytes")
+    out = tmp_path / "quant"
+    rows = ["fft", "lora", "lora+nf4", "scale_route", "scale_route+nf4", "scale_route+int8"]
+    args = [*SMOKE, "--methods", *rows, "--skip-inference", "--skip-upscale"]
+    assert main(["bench", *args, "--out", str(out)]) == 0
+    methods = json.loads((out / "results.json").read_text())["shapes"]["tiny"]["methods"]
+    assert list(methods) == rows
+    for dense, quantized in [
+        ("lora", "lora+nf4"),
+        ("scale_route", "scale_route+nf4"),
+        ("scale_route", "scale_route+int8"),
+    ]:
+        for key in ("fwd_flops_per_token", "train_flops_per_token", "trainable_params"):
+            assert methods[quantized][key] == methods[dense][key], (quantized, key)
+        assert methods[quantized]["state_mib"] < methods[dense]["state_mib"]
+        assert methods[quantized]["peak_train_mib"] > 0 and methods[quantized]["step_s"] > 0
+        assert "bitsandbytes" in methods[quantized]["setting"]
+    assert methods["scale_route+nf4"]["state_mib"] < methods["scale_route+int8"]["state_mib"]  # 4 bits < 8 bits
+
+
 def test_options_and_yaml_reach_the_config(tmp_path):
     """The SMOKE options (dashed, as written in the docs) and a YAML file, before the options, give the BenchConfig."""
     config = tmp_path / "bench.yaml"
@@ -122,6 +146,10 @@ def test_config_refuses_bad_settings():
         BenchConfig(shapes=("gpt-5",))
     with pytest.raises(ValueError, match="unknown methods"):
         BenchConfig(methods=("fft", "dora"))
+    with pytest.raises(ValueError, match="fft trains them"):
+        BenchConfig(methods=("fft+nf4",))
+    with pytest.raises(ValueError, match="unknown base_quant"):
+        BenchConfig(methods=("lora+int4",))
     with pytest.raises(ValueError, match="batch"):
         BenchConfig(batch=0)
     assert BenchConfig(device="cpu").is_upscale_only("llama-1b")

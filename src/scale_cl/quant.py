@@ -15,6 +15,7 @@ products are the quantized modules' own, on the same inputs; Theorem 3.1 with ``
 from __future__ import annotations
 
 import importlib.util
+import logging
 
 import torch
 from torch import nn
@@ -22,6 +23,9 @@ from torch import nn
 from scale_cl.arch import spec_for
 
 BASE_QUANTS = ("none", "int8", "nf4")  # `--options.base_quant`
+# bitsandbytes warns at import, on an AVX512-bf16 CPU, that it cannot fetch a CPU kernel from the Hub (the
+# `kernels` package): the kernel serves the repacked CPU layout, which `_quantized_linear` switches off. Quiet.
+logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
 # the methods that train none of the original linears' weights, so a quantized (frozen) base can hold them
 QUANTIZABLE_METHODS = ("lora", "scale_preserve", "scale_adapt", "scale_route")
 

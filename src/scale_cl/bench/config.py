@@ -11,8 +11,18 @@ from scale_cl.bench.shapes import SHAPES
 from scale_cl.bounds import check_fields
 from scale_cl.config import INITS
 from scale_cl.methods import METHOD_NAMES
+from scale_cl.quant import QUANTIZABLE_METHODS, check_base_quant
 
 MATCH_TARGETS = ("preserve", "adapt", "route")
+# a row of a method on a quantized base: METHOD+KIND (lora+nf4 is QLoRA)
+QUANTIZED_ROWS = tuple(f"{method}+{kind}" for method in QUANTIZABLE_METHODS for kind in ("int8", "nf4"))
+
+
+def split_method(name: str) -> tuple[str, str]:
+    """A bench row's method and its base's quantization: ``"lora+nf4"`` -> ("lora", "nf4"); ``"fft"`` -> ("fft",
+    "none")."""
+    method, _, kind = name.partition("+")
+    return method, kind or "none"
 
 
 @dataclass
@@ -25,7 +35,13 @@ class BenchConfig:
         default=("tiny", "smollm2", "llama-1b"), metadata={"help": "model shapes to measure", "choices": list(SHAPES)}
     )
     methods: tuple[str, ...] = field(
-        default=METHOD_NAMES, metadata={"help": "methods (keep fft: ratios)", "choices": list(METHOD_NAMES)}
+        default=METHOD_NAMES,
+        metadata={
+            "help": "methods (keep fft: ratios); METHOD+int8 or METHOD+nf4 measures LoRA or a SCALE method on the "
+            "base quantized by bitsandbytes (--options.base_quant; lora+nf4 is QLoRA)",
+            "choices": [*METHOD_NAMES, *QUANTIZED_ROWS],
+            "metavar": "METHOD",
+        },
     )
     batch: int = field(default=4, metadata={"ge": 1, "help": "training / forward batch size (sequences)"})
     seq: int = field(default=256, metadata={"ge": 1, "help": "tokens per sequence"})
@@ -105,9 +121,11 @@ class BenchConfig:
         unknown = [s for s in self.shapes if s not in SHAPES]
         if unknown or not self.shapes:
             raise ValueError(f"unknown shapes {unknown}; choose from {list(SHAPES)}")
-        unknown = [m for m in self.methods if m not in METHOD_NAMES]
+        unknown = [m for m in self.methods if split_method(m)[0] not in METHOD_NAMES]
         if unknown or not self.methods:
-            raise ValueError(f"unknown methods {unknown}; choose from {list(METHOD_NAMES)}")
+            raise ValueError(f"unknown methods {unknown}; choose from {list(METHOD_NAMES)} (or METHOD+int8/nf4)")
+        for name in self.methods:
+            check_base_quant(*reversed(split_method(name)))
         if self.upscale_only is not None:
             self.upscale_only = tuple(self.upscale_only)
             unknown = [s for s in self.upscale_only if s not in SHAPES]

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from scale_cl.bench.config import BenchConfig
+from scale_cl.bench.config import BenchConfig, split_method
 from scale_cl.bench.measure import interleaved_inference, interleaved_training, median, state_bytes
 from scale_cl.bench.memory import MIB, release_memory, run_child
 from scale_cl.bench.report import add_ratios, evaluate_targets, machine_info, write_results
@@ -57,13 +57,18 @@ def _measure_methods(shape: Shape, cfg: BenchConfig, entry: dict[str, Any]) -> N
             "total_params": sum(p.numel() for p in {id(p): p for p in model.parameters()}.values()),
             "state_mib": state_bytes(model) / MIB,
         }
-    del base
 
     if not cfg.skip_flops:
         for method, model in tqdm(models.items(), desc="count FLOPs", disable=not cfg.progress, leave=False):
             record = entry["methods"][method]
-            record["fwd_flops_per_token"] = forward_flops_per_token(model, ids[:1])
-            record["train_flops_per_token"] = train_flops_per_token(model, ids[:1])
+            name, kind = split_method(method)
+            counted = model
+            if kind != "none":  # torch's FLOP counter cannot see into bitsandbytes' kernels: count the dense twin
+                dense = {k: v for k, v in options[method].items() if k != "base_quant"}
+                counted = build_method(base, name, dense, device, dtype)  # the same products, dense
+            record["fwd_flops_per_token"] = forward_flops_per_token(counted, ids[:1])
+            record["train_flops_per_token"] = train_flops_per_token(counted, ids[:1])
+    del base
 
     if not cfg.skip_training:
         _log(f"{shape.name}: training, {len(models)} methods interleaved")

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from scale_cl.bench.config import BenchConfig
+from scale_cl.bench.config import BenchConfig, split_method
 from scale_cl.bench.shapes import Shape
 from scale_cl.config import ScaleConfig
 from scale_cl.experiments.settings import MethodSettings
@@ -40,24 +40,33 @@ def scale_configs(shape: Shape, cfg: BenchConfig) -> dict[str, ScaleConfig]:
 
 
 def method_options(shape: Shape, cfg: BenchConfig) -> dict[str, dict[str, Any]]:
-    """``{method: options of scale_cl.prepare}`` for every method of ``cfg.methods``."""
+    """``{row: options of scale_cl.prepare}`` for every row of ``cfg.methods`` (a method, or METHOD+KIND on a
+    quantized base)."""
     scale = scale_configs(shape, cfg)
     settings = MethodSettings(scale=scale["route"], freeze_layers=shape.freeze_layers)
     options: dict[str, dict[str, Any]] = {}
-    for method in cfg.methods:
+    for name in cfg.methods:
+        method, kind = split_method(name)
         spec = method_spec(method)
+        quant = {"base_quant": kind} if kind != "none" else {}
         if spec.is_scale:
-            options[method] = {"scale": scale[spec.scale_method]}
+            options[name] = {"scale": scale[spec.scale_method], **quant}
             continue
         opts = settings.prepare_options(method, cfg.seed)
         if "match" in opts:
             opts["match"] = scale[cfg.match]
-        options[method] = opts
+        options[name] = {**opts, **quant}
     return options
 
 
-def describe(method: str, model: nn.Module, options: dict[str, Any], cfg: BenchConfig) -> str:
-    """A short human-readable statement of the method's settings, as built."""
+def describe(name: str, model: nn.Module, options: dict[str, Any], cfg: BenchConfig) -> str:
+    """A short human-readable statement of the row's settings, as built."""
+    method, kind = split_method(name)
+    setting = _describe(method, model, options, cfg)
+    return setting if kind == "none" else f"{setting}; base linears {kind} (bitsandbytes), frozen"
+
+
+def _describe(method: str, model: nn.Module, options: dict[str, Any], cfg: BenchConfig) -> str:
     if method_spec(method).is_scale:
         sc: ScaleConfig = options["scale"]
         layers = model.config.num_hidden_layers
@@ -84,12 +93,13 @@ def build_method(
     dtype: torch.dtype,
     copy_base: bool = True,
 ) -> nn.Module:
-    """``base`` (a copy of it unless ``copy_base`` is false) on ``device``/``dtype``, prepared for ``method``.
+    """``base`` (a copy of it unless ``copy_base`` is false) on ``device``/``dtype``, prepared for ``method`` (a
+    bench row: METHOD+KIND quantizes the base first, through ``options``).
 
     The model is moved before `prepare`, so SCALE's upscale (and its SVD) runs on the device too.
     """
     model = (copy.deepcopy(base) if copy_base else base).to(device=device, dtype=dtype)
-    return prepare(model, method, **options)
+    return prepare(model, split_method(method)[0], **options)
 
 
 def unique_parameters(model: nn.Module) -> list[nn.Parameter]:
