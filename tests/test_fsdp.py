@@ -1,0 +1,98 @@
+"""An upscaled model under FSDP2 (``fully_shard``), 2 CPU processes on gloo: sharded like any model, trained as one.
+
+What accelerate's FSDP2 plugin does to a model (``fully_shard`` on each decoder layer, then on the root), done by
+hand: accelerate turns FSDP on for accelerator devices only (its ``AcceleratorState`` leaves a CPU run DDP), so a
+CPU test cannot go through ``accelerate launch``. Every parameter, frozen originals included, becomes a DTensor
+sharded across both processes; only SCALE's new blocks train; the weights after training equal one process
+accumulating the same two micro-batches (bitwise on CPU: each reduction adds two terms); a sharded checkpoint
+(``torch.distributed.checkpoint``: model and optimizer) taken mid-run resumes to the same weights.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+from safetensors.torch import load_file
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        not (dist.is_available() and dist.is_gloo_available()), reason="torch.distributed with gloo is missing"
+    ),
+]
+pytest.importorskip("torch.distributed.fsdp", reason="FSDP2 (fully_shard) needs torch >= 2.6")
+
+sys.path.insert(0, str(Path(__file__).parent))
+import fsdp_worker as worker  # noqa: E402
+from scale_cl.layers import is_new_parameter  # noqa: E402
+
+WORKER = Path(__file__).parent / "fsdp_worker.py"
+METHODS = ["scale_preserve", "scale_route"]
+
+
+def _launch(method: str, out: Path, stop: int, resume: bool = False) -> None:
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    command += [str(WORKER), method.removeprefix("scale_"), str(out), str(stop), *(["resume"] if resume else [])]
+    launcher = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+    env = {k: v for k, v in os.environ.items() if k not in launcher}
+    env.update(OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="", HF_HUB_OFFLINE="1")
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, f"{command[-4:]} failed:\n{done.stdout[-2000:]}\n{done.stderr[-5000:]}"
+
+
+def _one_process(method: str) -> dict[str, torch.Tensor]:
+    """The reference: one process, each batch as the same two micro-batches, accumulated."""
+    model = worker.build(method.removeprefix("scale_"))
+    optimizer = worker.optimizer_for(model)
+    for ids in worker.batches():
+        worker.step(model, optimizer, ids, [0, 1], 2)
+    return {k: v.detach() for k, v in model.state_dict().items()}
+
+
+@pytest.fixture(scope="module", params=METHODS)
+def runs(request, tmp_path_factory):
+    """(method, uninterrupted 2-process output, killed-and-resumed 2-process output)."""
+    method = request.param
+    whole, killed = tmp_path_factory.mktemp("whole"), tmp_path_factory.mktemp("killed")
+    _launch(method, whole, stop=worker.STEPS)
+    _launch(method, killed, stop=2)
+    assert not (killed / "final.safetensors").exists(), "the killed run stopped after its checkpoint"
+    _launch(method, killed, stop=2, resume=True)
+    return method, whole, killed
+
+
+def test_every_parameter_is_sharded_and_only_the_new_blocks_train(runs):
+    _, whole, _ = runs
+    sharding = json.loads((whole / "sharding.json").read_text())
+    assert sharding and all(p["dtensor"] for p in sharding.values()), "fully_shard made every parameter a DTensor"
+    frozen = {n: p for n, p in sharding.items() if not is_new_parameter(n)}
+    assert frozen and all(not p["trains"] for p in frozen.values())
+    assert all(p["trains"] for n, p in sharding.items() if n.endswith((".w21", ".w22", ".weight_up")))
+    big = [p for p in frozen.values() if p["rows"] >= 2]
+    assert big and all(p["local_rows"] == (p["rows"] + 1) // 2 for p in big), "dim-0 shards across 2 processes"
+
+
+def test_two_sharded_processes_train_what_one_process_trains(runs):
+    method, whole, _ = runs
+    sharded, reference = load_file(whole / "final.safetensors"), _one_process(method)
+    assert sharded.keys() == reference.keys()
+    for name, tensor in reference.items():
+        torch.testing.assert_close(sharded[name], tensor, rtol=0, atol=1e-7, msg=lambda m, n=name: f"{n}: {m}")
+    base = worker.build(method.removeprefix("scale_")).state_dict()
+    originals = [n for n in base if not is_new_parameter(n)]
+    assert originals and all(torch.equal(sharded[n], base[n]) for n in originals), "frozen weights bitwise"
+    assert any(not torch.equal(sharded[n], base[n]) for n in base if n.endswith(".w21")), "the new blocks trained"
+
+
+def test_a_sharded_checkpoint_resumes_to_the_same_weights(runs):
+    _, whole, killed = runs
+    resumed, uninterrupted = load_file(killed / "final.safetensors"), load_file(whole / "final.safetensors")
+    assert resumed.keys() == uninterrupted.keys()
+    assert all(torch.equal(resumed[n], uninterrupted[n]) for n in uninterrupted)
