@@ -24,8 +24,12 @@ KEYS = ("la", "acc", "bwt", "fwt", "forgetting", "max_forgetting")
 
 
 def runs_of(folder: Path) -> list[dict]:
-    """Every method run in a folder's results.json (a biography run's seeds, or a cpt run's methods); a biography
-    run not finished yet: each finished method's seed-<s>/<method>.json."""
+    """Every method run in a folder: a cpt run's finished methods (each <method>/result.json, so methods run by
+    separate commands into one folder all count), a biography run's results.json (its seeds) or, not finished yet,
+    each finished method's seed-<s>/<method>.json."""
+    if (folder / "cpt_config.json").is_file():
+        found = [json.loads(path.read_text()) for path in sorted(folder.glob("*/result.json"))]
+        return [run for run in found if "ppl_matrix" in run]
     if not (folder / "results.json").is_file():
         found = [json.loads(path.read_text()) for path in sorted(folder.glob("seed-*/*.json"))]
         return [run for run in found if "matrix" in run]
