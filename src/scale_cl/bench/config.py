@@ -125,7 +125,8 @@ class BenchConfig:
         if unknown or not self.methods:
             raise ValueError(f"unknown methods {unknown}; choose from {list(METHOD_NAMES)} (or METHOD+int8/nf4)")
         for name in self.methods:
-            check_base_quant(*reversed(split_method(name)))
+            method, kind = split_method(name)
+            check_base_quant(kind, method)  # e.g. fft+nf4: FFT trains the weights a quantized base keeps frozen
         if self.upscale_only is not None:
             self.upscale_only = tuple(self.upscale_only)
             unknown = [s for s in self.upscale_only if s not in SHAPES]

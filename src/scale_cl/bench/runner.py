@@ -65,7 +65,7 @@ def _measure_methods(shape: Shape, cfg: BenchConfig, entry: dict[str, Any]) -> N
             counted = model
             if kind != "none":  # torch's FLOP counter cannot see into bitsandbytes' kernels: count the dense twin
                 dense = {k: v for k, v in options[method].items() if k != "base_quant"}
-                counted = build_method(base, name, dense, device, dtype)  # the same products, dense
+                counted = models.get(name) or build_method(base, name, dense, device, dtype)  # the same products
             record["fwd_flops_per_token"] = forward_flops_per_token(counted, ids[:1])
             record["train_flops_per_token"] = train_flops_per_token(counted, ids[:1])
     del base

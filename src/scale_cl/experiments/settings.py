@@ -45,14 +45,14 @@ _ADAPT_SETTINGS = (
     "auto_layers_steps",
 )
 # every method's (base_quant: refused by the methods that train the original weights)
-_DISTILL_SETTINGS = ("base_quant", "distill_weight", "distill_temperature", "distill_new_tokens")
-_PRESERVE_SETTINGS = (*_DISTILL_SETTINGS, *_PRESERVE_SETTINGS)
-_ADAPT_SETTINGS = (*_DISTILL_SETTINGS, *_ADAPT_SETTINGS)
+_EVERY_METHOD_SETTINGS = ("base_quant", "distill_weight", "distill_temperature", "distill_new_tokens")
+_PRESERVE_SETTINGS = (*_EVERY_METHOD_SETTINGS, *_PRESERVE_SETTINGS)
+_ADAPT_SETTINGS = (*_EVERY_METHOD_SETTINGS, *_ADAPT_SETTINGS)
 METHOD_SETTINGS: dict[str, tuple[str, ...]] = {
-    "fft": _DISTILL_SETTINGS,
-    "lora": (*_DISTILL_SETTINGS, "lora_rank"),
-    "freeze": (*_DISTILL_SETTINGS, "freeze_layers"),
-    "llama_pro": (*_DISTILL_SETTINGS, "llama_pro_blocks"),
+    "fft": _EVERY_METHOD_SETTINGS,
+    "lora": (*_EVERY_METHOD_SETTINGS, "lora_rank"),
+    "freeze": (*_EVERY_METHOD_SETTINGS, "freeze_layers"),
+    "llama_pro": (*_EVERY_METHOD_SETTINGS, "llama_pro_blocks"),
     "scale_preserve": _PRESERVE_SETTINGS,
     "scale_adapt": _ADAPT_SETTINGS,
     "scale_route": (
