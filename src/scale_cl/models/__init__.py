@@ -83,13 +83,21 @@ def load_base(ref: BaseModelRef, dtype: torch.dtype = torch.float32) -> tuple[Pr
 
 
 def save_trained(
-    model: nn.Module, tokenizer: PreTrainedTokenizerBase | None, method: str, ref: BaseModelRef, directory: Path
+    model: nn.Module,
+    tokenizer: PreTrainedTokenizerBase | None,
+    method: str,
+    ref: BaseModelRef,
+    directory: Path,
+    state_dict: dict[str, torch.Tensor] | None = None,
 ) -> Path:
-    """Save ``model`` trained with ``method`` so that `load_trained` rebuilds it (see module doc)."""
+    """Save ``model`` trained with ``method`` so that `load_trained` rebuilds it (see module doc).
+
+    ``state_dict``: the model's whole state gathered from the processes' shards (`scale_cl.train.sharding`), saved
+    in place of the model's own tensors, which under sharding are slices."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     (directory / RUN_FILE).unlink(missing_ok=True)  # written last: its presence marks a complete save
-    model.save_pretrained(directory)
+    model.save_pretrained(directory, **({} if state_dict is None else {"state_dict": state_dict}))
     if tokenizer is not None:
         tokenizer.save_pretrained(directory)
     write_json(directory / RUN_FILE, {"method": method, "base": asdict(ref)})

@@ -40,7 +40,9 @@ class PeriodicEval(TrainerCallback):
     (nested names joined by ``/``: ``eval/forgetting_ppl/en``).
 
     Resuming: records after the step a run resumes from are dropped from the JSONL file (they
-    were made after the checkpoint and are made again). Only the main process evaluates.
+    were made after the checkpoint and are made again). Only the main process evaluates, unless
+    ``every_process`` is set (`scale_cl.train.recipe.train_model` sets it when the weights are sharded: a forward pass
+    then needs every process); the main process alone still records and writes.
 
     ``initial`` is used as the step-0 record instead of evaluating: every method starts from the
     base model's function (Theorem 3.1, LoRA's B = 0, LLaMA Pro's zero blocks), so a sweep measures
@@ -68,6 +70,7 @@ class PeriodicEval(TrainerCallback):
         self.initial = initial
         self.records: list[dict] = []
         self.report: Callable[[dict[str, float]], None] | None = None
+        self.every_process = False
         self._train_seconds, self._steps, self._mark = 0.0, 0, 0.0
 
     def is_eval_step(self, step: int) -> bool:
@@ -75,14 +78,17 @@ class PeriodicEval(TrainerCallback):
         early = self.early_every > 0 and step <= self.early_until and step % self.early_every == 0
         return early or step % self.every == 0
 
-    def _resume(self, step: int) -> None:
+    def _resume(self, step: int, main: bool) -> None:
+        """Keep the records up to ``step``; every evaluating process reads them (so all skip the same evaluations),
+        the main process alone rewrites the file (atomically: a reader sees the old file or the new one)."""
         if self.path is None or not self.path.is_file():
             return
         kept = [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
         self.records = [r for r in kept if r["step"] <= step] if step > 0 else []
-        write_text(self.path, "".join(json.dumps(r) + "\n" for r in self.records))
+        if main:
+            write_text(self.path, "".join(json.dumps(r) + "\n" for r in self.records))
 
-    def _record(self, step: int, model: Any, report: bool = True) -> None:
+    def _record(self, step: int, model: Any, main: bool = True, report: bool = True) -> None:
         if self.records and self.records[-1]["step"] == step:
             return
         record: dict[str, Any] = {"step": step}
@@ -90,39 +96,44 @@ class PeriodicEval(TrainerCallback):
             record["train_tokens_per_s"] = self._steps * self.tokens_per_step / self._train_seconds
         record.update(self.initial if step == 0 and self.initial is not None else self.evaluate(model))
         self.records.append(record)
-        if self.path is not None:
+        if main and self.path is not None:
             with open(self.path, "a") as handle:
                 handle.write(json.dumps(record) + "\n")
-        if report and self.report is not None:
+        if main and report and self.report is not None:
             self.report({f"eval_{key}": value for key, value in _flatten(record).items() if key != "step"})
         self._train_seconds, self._steps = 0.0, 0
 
+    def _evaluates(self, state) -> bool:
+        return state.is_world_process_zero or self.every_process
+
     def on_train_begin(self, args, state, control, model=None, **kwargs):
-        if not state.is_world_process_zero:
+        if not self._evaluates(state):
             return
-        self._resume(state.global_step)
-        self._record(state.global_step, model)
+        self._resume(state.global_step, state.is_world_process_zero)
+        self._record(state.global_step, model, state.is_world_process_zero)
         self._mark = time.perf_counter()
 
     def on_step_end(self, args, state, control, model=None, **kwargs):
-        if not state.is_world_process_zero:
+        if not self._evaluates(state):
             return
         self._train_seconds += time.perf_counter() - self._mark
         self._steps += 1
         if self.is_eval_step(state.global_step):
-            self._record(state.global_step, model)
+            self._record(state.global_step, model, state.is_world_process_zero)
         self._mark = time.perf_counter()
 
     def on_epoch_end(self, args, state, control, model=None, **kwargs):
         # The last record, taken before on_train_end: the reporting integrations' own on_train_end (called
         # before this callback's) closes their writers and runs.
-        if state.is_world_process_zero and control.should_training_stop:
-            self._record(state.global_step, model)
+        if self._evaluates(state) and control.should_training_stop:
+            self._record(state.global_step, model, state.is_world_process_zero)
 
     def on_train_end(self, args, state, control, model=None, **kwargs):
-        if not state.is_world_process_zero:
+        if not self._evaluates(state):
             return
-        self._record(state.global_step, model, report=False)  # none if on_epoch_end took it
+        self._record(
+            state.global_step, model, state.is_world_process_zero, report=False
+        )  # none if on_epoch_end took it
 
 
 class SaveAtEvaluations(TrainerCallback):

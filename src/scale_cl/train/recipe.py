@@ -5,7 +5,8 @@ What it does, in order: read a dataset that orders itself (replay) in its own or
 checkpoint in ``args.output_dir`` to resume from (or, starting afresh, clear the reporting folder of an earlier
 attempt); put SCALE-Route's tau calibration before every other callback (an evaluation sees the step's tau);
 build the `CheckpointingTrainer` (trainable-only atomic checkpoints, ``run_info`` checked on resume, per-group
-learning rates, a hard stop on a non-finite loss); connect the reporting integrations; train.
+learning rates, a hard stop on a non-finite loss); under sharded weights (FSDP, ZeRO-3), have every process evaluate
+and switch the merged inference form off (`scale_cl.train.sharding`); connect the reporting integrations; train.
 """
 
 from __future__ import annotations
@@ -20,9 +21,11 @@ from torch import nn
 from torch.utils.data import Dataset
 from transformers import TrainerCallback, TrainingArguments, default_data_collator
 
+from scale_cl.train.callbacks import PeriodicEval
 from scale_cl.train.distill import Distillation
 from scale_cl.train.reporting import connect_reporting
 from scale_cl.train.route_calibration import RouteCalibration
+from scale_cl.train.sharding import is_sharded, unmerged_for_sharding
 from scale_cl.train.trainer import CheckpointingTrainer, complete_checkpoints
 
 
@@ -77,6 +80,11 @@ def train_model(
         lr_ratios=lr_ratios,
         distillation=distillation,
     )
+    if is_sharded(trainer):  # every process takes part in a forward pass (`scale_cl.train.sharding`)
+        unmerged_for_sharding(model)
+        for callback in callbacks:
+            if isinstance(callback, PeriodicEval):
+                callback.every_process = True
     if checkpoint is None and logging_dir is not None and trainer.is_world_process_zero():
         shutil.rmtree(logging_dir, ignore_errors=True)  # a run started afresh: no events of an earlier attempt
     connect_reporting(trainer, logging_dir)

@@ -17,8 +17,10 @@ A NaN/inf loss raises `NonFiniteLossError` before the optimizer applies it; so d
 trainable weights at a checkpoint (a finite loss with a non-finite gradient), so a checkpoint the
 error names as the last good one holds finite weights.
 
-FSDP and DeepSpeed keep their own sharded checkpoint formats; with them this class falls back to
-the Trainer's saving and loading.
+FSDP and DeepSpeed keep their own (sharded) checkpoint formats; with them this class keeps the Trainer's
+saving and loading of the weights and optimizer, and still stages each checkpoint and writes its
+``checkpoint.json`` (the run, the step, ``"format": "accelerate"``) last, so resuming finds only complete
+checkpoints of the same run.
 """
 
 from __future__ import annotations
@@ -204,8 +206,11 @@ class CheckpointingTrainer(Trainer):
             super()._save_checkpoint(model, trial)
         finally:
             self.args.output_dir = output_dir
-        self.accelerator.wait_for_everyone()  # every process has written its RNG state
+        self.accelerator.wait_for_everyone()  # every process has written its RNG state (and its shards)
         if self.args.should_save:
+            if not self._own_format():  # the Trainer's (sharded) files; the meta marks them complete and whose
+                meta = {"run": self.run_info, "global_step": self.state.global_step, "format": "accelerate"}
+                write_json(staging / name / CHECKPOINT_META, meta)
             _fsync_tree(staging / name)
             final = run_dir / name
             if final.exists():
@@ -223,6 +228,7 @@ class CheckpointingTrainer(Trainer):
     # --- loading ------------------------------------------------------------------------------
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model: nn.Module | None = None) -> None:
         if not self._own_format():
+            check_run(Path(resume_from_checkpoint), self.run_info)
             return super()._load_from_checkpoint(resume_from_checkpoint, model)
         load_trainable(self.accelerator.unwrap_model(model or self.model), Path(resume_from_checkpoint), self.run_info)
         return None
@@ -246,8 +252,8 @@ class CheckpointingTrainer(Trainer):
         raise NonFiniteLossError(f"{what} ({kept}). Lower the learning rate, add warm-up, or check the data.")
 
 
-def load_trainable(model: nn.Module, checkpoint: Path, run_info: dict[str, Any] | None = None) -> None:
-    """Copy a checkpoint's trainable weights into ``model``; refuse a checkpoint of another run or a damaged one."""
+def check_run(checkpoint: Path, run_info: dict[str, Any] | None) -> dict[str, Any]:
+    """A checkpoint's meta (`CHECKPOINT_META`); refuse an incomplete checkpoint or one of another run."""
     meta_path = checkpoint / CHECKPOINT_META
     if not meta_path.is_file():
         raise ValueError(f"{checkpoint} is not a complete scale-cl training checkpoint ({CHECKPOINT_META} missing)")
@@ -256,6 +262,17 @@ def load_trainable(model: nn.Module, checkpoint: Path, run_info: dict[str, Any] 
         raise ValueError(
             f"{checkpoint} belongs to another run: it records {meta['run']}, this run is {run_info}. "
             "Use another output folder, or delete the old checkpoints."
+        )
+    return meta
+
+
+def load_trainable(model: nn.Module, checkpoint: Path, run_info: dict[str, Any] | None = None) -> None:
+    """Copy a checkpoint's trainable weights into ``model``; refuse a checkpoint of another run or a damaged one."""
+    meta = check_run(checkpoint, run_info)
+    if meta.get("format") == "accelerate":
+        raise ValueError(
+            f"{checkpoint} was written by a sharded run (FSDP / ZeRO-3: the weights are in the launcher's sharded "
+            "format): resume it under the same accelerate config"
         )
     weights_path = checkpoint / TRAINABLE_WEIGHTS
     if not weights_path.is_file() or sha256_of(weights_path) != meta["sha256"]:

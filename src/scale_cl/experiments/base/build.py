@@ -37,6 +37,7 @@ from scale_cl.train.arguments import training_arguments
 from scale_cl.train.callbacks import PeriodicEval
 from scale_cl.train.recipe import train_model
 from scale_cl.train.reporting import report_to_argument
+from scale_cl.train.sharding import refuse_sharding
 
 CONFIG_FILE = "base_config.json"
 INFO_FILE = "clean_base.json"
@@ -138,6 +139,7 @@ def is_built(model_dir: Path) -> bool:
 def build_base(cfg: BaseBuildConfig, out: Path) -> Path:
     """Build (or resume, or reuse) the base described by ``cfg`` in ``out``; returns its model folder."""
     out = Path(out)
+    refuse_sharding("scale-cl base", "the clean base is a small model trained by one process")
     model_dir = out / MODEL_DIR
     if is_built(model_dir):
         claim_output_folder(out, CONFIG_FILE, cfg.to_dict(), write=False)  # the same settings, or an error

@@ -65,6 +65,7 @@ from scale_cl.train.config import StageConfig
 from scale_cl.train.distill import Distillation, HeadTeacher, teacher_for
 from scale_cl.train.recipe import train_model
 from scale_cl.train.reporting import report_to_argument, result_settings
+from scale_cl.train.sharding import refuse_sharding
 
 CONFIG_FILE = "config.json"
 VERSION = 1  # bump when a stage's computation changes, so old caches are not reused
@@ -489,6 +490,7 @@ def run_bio(
     one method after the Task-0 model (`run_method`'s arguments; default `run_method`, Task 1); a sequence of tasks
     passes its own (`scale_cl.experiments.bio.sequence.run_bio_sequence`).
     """
+    refuse_sharding("scale-cl bio", "its models fit one device")
     if run_one is None:
         if cfg.sequence.tasks > 1:
             raise ValueError(

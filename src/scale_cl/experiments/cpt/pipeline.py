@@ -62,6 +62,7 @@ from scale_cl.train.distill import Distillation, HeadTeacher, teacher_for
 from scale_cl.train.recipe import train_model
 from scale_cl.train.reporting import report_to_argument
 from scale_cl.train.route_calibration import sequence_batches
+from scale_cl.train.sharding import full_state_dict, requested_sharding
 from scale_cl.vocab import VocabExtension, extend_tokenizer, grow_embeddings, vocab_rows
 
 CONFIG_FILE = "cpt_config.json"
@@ -104,6 +105,20 @@ def validate(cfg: CptConfig, base_config: Any) -> None:
         )
     if any(cfg.options.chooses_layers(m) for m in cfg.methods) and cfg.data.streaming:
         raise ValueError("options.auto_layers needs a packed training split: drop data.streaming")
+    sharding = requested_sharding()
+    if sharding is not None:
+        unsupported = [
+            ("options.base_quant", cfg.options.base_quant != "none"),
+            ("options.auto_layers", any(cfg.options.chooses_layers(m) for m in cfg.methods)),
+            ("eval.wise_ft_alphas", bool(cfg.eval.wise_ft_alphas)),
+        ]
+        named = [name for name, used in unsupported if used]
+        if named:
+            raise ValueError(
+                f"{', '.join(named)}: not supported with sharded weights ({sharding}, from the accelerate config; "
+                "untested there: the quantized base and the weight interpolation need whole weights, the layer probes "
+                "evaluate on one process). Drop them, or launch without FSDP / ZeRO-3."
+            )
 
 
 def total_steps(cfg: CptConfig, train: Any) -> int:
@@ -338,6 +353,8 @@ def run_method(
             every = f"every {calibration.every} steps" if calibration.every else "once"
             sequences = min(options.route_calibration_sequences, len(corpus.replay))
             replay += f", tau routes {calibration.share:.0%} of {sequences} old-domain sequences to preserve ({every})"
+        if requested_sharding() is not None:
+            replay += f", weights sharded ({requested_sharding()}) across {state.num_processes} processes"
         print(f"[cpt] {method}: lr {lr:g}{groups}, {trainable:,} trainable, {steps} steps{replay}")
     start = time.perf_counter()
     trainer = train_model(
@@ -353,10 +370,12 @@ def run_method(
         distillation=distillation,
     )
     seconds = time.perf_counter() - start
+    weights = full_state_dict(trainer)  # sharded weights (FSDP, ZeRO-3): gathered by every process, else None
     summary = {"method": method, "lr": lr, "trainable": trainable, "steps": steps, "seconds": seconds}
     if layer_choice is not None:
         summary["layer_choice"] = layer_choice
-    if state.is_main_process and cfg.eval.up_logit_scales and hasattr(trainer.model, "scale_route"):
+    evaluates = state.is_main_process or weights is not None  # a sharded forward pass needs every process
+    if evaluates and cfg.eval.up_logit_scales and hasattr(trainer.model, "scale_route"):
         summary["up_logit_frontier"] = up_logit_frontier(trainer.model, tracker.evaluate, cfg.eval.up_logit_scales)
     if state.is_main_process and cfg.eval.wise_ft_alphas and method in WISE_FT_METHODS:
         start = grown_base(*load_base(ref), corpus)[0]
@@ -364,7 +383,7 @@ def run_method(
         del start
     if state.is_main_process:
         if save_model:
-            save_trained(trainer.model, tokenizer, method, ref, method_dir / "model")
+            save_trained(trainer.model, tokenizer, method, ref, method_dir / "model", state_dict=weights)
         summary["curve"] = tracker.records
         write_json(result_path, summary)
         shutil.rmtree(run_dir, ignore_errors=True)  # resuming is no longer needed; the model is saved

@@ -36,6 +36,7 @@ from scale_cl.files import write_json, write_text
 from scale_cl.models import BaseModelRef, load_base
 from scale_cl.train.callbacks import PeriodicEval
 from scale_cl.train.recipe import train_model
+from scale_cl.train.sharding import refuse_sharding
 
 COST_TOKENS = 64  # the first evaluation set's first tokens: the one sequence each task's cost is counted on
 
@@ -213,6 +214,7 @@ def run_cpt_sequence(cfg: CptConfig, out: Path) -> dict[str, Any]:
     from scale_cl.experiments.cpt.pipeline import CONFIG_FILE, base_model_config, base_model_ref, validate
 
     out = Path(out)
+    refuse_sharding("scale-cl cpt --sequence.then", "its stages evaluate and save on the main process alone")
     validate(cfg, base_model_config(cfg))
     validate_sequence(cfg)
     ref = base_model_ref(cfg)

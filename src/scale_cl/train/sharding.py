@@ -1,0 +1,70 @@
+"""Sharded training through accelerate (FSDP2, DeepSpeed ZeRO-3): what a command does differently (docs/usage.md).
+
+Under sharding every process holds a slice of every weight, and a forward pass gathers each layer's slices from
+all processes. So what a DDP run does on the main process alone must run on every process: the evaluations
+(`scale_cl.train.callbacks.PeriodicEval`) and gathering the trained weights before the main process saves them
+(`full_state_dict`). The merged inference form of a `ScaleLinear` is switched off (it would keep a dense copy of
+every layer on every process, and the gathered weights it is built from are freed after each layer's forward).
+
+``accelerate launch --config_file configs/accelerate/fsdp2.yaml`` sets accelerate's environment
+(``ACCELERATE_USE_FSDP``, ``ACCELERATE_USE_DEEPSPEED`` and ``ACCELERATE_DEEPSPEED_ZERO_STAGE``), so
+`requested_sharding` knows before anything is built, and a command can refuse what it does not support before it
+writes anything.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+from torch import nn
+
+
+def requested_sharding() -> str | None:
+    """``"fsdp"`` or ``"deepspeed-zero3"`` when the launcher asked for sharded weights, else None (DDP or one
+    process). DeepSpeed ZeRO-1/2 keep every weight on every process, as DDP does: not sharding here."""
+    if os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true":
+        return "fsdp"
+    deepspeed = os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true"
+    if deepspeed and os.environ.get("ACCELERATE_DEEPSPEED_ZERO_STAGE", "") == "3":
+        return "deepspeed-zero3"
+    return None
+
+
+def refuse_sharding(command: str, reason: str) -> None:
+    """Raise a ValueError naming ``command`` when the launcher asked for sharding (call before anything is written)."""
+    kind = requested_sharding()
+    if kind is not None:
+        raise ValueError(
+            f"{command} does not run with sharded weights ({kind}, from the accelerate config): {reason}. Launch it "
+            "without FSDP / ZeRO-3 (one process, torchrun, or accelerate's DDP config configs/accelerate/ddp.yaml)."
+        )
+
+
+def is_sharded(trainer: Any) -> bool:
+    """Whether ``trainer`` (a transformers Trainer) shards the weights: FSDP, or DeepSpeed at ZeRO stage 3."""
+    if getattr(trainer, "is_fsdp_enabled", False):
+        return True
+    plugin = getattr(trainer.accelerator.state, "deepspeed_plugin", None) if trainer.is_deepspeed_enabled else None
+    return plugin is not None and plugin.zero_stage == 3
+
+
+def full_state_dict(trainer: Any) -> dict[str, torch.Tensor] | None:
+    """The trained model's whole state dict, gathered from every process's shards (accelerate's ``get_state_dict``).
+
+    A collective: every process must call it. The main process receives the tensors (on the CPU); the others may
+    receive an empty dict. None when the weights are not sharded (the model holds them whole)."""
+    if not is_sharded(trainer):
+        return None
+    return trainer.accelerator.get_state_dict(trainer.model_wrapped if trainer.is_deepspeed_enabled else trainer.model)
+
+
+def unmerged_for_sharding(model: nn.Module) -> None:
+    """Switch off the merged inference form of every `ScaleLinear` (see the module doc)."""
+    from scale_cl.layers import ScaleLinear
+
+    for module in model.modules():
+        if isinstance(module, ScaleLinear):
+            module.merge_for_inference = False
+            module.clear_merged()
