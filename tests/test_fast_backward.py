@@ -187,3 +187,42 @@ def test_split_mlp_equals_the_base_formula_and_keeps_no_full_width_activation(ar
     kept = sorted({shape[-1] for shape in shapes if len(shape) == 3})
     assert {shape[-1] for shape in ref_shapes if len(shape) == 3} == {full_width}
     assert kept == ([cfg.ffn_up] if constant else [cfg.ffn_up, up.out_features])
+
+
+def test_route_mlp_runs_the_halves_apart_and_keeps_nothing_of_the_preserve_halfs_original_columns():
+    """Route's stacked training batch through a collaborative `ScaleMLP`: the same output and gradients as the plain
+    computation; the preserve half's original ``ffn`` columns (a constant there) are saved for no backward."""
+    base = make_model("llama-biases")
+    cfg = ScaleConfig(hidden_up=hidden_up_for(base), ffn_up=24, w21_init="random", w22_init="random")
+    model = randomize_new_weights(upscale(base, cfg), seed=1, w12_scale=0.3)
+    set_method(model, "route")
+    mlp = model.get_decoder().layers[1].mlp
+    up = getattr(mlp, mlp.names[1])
+    assert up.constant_preserve_half and up.use_w12
+    hidden = torch.randn(4, 5, up.in_features + up.in_up, generator=torch.Generator().manual_seed(3))
+
+    results = []
+    for fast in (True, False):
+        for module in mlp.modules():
+            if isinstance(module, ScaleLinear):
+                module.constant_preserve_half = fast
+        model.zero_grad(set_to_none=True)
+        leaf = hidden.clone().requires_grad_(True)
+        out, shapes = _saved_shapes(mlp, leaf)
+        out.backward(torch.ones_like(out))
+        grads = {name: p.grad.clone() for name, p in mlp.named_parameters() if p.grad is not None}
+        results.append((out.detach(), leaf.grad, grads, shapes))
+    (out, into, grads, shapes), (ref_out, ref_into, ref_grads, ref_shapes) = results
+
+    torch.testing.assert_close(out, ref_out, atol=1e-6, rtol=1e-6)
+    d = up.in_features
+    assert torch.count_nonzero(into[:2, :, :d]) == 0  # the preserve half's x: a constant
+    torch.testing.assert_close(into[2:], ref_into[2:], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(into[:2, :, d:], ref_into[:2, :, d:], atol=1e-5, rtol=1e-5)
+    assert grads.keys() == ref_grads.keys() and grads
+    for name in grads:
+        torch.testing.assert_close(grads[name], ref_grads[name], atol=1e-5, rtol=1e-5, msg=name)
+    # Activations of the original ffn columns kept for backward: the adapt half's only (2 rows), not the stacked 4.
+    wide = [shape for shape in shapes if len(shape) == 3 and shape[-1] == up.out_features]
+    assert wide and all(shape[0] == 2 for shape in wide)
+    assert any(shape[0] == 4 for shape in ref_shapes if len(shape) == 3 and shape[-1] == up.out_features)

@@ -194,6 +194,16 @@ class ScaleLinear(SplitInput):
         w21 = torch.cat((F.linear(x_p, self.w21, self.bias_up), F.linear(x_a, self.w21, self.bias_up)))
         return out, w21 + F.linear(x_up, self.w22)
 
+    def project_path(self, x: torch.Tensor, x_up: torch.Tensor, adapt: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """`project` on one path's rows of route's stacked training batch (`ScaleMLP` runs the halves apart): the
+        preserve path's ``x`` is the constant it is there and never meets W12; the adapt path's does."""
+        self._merged = None  # training: drop the inference copy and its memory
+        x = self._as_base_input(self.original(x) if adapt else x.detach())
+        out = self.original_product(x)
+        if adapt and self.use_w12:
+            out = out + F.linear(x_up, self.w12)
+        return out, F.linear(x, self.w21, self.bias_up) + F.linear(x_up, self.w22)
+
     def merged_weight(self, with_w12: bool | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The block matrix ``[[W, W12], [W21, W22]]`` as one dense weight, and the bias ``[b; bias_up]``.
 
@@ -264,14 +274,33 @@ class ScaleMLP(nn.Module):
             inner = up(hidden)
             inner = act(inner) if gate_name is None else act(getattr(self, gate_name)(hidden)) * inner
             return down(inner)
+        if up.constant_preserve_half and torch.is_grad_enabled():  # route's stacked training batch
+            half = hidden.shape[0] // 2
+            preserve, adapt = hidden.split(half)
+            return torch.cat((self._parts(preserve, adapt=False), self._parts(adapt, adapt=True)))
+        return self._parts(hidden)
+
+    def _parts(self, hidden: torch.Tensor, adapt: bool | None = None) -> torch.Tensor:
+        """The MLP on ``hidden``; ``adapt`` True/False: on one path's half of route's stacked training batch.
+
+        Route's halves run apart in training: the preserve half's original columns (``ffn`` wide, the widest
+        activations) then depend on no trainable parameter, so their activation and gating record no backward,
+        and no (2B, T, ffn) tensor is concatenated from halves or zero-filled for a constant half's gradient
+        (a linear reading the stacked batch would, `ScaleLinear._project_stacked`)."""
+        gate_name, up_name, down_name, act_name = self.names
+        up, down, act = getattr(self, up_name), getattr(self, down_name), getattr(self, act_name)
+
+        def project(linear: ScaleLinear, x: torch.Tensor, x_up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            return linear.project(x, x_up) if adapt is None else linear.project_path(x, x_up, adapt)
+
         parts = hidden.split((up.in_features, up.in_up), dim=-1)
-        inner, inner_up = up.project(*parts)
+        inner, inner_up = project(up, *parts)
         if gate_name is None:
             inner, inner_up = act(inner), act(inner_up)
         else:
-            gate, gate_up = getattr(self, gate_name).project(*parts)
+            gate, gate_up = project(getattr(self, gate_name), *parts)
             inner, inner_up = act(gate) * inner, act(gate_up) * inner_up
-        return torch.cat(down.project(inner, inner_up), dim=-1)
+        return torch.cat(project(down, inner, inner_up), dim=-1)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

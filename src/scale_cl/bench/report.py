@@ -29,6 +29,11 @@ RATIO_METRICS = (
 )
 
 
+# Environment variables that change the process's memory allocator (glibc's malloc tunables, a preloaded jemalloc or
+# tcmalloc and their own settings).
+ALLOCATOR_VARIABLES = ("GLIBC_TUNABLES", "LD_PRELOAD", "MALLOC_CONF", "TCMALLOC_RELEASE_RATE")
+
+
 def machine_info(device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
     """Where and with what the benchmark ran: recorded with every result."""
     cpu = platform.processor() or platform.machine()
@@ -60,6 +65,9 @@ def machine_info(device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "peft": peft.__version__,
+        # The memory allocator: on a CPU, one that returns freed blocks to the system makes every large tensor
+        # page-fault afresh, which costs the methods with more activation memory most (benchmarks/README.md).
+        "allocator": {name: os.environ[name] for name in ALLOCATOR_VARIABLES if os.environ.get(name)},
     }
     return info
 
@@ -218,6 +226,8 @@ def shape_markdown(name: str, entry: dict[str, Any]) -> str:
 def to_markdown(results: dict[str, Any]) -> str:
     meta, cfg = results["meta"], results["config"]
     where = f"{meta['cpu_cores']} CPU cores ({meta['cpu']}), {meta['torch_threads']} torch threads"
+    allocator = meta.get("allocator") or {}
+    where += ", " + (" ".join(f"{k}={v}" for k, v in allocator.items()) or "the system's default allocator")
     if meta.get("gpu"):
         where = f"{meta['gpu']}; {where}"
     lines = [

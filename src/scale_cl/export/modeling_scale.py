@@ -150,7 +150,7 @@ def route_mask(z_p: torch.Tensor, z_a: torch.Tensor, tau: float) -> torch.Tensor
     """Tokens sent to the preserve path: ``cos(Z_p, Z_a) > tau`` over the vocabulary (float32)."""
     p, a = z_p.float(), z_a.float()
     norms = p.norm(dim=-1) * a.norm(dim=-1)
-    return (p * a).sum(-1) / norms.clamp_min(1e-8) > tau
+    return (p.unsqueeze(-2) @ a.unsqueeze(-1))[..., 0, 0] / norms.clamp_min(1e-8) > tau
 
 
 def running_ratio(
