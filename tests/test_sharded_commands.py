@@ -62,7 +62,7 @@ def _launch(config: str, argv: list[str], processes: int = 2, cpu: bool = True) 
         command += [str(LAUNCH_ON_CPU)]
     else:
         command += ["-m", "scale_cl.cli"]
-    return [*command, *argv[argv.index("cpt") :]]
+    return [*command, *argv[argv.index("scale_cl.cli") + 1 :]]
 
 
 def _run(command: list[str], cpu: bool = True) -> str:
@@ -218,3 +218,18 @@ def test_sharded_on_gpus_trains_as_one_gpu(config, workspace, tmp_path):
     _run(cpt_argv(cfg, one), cpu=False)
     _run(_launch(config, cpt_argv(cfg, sharded), processes=min(GPUS, 2), cpu=False), cpu=False)
     _assert_same_training(sharded, one, METHODS, rtol=1e-3, atol=1e-4)
+
+
+@pytest.mark.slow
+@needs_gloo
+def test_an_fsdp2_sweep_matches_the_single_process_run(one_process, workspace, tmp_path):
+    """`scale-cl sweep cpt` launched with fsdp2.yaml: the x1 point is the plain run of the same settings."""
+    out = tmp_path / "sweep"
+    argv = cpt_argv(tiny_config(workspace, ["scale_route"], steps=6, save_every=3), out)
+    at = argv.index("cpt")
+    sweep = [*argv[:at], "sweep", "cpt", "--lr-scales", "1", "--reference", "scale_route", *argv[at + 1 :]]
+    stdout = _run(_launch("fsdp2.yaml", sweep))
+    assert "weights sharded (fsdp) across 2 processes" in stdout and stdout.count("[sweep] run 1/1") == 1
+    point = json.loads(next((out / "points").glob("*/point.json")).read_text())
+    expected = _metrics(one_process, "scale_route")[-1]["learning_ppl"]
+    assert point["metrics"]["learning"] == pytest.approx(expected, rel=1e-5)

@@ -62,7 +62,7 @@ from scale_cl.train.distill import Distillation, HeadTeacher, teacher_for
 from scale_cl.train.recipe import train_model
 from scale_cl.train.reporting import report_to_argument
 from scale_cl.train.route_calibration import sequence_batches
-from scale_cl.train.sharding import full_state_dict, requested_sharding
+from scale_cl.train.sharding import full_state_dict, is_sharded, requested_sharding
 from scale_cl.vocab import VocabExtension, extend_tokenizer, grow_embeddings, vocab_rows
 
 CONFIG_FILE = "cpt_config.json"
@@ -370,11 +370,12 @@ def run_method(
         distillation=distillation,
     )
     seconds = time.perf_counter() - start
-    weights = full_state_dict(trainer)  # sharded weights (FSDP, ZeRO-3): gathered by every process, else None
+    sharded = is_sharded(trainer)  # FSDP, ZeRO-3: a forward pass needs every process, the weights are gathered
+    weights = full_state_dict(trainer) if save_model else None  # every process takes part; None unsharded
     summary = {"method": method, "lr": lr, "trainable": trainable, "steps": steps, "seconds": seconds}
     if layer_choice is not None:
         summary["layer_choice"] = layer_choice
-    evaluates = state.is_main_process or weights is not None  # a sharded forward pass needs every process
+    evaluates = state.is_main_process or sharded
     if evaluates and cfg.eval.up_logit_scales and hasattr(trainer.model, "scale_route"):
         summary["up_logit_frontier"] = up_logit_frontier(trainer.model, tracker.evaluate, cfg.eval.up_logit_scales)
     if state.is_main_process and cfg.eval.wise_ft_alphas and method in WISE_FT_METHODS:
