@@ -131,9 +131,8 @@ class PeriodicEval(TrainerCallback):
     def on_train_end(self, args, state, control, model=None, **kwargs):
         if not self._evaluates(state):
             return
-        self._record(
-            state.global_step, model, state.is_world_process_zero, report=False
-        )  # none if on_epoch_end took it
+        # none if on_epoch_end took it
+        self._record(state.global_step, model, state.is_world_process_zero, report=False)
 
 
 class SaveAtEvaluations(TrainerCallback):
