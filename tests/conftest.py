@@ -3,11 +3,16 @@ seeds), the upscaled-model factory, and the tiny saved Llama + corpora workspace
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import importlib.util
 import json
+import os
 import random
+import signal
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -279,3 +284,34 @@ def cpt_argv(cfg: CptConfig, out: Path) -> list[str]:
         "--options.freeze_layers", str(o.freeze_layers),
         "--options.llama_pro_blocks", o.llama_pro_blocks,
     ]  # fmt: skip
+
+
+def kill_when(command: list[str], env: dict[str, str], target: Path, timeout: float = 300) -> None:
+    """Start ``command`` and SIGKILL it, and every process below it, as soon as ``target`` exists (or it ends, or
+    ``timeout`` passes), as a crash would. The whole tree: torch's elastic agent (torchrun, accelerate launch) starts
+    each worker in a session of its own, so killing the launcher's process group would leave them running."""
+    process = subprocess.Popen(
+        command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
+    try:
+        deadline = time.monotonic() + timeout
+        while not target.is_file() and process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+    finally:
+        _kill_tree(process.pid)
+        process.wait()
+
+
+def _kill_tree(pid: int) -> None:
+    parents: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            parents[int(stat.parent.name)] = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+    tree, grew = {pid}, True
+    while grew:
+        below = {child for child, parent in parents.items() if parent in tree} - tree
+        tree |= below
+        grew = bool(below)
+    for member in tree:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(member, signal.SIGKILL)

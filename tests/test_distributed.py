@@ -9,13 +9,10 @@ the base model's; only the main process may write; a killed 2-process run must r
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -23,7 +20,7 @@ import torch
 import torch.distributed as dist
 from safetensors.torch import load_file
 
-from conftest import cpt_argv, tiny_config
+from conftest import cpt_argv, kill_when, tiny_config
 from scale_cl.train.trainer import CHECKPOINT_META
 
 pytestmark = [
@@ -133,22 +130,12 @@ def test_killed_two_process_run_resumes_to_the_same_weights(runs, workspace, tmp
     out = tmp_path / "killed"
     command = _torchrun(cpt_argv(cfg, out))
     target = out / "scale_adapt" / "run" / "checkpoint-3" / CHECKPOINT_META
-    process = subprocess.Popen(
-        command, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
-    )
-    try:
-        deadline = time.monotonic() + 120
-        while not target.is_file() and process.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.02)
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)  # torchrun and both workers
-        process.wait()
+    kill_when(command, _env(), target, timeout=120)  # torchrun and both workers
     assert target.is_file() and not (out / "scale_adapt" / "result.json").exists(), "killed mid-run"
     files = {p.name for p in target.parent.iterdir()}
     assert {"rng_state_0.pth", "rng_state_1.pth"} <= files, "a checkpoint holds the RNG state of both processes"
 
-    _run(command)
+    assert f"[train] resuming from {target.parent}" in _run(command)
     _assert_close(_weights(out, "scale_adapt"), _weights(one, "scale_adapt"), "resumed scale_adapt")
     assert [r["step"] for r in _metrics(out, "scale_adapt")] == [0, 3, 6]
 

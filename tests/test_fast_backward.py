@@ -10,6 +10,7 @@ The parameter gradients must equal those of the plain computation (every such fl
 from __future__ import annotations
 
 import copy
+import functools
 
 import pytest
 import torch
@@ -149,6 +150,17 @@ def _saved_shapes(fn, *args) -> tuple[torch.Tensor, list[torch.Size]]:
     return out, shapes
 
 
+def _backward_through(forward, model, module, hidden: torch.Tensor) -> tuple:
+    """``forward(hidden)`` and a backward of ones: (output, gradient into ``hidden``, ``module``'s parameter
+    gradients, the shapes autograd saved)."""
+    model.zero_grad(set_to_none=True)
+    leaf = hidden.clone().requires_grad_(True)
+    out, shapes = _saved_shapes(forward, leaf)
+    out.backward(torch.ones_like(out))
+    grads = {name: p.grad.clone() for name, p in module.named_parameters() if p.grad is not None}
+    return out.detach(), leaf.grad, grads, shapes
+
+
 @pytest.mark.parametrize("arch", ["llama-biases", "neox-parallel-rot0.25"])
 @pytest.mark.parametrize("constant", [True, False])
 def test_split_mlp_equals_the_base_formula_and_keeps_no_full_width_activation(arch, constant):
@@ -167,15 +179,9 @@ def test_split_mlp_equals_the_base_formula_and_keeps_no_full_width_activation(ar
     assert up.out_up == cfg.ffn_up
     hidden = torch.randn(2, 5, up.in_features + up.in_up, generator=torch.Generator().manual_seed(3))
 
-    results = []
-    for forward in (mlp, lambda h: _mlp_the_base_way(mlp, h)):
-        model.zero_grad(set_to_none=True)
-        leaf = hidden.clone().requires_grad_(True)
-        out, shapes = _saved_shapes(forward, leaf)
-        out.backward(torch.ones_like(out))
-        grads = {name: p.grad.clone() for name, p in mlp.named_parameters() if p.grad is not None}
-        results.append((out.detach(), leaf.grad, grads, shapes))
-    (out, into, grads, shapes), (ref_out, ref_into, ref_grads, ref_shapes) = results
+    out, into, grads, shapes = _backward_through(mlp, model, mlp, hidden)
+    base_way = functools.partial(_mlp_the_base_way, mlp)
+    ref_out, ref_into, ref_grads, ref_shapes = _backward_through(base_way, model, mlp, hidden)
 
     torch.testing.assert_close(out, ref_out, atol=1e-6, rtol=1e-6)
     torch.testing.assert_close(into, ref_into, atol=1e-5, rtol=1e-5)
@@ -206,12 +212,7 @@ def test_route_mlp_runs_the_halves_apart_and_keeps_nothing_of_the_preserve_halfs
         for module in mlp.modules():
             if isinstance(module, ScaleLinear):
                 module.constant_preserve_half = fast
-        model.zero_grad(set_to_none=True)
-        leaf = hidden.clone().requires_grad_(True)
-        out, shapes = _saved_shapes(mlp, leaf)
-        out.backward(torch.ones_like(out))
-        grads = {name: p.grad.clone() for name, p in mlp.named_parameters() if p.grad is not None}
-        results.append((out.detach(), leaf.grad, grads, shapes))
+        results.append(_backward_through(mlp, model, mlp, hidden))
     (out, into, grads, shapes), (ref_out, ref_into, ref_grads, ref_shapes) = results
 
     torch.testing.assert_close(out, ref_out, atol=1e-6, rtol=1e-6)

@@ -13,14 +13,11 @@ this project's machines (no GPU); DeepSpeed has no CPU build here, so ZeRO-3 run
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -28,7 +25,7 @@ import torch
 import torch.distributed as dist
 from safetensors.torch import load_file
 
-from conftest import cpt_argv, tiny_config
+from conftest import cpt_argv, kill_when, tiny_config
 from scale_cl.cli import main
 from scale_cl.train.trainer import CHECKPOINT_META
 
@@ -69,23 +66,6 @@ def _run(command: list[str], cpu: bool = True) -> str:
     done = subprocess.run(command, env=_env(cpu), capture_output=True, text=True, timeout=400)
     assert done.returncode == 0, f"{command[:8]} failed:\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
     return done.stdout
-
-
-def _kill_tree(pid: int) -> None:
-    """SIGKILL ``pid`` and every process below it, as a crash would: torch's elastic agent starts each worker in a
-    session of its own, so killing the launcher's process group leaves them running."""
-    parents: dict[int, int] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            parents[int(stat.parent.name)] = int(stat.read_text().rsplit(")", 1)[1].split()[1])
-    tree, grew = {pid}, True
-    while grew:
-        below = {child for child, parent in parents.items() if parent in tree} - tree
-        tree |= below
-        grew = bool(below)
-    for member in tree:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(member, signal.SIGKILL)
 
 
 def _weights(out: Path, method: str) -> dict[str, torch.Tensor]:
@@ -152,16 +132,7 @@ def test_a_killed_fsdp2_run_resumes_from_its_sharded_checkpoint(one_process, wor
     out = tmp_path / "killed"
     command = _launch("fsdp2.yaml", cpt_argv(tiny_config(workspace, ["scale_route"], steps=6, save_every=3), out))
     target = out / "scale_route" / "run" / "checkpoint-3" / CHECKPOINT_META
-    process = subprocess.Popen(
-        command, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
-    )
-    try:
-        deadline = time.monotonic() + 300
-        while not target.is_file() and process.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.02)
-    finally:
-        _kill_tree(process.pid)  # the launcher and both workers (each in its own session)
-        process.wait()
+    kill_when(command, _env(), target)  # the launcher and both workers
     assert target.is_file() and not (out / "scale_route" / "result.json").exists(), "killed mid-run"
     meta = json.loads(target.read_text())
     assert meta["format"] == "accelerate" and meta["global_step"] == 3

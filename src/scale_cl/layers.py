@@ -172,14 +172,22 @@ class ScaleLinear(SplitInput):
         x = self._as_base_input(self.original(x))
         if self.constant_preserve_half and torch.is_grad_enabled():
             return self._project_stacked(x, x_up)
-        out = self.original_product(x)
         if self.use_w12 and self.route is not None and self.route.active:  # [preserve path; adapt path]
+            out = self.original_product(x)
             half = out.shape[0] // 2
             out = torch.cat((out[:half], out[half:] + F.linear(x_up[half:], self.w12)))
-        elif self.use_w12:
+            return out, self._added_rows(x, x_up)
+        return self._blocks(x, x_up, self.use_w12)
+
+    def _blocks(self, x: torch.Tensor, x_up: torch.Tensor, with_w12: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(W x + b [+ W12 x_up], W21 x + W22 x_up + bias_up)`` of rows that all take W12 alike."""
+        out = self.original_product(x)
+        if with_w12:
             out = out + F.linear(x_up, self.w12)
-        out_up = F.linear(x, self.w21, self.bias_up) + F.linear(x_up, self.w22)
-        return out, out_up
+        return out, self._added_rows(x, x_up)
+
+    def _added_rows(self, x: torch.Tensor, x_up: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.w21, self.bias_up) + F.linear(x_up, self.w22)
 
     def _project_stacked(self, x: torch.Tensor, x_up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """`project` on route's stacked training batch: the preserve half's ``x`` is taken as the constant
@@ -199,10 +207,7 @@ class ScaleLinear(SplitInput):
         preserve path's ``x`` is the constant it is there and never meets W12; the adapt path's does."""
         self._merged = None  # training: drop the inference copy and its memory
         x = self._as_base_input(self.original(x) if adapt else x.detach())
-        out = self.original_product(x)
-        if adapt and self.use_w12:
-            out = out + F.linear(x_up, self.w12)
-        return out, F.linear(x, self.w21, self.bias_up) + F.linear(x_up, self.w22)
+        return self._blocks(x, x_up, adapt and self.use_w12)
 
     def merged_weight(self, with_w12: bool | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The block matrix ``[[W, W12], [W21, W22]]`` as one dense weight, and the bias ``[b; bias_up]``.

@@ -20,6 +20,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from scale_cl.layers import ScaleLinear
+
 
 def requested_sharding() -> str | None:
     """``"fsdp"`` or ``"deepspeed-zero3"`` when the launcher asked for sharded weights, else None (DDP or one
@@ -62,8 +64,6 @@ def full_state_dict(trainer: Any) -> dict[str, torch.Tensor] | None:
 
 def unmerged_for_sharding(model: nn.Module) -> None:
     """Switch off the merged inference form of every `ScaleLinear` (see the module doc)."""
-    from scale_cl.layers import ScaleLinear
-
     for module in model.modules():
         if isinstance(module, ScaleLinear):
             module.merge_for_inference = False

@@ -353,8 +353,9 @@ def run_method(
             every = f"every {calibration.every} steps" if calibration.every else "once"
             sequences = min(options.route_calibration_sequences, len(corpus.replay))
             replay += f", tau routes {calibration.share:.0%} of {sequences} old-domain sequences to preserve ({every})"
-        if requested_sharding() is not None:
-            replay += f", weights sharded ({requested_sharding()}) across {state.num_processes} processes"
+        sharding = requested_sharding()
+        if sharding is not None:
+            replay += f", weights sharded ({sharding}) across {state.num_processes} processes"
         print(f"[cpt] {method}: lr {lr:g}{groups}, {trainable:,} trainable, {steps} steps{replay}")
     start = time.perf_counter()
     trainer = train_model(
