@@ -225,3 +225,66 @@ def test_route_counts_more_flops_than_adapt():
     assert route_flops - adapt_flops >= 2 * head
     # and training skips the frozen products' backward only where the input is constant
     assert train_flops_per_token(route, _ids()) > train_flops_per_token(adapt, _ids())
+
+
+# -- attention with grouped key/value heads (GQA) ------------------------------------------------------
+
+
+def test_every_attention_kernel_torch_counts_is_counted_by_our_formula():
+    """torch's own SDPA formulas refused grouped heads before 2.13 (the bench crashed on CUDA, where transformers
+    calls SDPA with enable_gqa): every kernel torch's counter knows must be counted by ours instead."""
+    from torch.utils.flop_counter import flop_registry
+
+    from scale_cl.eval.cost import ATTENTION_OPS
+
+    kernels = {op for op in flop_registry if "scaled_dot_product" in str(op)}  # the kernels SDPA dispatches to
+    assert kernels and kernels <= set(ATTENTION_OPS)
+    assert torch.ops.aten._scaled_dot_product_efficient_attention in ATTENTION_OPS  # CUDA's, on a CPU-only torch
+
+
+def test_attention_formulas_take_grouped_heads():
+    from scale_cl.eval.cost import attention_backward_flops, attention_flops
+
+    query, grouped, value = (2, 8, 16, 64), (2, 2, 16, 64), (2, 2, 16, 64)
+    forward = 2 * (2 * 2 * 8 * 16 * 16 * 64)  # q k^T and p v, 2 B T_q T_k d FLOPs each, for all 8 query heads
+    assert attention_flops(query, grouped, value) == forward
+    assert attention_backward_flops(query, query, grouped, value) == forward * 5 // 2  # torch's 5 products
+
+
+def _strict_before_2_13(query_shape, key_shape, value_shape, *args):
+    """torch's SDPA formula as it was before 2.13: key/value heads must equal query heads."""
+    if query_shape[1] != key_shape[1]:
+        raise AssertionError("sdpa_flop_count: query/key/value shapes are incompatible")
+    return 0
+
+
+def test_a_gqa_model_is_counted_through_enable_gqa(monkeypatch):
+    """Transformers' SDPA call with enable_gqa (CUDA's path, forced here on the CPU), with torch's own formulas made
+    as strict as before 2.13: counted, every query head, forward and backward."""
+    import torch.utils.flop_counter as flop_counter
+
+    import scale_cl.eval.cost as cost
+
+    monkeypatch.setattr(flop_counter, "sdpa_flop_count", _strict_before_2_13)
+    monkeypatch.setattr(flop_counter, "sdpa_backward_flop_count", _strict_before_2_13)
+    monkeypatch.setenv("TRANSFORMERS_SDPA_FORCE_GQA", "1")
+    seen = []
+
+    def recording(formula):
+        def count(query, key, *args, **kwargs):
+            seen.append((query[1], key[1]))
+            return formula(query, key, *args, **kwargs)
+
+        return count
+
+    grouped = {op: recording(formula) for op, formula in cost.ATTENTION_OPS.items()}
+    monkeypatch.setattr(cost, "ATTENTION_OPS", grouped)
+    model = _llama()
+    config = model.config
+    assert config.num_key_value_heads < config.num_attention_heads
+    linears = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+    attention = config.num_hidden_layers * 4 * config.num_attention_heads * T * config.head_dim
+    assert forward_flops_per_token(model, _ids()) == 2 * linears + attention
+    assert seen and all(kv == config.num_key_value_heads < q for q, kv in seen), "SDPA ran on grouped heads"
+    # full fine-tuning: every linear's input and weight gradients (2 x its forward); attention's backward 2.5x
+    assert train_flops_per_token(model, _ids()) == 3 * 2 * linears + attention * 7 // 2

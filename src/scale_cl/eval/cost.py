@@ -13,30 +13,52 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
+from torch.utils.flop_counter import FlopCounterMode
 
 aten = torch.ops.aten
 
 
-def _cpu_sdpa(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
-    return sdpa_flop_count(query_shape, key_shape, value_shape)
+def attention_flops(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
+    """Forward FLOPs of one attention call, dense as torch counts it: ``q k^T`` and ``p v`` for every query head.
+
+    Shapes are (batch, heads, tokens, head size). With grouped key/value heads (GQA: fewer key/value heads than
+    query heads, ``enable_gqa``) every query head still takes its own products; the key/value heads are read, not
+    multiplied. Our own formula rather than torch's: before 2.13 torch's ``sdpa_flop_count`` refused grouped heads
+    (an AssertionError on every CUDA run of a GQA model, where transformers calls SDPA with ``enable_gqa``)."""
+    batch, heads, queries, query_size = query_shape
+    keys, value_size = key_shape[-2], value_shape[-1]
+    return 2 * batch * heads * queries * keys * (query_size + value_size)
 
 
-def _cpu_sdpa_backward(grad_out_shape, query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
-    return sdpa_backward_flop_count(grad_out_shape, query_shape, key_shape, value_shape)
+def attention_backward_flops(grad_out_shape, query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs):
+    """Backward FLOPs of one attention call, as torch counts them: the scores recomputed, then the gradients of
+    ``p v`` (two products) and of ``q k^T`` (two): 2.5x the forward's when query and value heads have one size."""
+    batch, heads, queries, query_size = query_shape
+    keys, value_size = key_shape[-2], value_shape[-1]
+    return 2 * batch * heads * queries * keys * (3 * query_size + 2 * value_size)
 
 
-# torch's counter knows the CUDA attention kernels but not the CPU flash kernel SDPA uses on CPU;
-# its operands have the same layout, so the same formulas apply (dense q k^T and p v products).
-_CPU_SDPA = {
-    aten._scaled_dot_product_flash_attention_for_cpu: _cpu_sdpa,
-    aten._scaled_dot_product_flash_attention_for_cpu_backward: _cpu_sdpa_backward,
-}
+def _attention_ops() -> dict:
+    """Every fused attention kernel SDPA may pick (CPU, CUDA's flash / efficient / cuDNN, other accelerators'), the
+    ones this torch has, mapped to our formulas. The math fallback is made of matmuls the counter sees itself."""
+    kernels = ("_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_attention")
+    kernels += ("_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention")
+    kernels += ("_scaled_dot_product_fused_attention_overrideable",)
+    ops = {}
+    for name in kernels:
+        for suffix, formula in (("", attention_flops), ("_backward", attention_backward_flops)):
+            op = getattr(aten, name + suffix, None)
+            if op is not None:
+                ops[op] = formula
+    return ops
+
+
+ATTENTION_OPS = _attention_ops()
 
 
 def count_flops(fn: Callable[[], Any]) -> int:
     """FLOPs (2 per multiply-add) of the matmuls and attention products ``fn`` executes."""
-    with FlopCounterMode(display=False, custom_mapping=_CPU_SDPA) as counter:
+    with FlopCounterMode(display=False, custom_mapping=ATTENTION_OPS) as counter:
         fn()
     return int(counter.get_total_flops())
 
@@ -63,4 +85,11 @@ def train_flops_per_token(model: nn.Module, ids: torch.Tensor) -> float:
     return flops / ids.numel()
 
 
-__all__ = ["count_flops", "forward_flops_per_token", "train_flops_per_token"]
+__all__ = [
+    "ATTENTION_OPS",
+    "attention_backward_flops",
+    "attention_flops",
+    "count_flops",
+    "forward_flops_per_token",
+    "train_flops_per_token",
+]
