@@ -24,6 +24,8 @@ def _fsdp_on_cpu(self, *args, fsdp_plugin=None, **kwargs) -> None:
     if fsdp_plugin is not None and self.distributed_type == DistributedType.MULTI_CPU:
         self.distributed_type = DistributedType.FSDP
         self.fsdp_plugin = fsdp_plugin
+        if self._mixed_precision != "no":  # as accelerate's own branch does: bf16 parameters for the forward pass
+            fsdp_plugin.set_mixed_precision(self._mixed_precision)
         PartialState._shared_state["distributed_type"] = self.distributed_type  # as accelerate's own branch does
 
 

@@ -45,7 +45,9 @@ needs_gloo = pytest.mark.skipif(
 
 def _env(cpu: bool = True) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARIABLES and not k.startswith("ACCELERATE_")}
-    env.update(OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT / "tests"))
+    # the tests' helpers and the checkout's package, whether or not it is pip-installed
+    paths = [str(ROOT / "tests"), str(ROOT / "src"), *filter(None, [os.environ.get("PYTHONPATH")])]
+    env.update(OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", PYTHONPATH=os.pathsep.join(paths))
     if cpu:
         env["CUDA_VISIBLE_DEVICES"] = ""
     return env
@@ -76,7 +78,9 @@ def _metrics(out: Path, method: str) -> list[dict]:
     return [json.loads(line) for line in (out / method / "metrics.jsonl").read_text().splitlines()]
 
 
-def _assert_same_training(actual: Path, expected: Path, methods: list[str], rtol: float, atol: float) -> None:
+def _assert_same_training(
+    actual: Path, expected: Path, methods: list[str], rtol: float, atol: float, metrics_rtol: float = 1e-5
+) -> None:
     for method in methods:
         got, want = _weights(actual, method), _weights(expected, method)
         assert got.keys() == want.keys()
@@ -86,8 +90,10 @@ def _assert_same_training(actual: Path, expected: Path, methods: list[str], rtol
             )
         for r1, r2 in zip(_metrics(expected, method), _metrics(actual, method), strict=True):
             assert r1["step"] == r2["step"]
-            assert r2["learning_ppl"] == pytest.approx(r1["learning_ppl"], rel=max(rtol, 1e-5))
-            assert r2["forgetting_ppl"]["toy"] == pytest.approx(r1["forgetting_ppl"]["toy"], rel=max(rtol, 1e-5))
+            assert r2["learning_ppl"] == pytest.approx(r1["learning_ppl"], rel=max(rtol, metrics_rtol))
+            assert r2["forgetting_ppl"]["toy"] == pytest.approx(
+                r1["forgetting_ppl"]["toy"], rel=max(rtol, metrics_rtol)
+            )
 
 
 @pytest.fixture(scope="module")
@@ -113,6 +119,24 @@ def test_fsdp2_trains_the_same_weights_as_one_process(one_process, fsdp_on_cpu):
     # SCALE-Preserve never uses W12: under sharding too it stays exactly zero (a frozen block untouched).
     w12 = [t for n, t in _weights(out, "scale_preserve").items() if n.endswith(".w12")]
     assert w12 and all(not t.any() for t in w12)
+
+
+@pytest.mark.slow
+@needs_gloo
+def test_fsdp2_in_bf16_trains_as_one_process_in_bf16(workspace, tmp_path):
+    """Mixed precision under FSDP2 is the one-process run's (`scale_cl.train.sharding.autocast_as_one_process`):
+    fp32 weights and gradients, bf16 products under autocast. accelerate's own FSDP2 policy (bf16 parameters, bf16
+    gradient reduction, no autocast; the launcher applies it as accelerate does on GPUs) moved 1-2% of these
+    weights by up to 3e-3 after 6 steps (issue 38's failure on one GPU, reproduced here); now they agree to float32
+    rounding, as in fp32. The evaluations agree to bf16 rounding: one process evaluates SCALE-Route in the merged
+    inference form, a sharded run in the split form (`unmerged_for_sharding`), equal to rounding (7e-5 of a
+    perplexity here in bf16; 1e-7 in fp32)."""
+    argv = [*cpt_argv(tiny_config(workspace, METHODS, steps=6, save_every=3), tmp_path), "--train.precision", "bf16"]
+    one, sharded = tmp_path / "one", tmp_path / "sharded"
+    _run([*argv, "--out", str(one)])
+    stdout = _run(_launch("fsdp2.yaml", [*argv, "--out", str(sharded)]))
+    assert stdout.count("sharded (fsdp) across 2 processes") == len(METHODS)
+    _assert_same_training(sharded, one, METHODS, RTOL, ATOL, metrics_rtol=1e-3)
 
 
 @pytest.mark.slow

@@ -25,7 +25,7 @@ from scale_cl.train.callbacks import PeriodicEval
 from scale_cl.train.distill import Distillation
 from scale_cl.train.reporting import connect_reporting
 from scale_cl.train.route_calibration import RouteCalibration
-from scale_cl.train.sharding import is_sharded, unmerged_for_sharding
+from scale_cl.train.sharding import autocast_as_one_process, is_sharded, unmerged_for_sharding
 from scale_cl.train.trainer import CheckpointingTrainer, complete_checkpoints
 
 
@@ -82,6 +82,7 @@ def train_model(
     )
     if is_sharded(trainer):  # every process takes part in a forward pass (`scale_cl.train.sharding`)
         unmerged_for_sharding(model)
+        autocast_as_one_process(trainer, model)
         for callback in callbacks:
             if isinstance(callback, PeriodicEval):
                 callback.every_process = True
