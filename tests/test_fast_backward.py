@@ -33,6 +33,8 @@ def _plain(model):
     for module in plain.modules():
         if isinstance(module, FAST_MODULES):
             module.constant_input = module.constant_preserve_half = False
+        if hasattr(module, "scale_heads"):  # the attention's original heads: called with the others
+            module.scale_heads.constant = module.scale_heads.constant_half = False
     return plain
 
 
@@ -63,25 +65,57 @@ def test_parameter_gradients_equal_the_plain_computation(arch, method, preserve_
         torch.testing.assert_close(fast[name], plain[name], atol=1e-12, rtol=1e-10, msg=name)
 
 
-@pytest.mark.parametrize(
-    ("method", "constant_layers", "constant_head"), [("preserve", 3, True), ("adapt", 2, False), ("route", 2, False)]
-)
-def test_constant_input_marks_exactly_the_layers_below_the_first_w12(method, constant_layers, constant_head):
-    model = upscale(
-        make_model("llama-gqa2-tied"), ScaleConfig(hidden_up=32, ffn_up=16, method=method, preserve_layers=2)
-    )
-    for index, layer in enumerate(model.model.layers):
-        flags = {m.constant_input for m in layer.modules() if isinstance(m, FAST_MODULES)}
-        assert flags == {index < constant_layers}
-    assert model.model.norm.constant_input is constant_head
-    assert model.lm_head.constant_input is constant_head
+# What reads the first W12 layer's input (the base model's stream there) is constant; what a W12 of it reaches is
+# not. Per module of that layer, for each collab_modules setting and residual: is its original input constant?
+FIRST_W12_LAYER = {
+    ("llama-gqa2-tied", ("attn", "ffn")): {"input_layernorm": True, "q_proj": True, "k_proj": True, "v_proj": True,
+                                           "o_proj": False, "post_attention_layernorm": False, "gate_proj": False,
+                                           "up_proj": False, "down_proj": False, "heads": False},
+    ("llama-gqa2-tied", ("ffn",)): {"input_layernorm": True, "q_proj": True, "k_proj": True, "v_proj": True,
+                                    "o_proj": True, "post_attention_layernorm": True, "gate_proj": True,
+                                    "up_proj": True, "down_proj": False, "heads": True},
+    ("neox-parallel-rot0.25", ("attn",)): {"input_layernorm": True, "query_key_value": True, "dense": False,
+                                           "post_attention_layernorm": True, "dense_h_to_4h": True,
+                                           "dense_4h_to_h": True, "heads": False},
+    ("neox-sequential-rot1.0", ("attn",)): {"input_layernorm": True, "query_key_value": True, "dense": False,
+                                            "post_attention_layernorm": False, "dense_h_to_4h": False,
+                                            "dense_4h_to_h": False, "heads": False},
+}  # fmt: skip
+
+
+def _marks(layer) -> dict[str, bool]:
+    marks = {
+        name.rsplit(".", 1)[-1]: m.constant_input for name, m in layer.named_modules() if isinstance(m, FAST_MODULES)
+    }
+    heads = [m.scale_heads.constant for m in layer.modules() if hasattr(m, "scale_heads")]
+    return {**marks, "heads": heads[0]}
+
+
+@pytest.mark.parametrize(("arch", "collab"), list(FIRST_W12_LAYER))
+@pytest.mark.parametrize(("method", "first_w12"), [("preserve", 3), ("adapt", 2), ("route", 2)])
+def test_constant_input_marks_what_no_w12_reaches(arch, collab, method, first_w12):
+    cfg = ScaleConfig(hidden_up=32, ffn_up=16, method=method, preserve_layers=2, collab_modules=collab)
+    model = upscale(make_model(arch), cfg)
+    layers = model.get_decoder().layers
+    for index, layer in enumerate(layers):
+        marks = _marks(layer)
+        if index == first_w12:
+            assert marks == FIRST_W12_LAYER[arch, collab]
+        else:
+            assert set(marks.values()) == {index < first_w12}, index
+    constant_head = first_w12 == len(layers)
+    assert model.get_decoder().get_submodule(next(n for n in ("norm", "final_layer_norm") if hasattr(
+        model.get_decoder(), n))).constant_input is constant_head  # fmt: skip
+    assert model.get_output_embeddings().constant_input is constant_head
     # Route's stacked layers (from preserve_layers on) hold a constant preserve half; nothing else does.
-    for index, layer in enumerate(model.model.layers):
+    for index, layer in enumerate(layers):
         flags = {m.constant_preserve_half for m in layer.modules() if isinstance(m, FAST_MODULES)}
+        flags |= {m.scale_heads.constant_half for m in layer.modules() if hasattr(m, "scale_heads")}
         assert flags == {method == "route" and index >= 2}
     set_method(model, "preserve")
     assert all(m.constant_input for m in model.modules() if isinstance(m, FAST_MODULES))
     assert not any(m.constant_preserve_half for m in model.modules() if isinstance(m, FAST_MODULES))
+    assert all(m.scale_heads.constant for m in model.modules() if hasattr(m, "scale_heads"))
 
 
 @pytest.mark.parametrize("constant", [True, False])

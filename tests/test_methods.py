@@ -591,7 +591,8 @@ def test_import_scale_cl_loads_the_tuner_only():
         "{m.split('.')[1] for m in sys.modules if m.startswith('scale_cl.')})))"
     )
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    tuner = {"arch", "bounds", "config", "files", "init", "io", "layers", "model", "provenance", "restore", "route"}
+    tuner = {"arch", "attention", "bounds", "config", "files", "init", "io", "layers", "model", "provenance", "restore"}
+    tuner |= {"route"}
     tuner |= {"grow", "likelihood_router", "quant", "shapes", "summary", "upscale", "vocab"}
     assert set(json.loads(loaded)) <= tuner, loaded
     code = "import sys, scale_cl.vocab; print('scale_cl.vocab.tokenizer' in sys.modules)"

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from scale_cl.arch import decoder_layers
+from scale_cl.arch import SPECS, ArchSpec, decoder_layers
 from scale_cl.config import ScaleConfig, check_method, scale_config_of
 from scale_cl.io import save
 from scale_cl.layers import ScaleEmbedding, ScaleLinear, SplitInput, SplitNorm
@@ -47,13 +47,21 @@ def set_method(model: nn.Module, method: str, tau: float | None = None) -> nn.Mo
             module.constant_input = first_w12 >= len(layers)
             module.constant_preserve_half = False
     for index, layer in enumerate(layers):
+        stacked_half = method == "route" and stacked_from is not None and index >= stacked_from and not new_rows
         for module in layer.modules():
             if isinstance(module, SplitInput):
                 module.constant_input = index < first_w12
-                stacked = stacked_from is not None and index >= stacked_from
-                module.constant_preserve_half = method == "route" and stacked and not new_rows
+                module.constant_preserve_half = stacked_half
             if isinstance(module, ScaleLinear):
                 module.use_w12 = module.collaborative and method != "preserve"
+        heads_constant = index < first_w12
+        if index == first_w12 and not new_rows:  # what reads this layer's input is constant, what W12 reaches not
+            spec = SPECS[model.config.scale_cl["base"]["class"]]
+            heads_constant = _first_w12_layer(layer, spec, bool(getattr(model.config, spec.parallel_residual or "", 0)))
+        for module in layer.modules():
+            if hasattr(module, "scale_heads"):  # the attention's original heads (`scale_cl.attention`)
+                module.scale_heads.constant = heads_constant
+                module.scale_heads.constant_half = stacked_half
     model.config.scale_cl["config"] = cfg.to_dict()  # the method and tau, read by save, export and route
     model.scale_route.switch(method == "route", stacked_from)  # created by `upscale`
 
@@ -68,6 +76,27 @@ def set_method(model: nn.Module, method: str, tau: float | None = None) -> nn.Mo
                 elif name not in ("weight", "bias"):
                     param.requires_grad_(True)
     return model
+
+
+def _first_w12_layer(layer: nn.Module, spec: ArchSpec, parallel: bool) -> bool:
+    """Mark the constant inputs of the first layer whose W12 is used; returns whether its attention's original heads
+    are constant.
+
+    The layer's input is the base model's stream there, so what reads it is constant: the attention's norm and its
+    q/k/v (and, with a parallel residual, the FFN's norm and its gate/up); what a W12 of this layer reaches is not.
+    """
+    uses = {kind: any(layer.get_submodule(lin.path).use_w12 for lin in spec.linears if lin.module == kind)
+            for kind in ("attn", "ffn")}  # fmt: skip
+    ffn_input = parallel or not uses["attn"]  # the FFN reads the layer's input, or attention's original output
+    for path, constant in zip(spec.layer_norms, (True, ffn_input), strict=True):
+        layer.get_submodule(path).constant_input = constant
+    for lin in spec.linears:
+        reads_input = lin.grow_in == "hidden"  # q/k/v, gate/up; o and down read their own block's output
+        constant = (
+            reads_input or not uses["attn"] if lin.module == "attn" else ffn_input and (reads_input or not uses["ffn"])
+        )
+        layer.get_submodule(lin.path).constant_input = constant
+    return not uses["attn"]
 
 
 # ScaleConfig fields the head reads at every forward

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel
 
+from scale_cl import attention
 from scale_cl.arch import SPECS, ArchSpec, spec_for
 from scale_cl.config import ScaleConfig
 from scale_cl.grow import STAGES_KEY, check_growable, freeze_stage
@@ -110,6 +111,7 @@ def upscale(model: PreTrainedModel, config: ScaleConfig) -> PreTrainedModel:
                 _set(layer, lin.path, linear)
             mlp = spec.mlp
             _set(layer, mlp.path, ScaleMLP(layer.get_submodule(mlp.path), mlp.gate, mlp.up, mlp.down, mlp.act))
+            attention.install(layer.get_submodule(spec.attention), model.config, dims.heads, dims.kv_heads)
             layer.register_forward_pre_hook(partial(stack_paths_hook, state=route, index=index), with_kwargs=True)
 
     _widen_config(model.config, spec, dims, config)

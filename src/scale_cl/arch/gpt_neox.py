@@ -19,6 +19,8 @@ GPT_NEOX = ArchSpec(
         LinearSpec("mlp.dense_4h_to_h", "ffn", "ffn", "hidden"),
     ),
     mlp=MlpSpec("mlp", gate=None, up="dense_h_to_4h", down="dense_4h_to_h", act="act"),
+    attention="attention",
+    parallel_residual="use_parallel_residual",
     config_kv_heads=None,
     config_norm_eps="layer_norm_eps",
 )

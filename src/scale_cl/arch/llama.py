@@ -18,4 +18,5 @@ LLAMA = ArchSpec(
         LinearSpec("mlp.down_proj", "ffn", "ffn", "hidden"),
     ),
     mlp=MlpSpec("mlp", gate="gate_proj", up="up_proj", down="down_proj", act="act_fn"),
+    attention="self_attn",
 )

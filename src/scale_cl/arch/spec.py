@@ -35,10 +35,13 @@ class ArchSpec:
     family: str
     backbone: str  # attribute of the causal LM holding the decoder (e.g. "model")
     final_norm: str  # attribute of the backbone
-    layer_norms: tuple[str, ...]  # attributes of a decoder layer
+    layer_norms: tuple[str, ...]  # attributes of a decoder layer: the attention's norm, then the FFN's
     norm_kind: str  # "rms" or "layer"
     linears: tuple[LinearSpec, ...]
     mlp: MlpSpec
+    attention: str  # the attention module, relative to a decoder layer (its heads are split: `scale_cl.attention`)
+    # the config attribute that says the FFN reads the layer's input beside attention (parallel residual), if any
+    parallel_residual: str | None = None
     # config attributes that `upscale` widens: (hidden, ffn, query heads, kv heads or None)
     config_hidden: str = "hidden_size"
     config_ffn: str = "intermediate_size"
