@@ -9,10 +9,13 @@ import pytest
 import torch
 from transformers import LlamaForCausalLM
 
-from conftest import tiny_llama_config
+from conftest import hidden_up_for, make_model, tiny_llama_config
 from scale_cl import ScaleConfig, upscale
 from scale_cl.bench import BenchConfig
+from scale_cl.bench.floor import fft_floor, scale_floor
 from scale_cl.bench.report import RATIO_METRICS, evaluate_targets
+from scale_cl.bench.setup import scale_configs
+from scale_cl.bench.shapes import SHAPES
 from scale_cl.cli import main, parse_settings
 from scale_cl.eval.cost import forward_flops_per_token, train_flops_per_token
 from scale_cl.layers import ScaleLinear
@@ -288,3 +291,60 @@ def test_a_gqa_model_is_counted_through_enable_gqa(monkeypatch):
     assert seen and all(kv == config.num_key_value_heads < q for q, kv in seen), "SDPA ran on grouped heads"
     # full fine-tuning: every linear's input and weight gradients (2 x its forward); attention's backward 2.5x
     assert train_flops_per_token(model, _ids()) == 3 * 2 * linears + attention * 7 // 2
+
+
+# -- the FLOP floor: what a method must compute, against what it runs ----------------------------------
+
+FLOOR_ARCHS = [
+    "llama-gqa2-tied",
+    "llama-mha-untied",
+    "qwen2-qkv-bias",
+    "neox-parallel-rot0.25",
+    "neox-sequential-rot1.0",
+]
+FLOOR_SETTINGS = [(0, ("attn", "ffn")), (2, ("attn", "ffn")), (1, ("ffn",)), (2, ("attn",)), (3, ("attn", "ffn"))]
+
+
+@pytest.mark.parametrize("arch", FLOOR_ARCHS)
+def test_full_fine_tuning_runs_its_floor(arch):
+    ids = _ids()
+    assert train_flops_per_token(make_model(arch), ids) == fft_floor(make_model(arch).config, T).train
+    assert forward_flops_per_token(make_model(arch), ids) == fft_floor(make_model(arch).config, T).forward
+
+
+@pytest.mark.parametrize("arch", FLOOR_ARCHS)
+@pytest.mark.parametrize("method", ["preserve", "adapt", "route"])
+@pytest.mark.parametrize(("preserve_layers", "collab"), FLOOR_SETTINGS)
+def test_scale_runs_exactly_its_floor(arch, method, preserve_layers, collab):
+    """Every product a SCALE training step runs is one its method needs: no backward through a constant original
+    stream or constant original heads, no W12 where it is not used (the floor's own count, `scale_cl.bench.floor`)."""
+    base = make_model(arch)
+    cfg = ScaleConfig(
+        hidden_up=hidden_up_for(base), ffn_up=16, method=method, preserve_layers=preserve_layers, collab_modules=collab
+    )
+    floor = scale_floor(make_model(arch).config, cfg, T)
+    model = upscale(base, cfg)
+    assert forward_flops_per_token(model, _ids()) == floor.forward
+    assert train_flops_per_token(model, _ids()) == floor.train
+
+
+def test_the_floor_counts_what_the_constant_heads_save():
+    """The check can fail: with the original heads called with the new ones, Preserve runs their attention backward
+    (3 layers x 4 heads x the counter's 10 T head_dim FLOPs) on top of its floor."""
+    base = make_model("llama-gqa2-tied")
+    cfg = ScaleConfig(hidden_up=hidden_up_for(base), ffn_up=16, method="preserve")
+    floor = scale_floor(make_model("llama-gqa2-tied").config, cfg, T)
+    model = upscale(base, cfg)
+    for module in model.modules():
+        if hasattr(module, "scale_heads"):
+            module.scale_heads.constant = False
+    assert train_flops_per_token(model, _ids()) - floor.train == 3 * 4 * 10 * T * 16
+
+
+def test_preserve_backward_has_no_original_stream():
+    """SCALE-Preserve's floor: the new blocks' backward only, a small share of full fine-tuning's at a real shape."""
+    shape = SHAPES["llama-1b"]
+    cfg = scale_configs(shape, BenchConfig(shapes=("llama-1b",)))["preserve"]
+    fft, preserve = fft_floor(shape.make_config(), 256), scale_floor(shape.make_config(), cfg, 256)
+    assert preserve.backward < 0.1 * fft.backward
+    assert 0.4 < preserve.train / fft.train < 0.5  # issue 38's hand count: ~3.3 / 7.4 GFLOP per token
