@@ -56,11 +56,18 @@ def test_smoke_has_every_method_with_ratios_against_fft(smoke):
             if metric == "peak_train_mib":  # skipped in this run
                 assert record.get(metric) is None and record["vs_fft"][metric] is None
                 continue
+            if metric == "train_floor_flops_per_token" and method in ("lora", "freeze", "llama_pro"):
+                assert record[metric] is None  # the baselines' libraries decide what they run: no floor
+                continue
             assert record[metric] > 0, (method, metric)
             assert math.isclose(record["vs_fft"][metric], record[metric] / fft[metric]), (method, metric)
         assert len(record["step_s_all"]) == 1
         assert record["setting"]
     assert all(v == 1.0 for k, v in fft["vs_fft"].items() if v is not None)
+    for method in ("fft", "scale_preserve", "scale_adapt", "scale_route"):  # each runs exactly its floor
+        assert (
+            entry["methods"][method]["train_flops_per_token"] == entry["methods"][method]["train_floor_flops_per_token"]
+        )
     # the matched baselines say what they are matched to
     assert "matched to scale_route" in entry["methods"]["lora"]["setting"]
     assert entry["preserve_layers"] == {"preserve": 1, "adapt": 1, "route": 3}
@@ -140,8 +147,8 @@ def test_bad_options_exit_2(capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["bench", "--shapes", "gpt-5"])
     assert exit_info.value.code == 2 and "invalid choice: 'gpt-5'" in capsys.readouterr().err
-    assert main(["bench", "--shapes", "tiny", "--batch", "0"]) == 2  # checked before anything runs
-    assert "scale-cl bench: error: batch must be >= 1, got 0" in capsys.readouterr().err
+    assert main(["bench", "--shapes", "tiny", "--batch", "-1"]) == 2  # checked before anything runs
+    assert "scale-cl bench: error: batch must be >= 0, got -1" in capsys.readouterr().err
 
 
 def test_config_refuses_bad_settings():
@@ -154,7 +161,11 @@ def test_config_refuses_bad_settings():
     with pytest.raises(ValueError, match="unknown base_quant"):
         BenchConfig(methods=("lora+int4",))
     with pytest.raises(ValueError, match="batch"):
-        BenchConfig(batch=0)
+        BenchConfig(batch=-1)
+    assert (BenchConfig(device="cpu").batch, BenchConfig(device="cpu").seq) == (4, 256)  # 0: the device's batch
+    assert (BenchConfig(device="cpu", batch=2, seq=8).batch, BenchConfig(device="cpu", seq=8).seq) == (2, 8)
+    with pytest.raises(ValueError, match="compile must be one of"):
+        BenchConfig(compile="fast")
     assert BenchConfig(device="cpu").is_upscale_only("llama-1b")
     assert not BenchConfig(device="cpu", upscale_only=()).is_upscale_only("llama-1b")
 
@@ -348,3 +359,48 @@ def test_preserve_backward_has_no_original_stream():
     fft, preserve = fft_floor(shape.make_config(), 256), scale_floor(shape.make_config(), cfg, 256)
     assert preserve.backward < 0.1 * fft.backward
     assert 0.4 < preserve.train / fft.train < 0.5  # issue 38's hand count: ~3.3 / 7.4 GFLOP per token
+
+
+def test_peak_for_mfu_by_card_dtype_or_option():
+    from scale_cl.bench.report import peak_tflops
+
+    assert peak_tflops("NVIDIA H100 80GB HBM3", torch.bfloat16)[0] == 989.4
+    assert peak_tflops("NVIDIA H100 PCIe", torch.bfloat16)[0] == 756.0
+    assert peak_tflops("NVIDIA H200", torch.bfloat16)[0] == 989.4
+    assert peak_tflops("NVIDIA L40S", torch.bfloat16)[0] == 362.05  # not the L4's
+    assert peak_tflops("NVIDIA H100 80GB HBM3", torch.float32)[0] is None  # a bf16 peak says nothing of fp32
+    assert peak_tflops(None, torch.float32) == (None, "no peak known: a CPU, or not bf16; --peak_tflops gives one")
+    assert peak_tflops("Some Card", torch.bfloat16) == (None, "unknown card 'Some Card' (give --peak_tflops)")
+    assert peak_tflops(None, torch.float32, given=2.5) == (2.5, "given (--peak_tflops)")
+
+
+def test_issue_38_targets_in_step_time_memory_and_counted_flops():
+    methods = {
+        "fft": {"step_s": 1.0, "peak_train_mib": 100.0, "train_flops_per_token": 100.0},
+        "lora": {"step_s": 1.2, "train_flops_per_token": 80.0},
+        "scale_preserve": {"step_s": 0.55, "peak_train_mib": 50.0, "train_flops_per_token": 45.0},
+        "scale_route": {"step_s": 1.1, "peak_train_mib": 60.0, "train_flops_per_token": 64.0},
+    }
+    methods["scale_preserve"]["train_floor_flops_per_token"] = 44.0
+    methods["scale_route"]["train_floor_flops_per_token"] = 50.0
+    targets = {t["target"]: t for t in evaluate_targets({"methods": methods}) if t["issue"] == 38}
+    assert targets["scale_preserve step time / fft (GPU)"]["met"]  # 0.55 <= 0.6
+    assert not targets["scale_route step time / fft (GPU)"]["met"]  # 1.1 > 1.0
+    assert targets["scale_preserve step time / lora (GPU)"]["value"] == pytest.approx(0.55 / 1.2)
+    assert not targets["scale_route peak training memory / fft (GPU)"]["met"]  # 0.6 > 0.55
+    assert targets["scale_preserve training FLOPs / fft"]["met"] and targets["scale_route training FLOPs / lora"]["met"]
+    assert targets["scale_preserve training FLOPs counted / its floor"]["met"]  # 45 / 44
+    assert not targets["scale_route training FLOPs counted / its floor"]["met"]  # 64 / 50 = 1.28 > 1.1
+    assert "scale_adapt step time / fft (GPU)" not in targets  # not measured, no verdict
+
+
+@pytest.mark.slow
+def test_compiled_models_are_timed(tmp_path):
+    """--compile: the timed steps run torch.compile'd models (compiled in the warm-up); the results say so."""
+    out = tmp_path / "compiled"
+    args = [*SMOKE, "--methods", "fft", "scale_preserve", "--skip-inference", "--skip-upscale", "--skip-memory"]
+    assert main(["bench", *args, "--compile", "default", "--out", str(out)]) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert results["config"]["compile"] == "default"
+    assert all(r["step_s"] > 0 for r in results["shapes"]["tiny"]["methods"].values())
+    assert "torch.compile(mode='default') in the timed steps" in (out / "results.md").read_text()

@@ -14,6 +14,10 @@ from scale_cl.methods import METHOD_NAMES
 from scale_cl.quant import QUANTIZABLE_METHODS, check_base_quant
 
 MATCH_TARGETS = ("preserve", "adapt", "route")
+COMPILE_MODES = ("none", "default", "reduce-overhead", "max-autotune")
+# The batch when --batch / --seq are 0: a CPU's is the one issue 5's targets were measured at; a GPU's gives about
+# 16k tokens a step, which keeps an H100 busy at Llama-3.2-1B's shape (at 1k tokens it waits on launches).
+AUTO_BATCH = {"cpu": (4, 256), "cuda": (16, 1024)}
 # a row of a method on a quantized base: METHOD+KIND (lora+nf4 is QLoRA)
 QUANTIZED_ROWS = tuple(f"{method}+{kind}" for method in QUANTIZABLE_METHODS for kind in ("int8", "nf4"))
 
@@ -43,8 +47,15 @@ class BenchConfig:
             "metavar": "METHOD",
         },
     )
-    batch: int = field(default=4, metadata={"ge": 1, "help": "training / forward batch size (sequences)"})
-    seq: int = field(default=256, metadata={"ge": 1, "help": "tokens per sequence"})
+    batch: int = field(
+        default=0,
+        metadata={
+            "ge": 0,
+            "help": "training / forward batch size in sequences; 0: 4 on a CPU, 16 on a GPU (with --seq 0: 16 x 1024 "
+            "= 16k tokens a step, what fills an H100 at the 1B shape)",
+        },
+    )
+    seq: int = field(default=0, metadata={"ge": 0, "help": "tokens per sequence; 0: 256 on a CPU, 1024 on a GPU"})
     warmup: int = field(
         default=2,
         metadata={
@@ -64,6 +75,22 @@ class BenchConfig:
         default="auto", metadata={"help": "auto: bf16 on CUDA, fp32 on CPU", "choices": ["auto", "fp32", "bf16"]}
     )
     threads: int = field(default=0, metadata={"ge": 0, "help": "torch intra-op threads (0: torch's default)"})
+    peak_tflops: float = field(
+        default=0.0,
+        metadata={
+            "ge": 0,
+            "help": "the device's peak dense bf16 TFLOP/s, for MFU (model FLOPs utilisation: counted training FLOPs "
+            "per second over it); 0: known GPUs by name (H100, H200, A100, L40S, L4), none on a CPU",
+        },
+    )
+    compile: str = field(
+        default="none",
+        metadata={
+            "help": "time torch.compile'd models in this mode (reduce-overhead: with CUDA graphs); compiling happens "
+            "in the warm-up steps; FLOPs and memory are those of the eager model",
+            "choices": list(COMPILE_MODES),
+        },
+    )
     adapt_top: int = field(
         default=3,
         metadata={
@@ -139,6 +166,10 @@ class BenchConfig:
             raise ValueError(f"dtype must be auto, fp32 or bf16, got {self.dtype!r}")
         if self.match not in MATCH_TARGETS:
             raise ValueError(f"match must be one of {MATCH_TARGETS}, got {self.match!r}")
+        if self.compile not in COMPILE_MODES:
+            raise ValueError(f"compile must be one of {COMPILE_MODES}, got {self.compile!r}")
+        batch, seq = AUTO_BATCH[self.torch_device.type]
+        self.batch, self.seq = self.batch or batch, self.seq or seq  # resolved here: results record what ran
 
     # -- resolved settings -------------------------------------------------------------------------
 

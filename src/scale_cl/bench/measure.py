@@ -48,16 +48,20 @@ def interleaved_training(
     warmup: int,
     steps: int,
     rounds: int,
+    compile_mode: str = "none",
     progress: bool = True,
 ) -> dict[str, list[float]]:
     """Seconds per optimizer step, per method: ``warmup`` untimed steps, then ``rounds`` x ``steps`` timed.
 
-    Every round runs ``steps`` consecutive steps of each method in turn.
+    Every round runs ``steps`` consecutive steps of each method in turn. ``compile_mode`` other than ``"none"``
+    times ``torch.compile(model, mode=compile_mode)`` (compiled during the warm-up steps; keep at least one).
     """
     device = ids.device
     optimizers = {name: make_optimizer(model, lr) for name, model in models.items()}
     for model in models.values():
         model.train()
+    if compile_mode != "none":
+        models = {name: torch.compile(model, mode=compile_mode) for name, model in models.items()}
     times: dict[str, list[float]] = {name: [] for name in models}
     total = len(models) * (warmup + rounds * steps)
     with tqdm(total=total, desc="train steps", disable=not progress, leave=False) as bar:

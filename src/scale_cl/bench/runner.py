@@ -10,9 +10,10 @@ import torch
 from tqdm.auto import tqdm
 
 from scale_cl.bench.config import BenchConfig, split_method
+from scale_cl.bench.floor import method_floor
 from scale_cl.bench.measure import interleaved_inference, interleaved_training, median, state_bytes
 from scale_cl.bench.memory import MIB, release_memory, run_child
-from scale_cl.bench.report import add_ratios, evaluate_targets, machine_info, write_results
+from scale_cl.bench.report import add_ratios, evaluate_targets, machine_info, peak_tflops, write_results
 from scale_cl.bench.setup import build_method, describe, method_options, scale_configs
 from scale_cl.bench.shapes import SHAPES, Shape, build_base, parameter_count
 from scale_cl.eval.cost import forward_flops_per_token, train_flops_per_token
@@ -38,7 +39,7 @@ def _shape_entry(shape: Shape, cfg: BenchConfig) -> dict[str, Any]:
     }
 
 
-def _measure_methods(shape: Shape, cfg: BenchConfig, entry: dict[str, Any]) -> None:
+def _measure_methods(shape: Shape, cfg: BenchConfig, entry: dict[str, Any], peak: float | None) -> None:
     """Build every method's model from one random base, then count FLOPs, time training and inference."""
     device, dtype = cfg.torch_device, cfg.torch_dtype
     options = method_options(shape, cfg)
@@ -68,18 +69,28 @@ def _measure_methods(shape: Shape, cfg: BenchConfig, entry: dict[str, Any]) -> N
                 counted = models.get(name) or build_method(base, name, dense, device, dtype)  # the same products
             record["fwd_flops_per_token"] = forward_flops_per_token(counted, ids[:1])
             record["train_flops_per_token"] = train_flops_per_token(counted, ids[:1])
+            floor = method_floor(name, shape.make_config(), options[method].get("scale"), cfg.seq)
+            record["train_floor_flops_per_token"] = floor.train if floor is not None else None
     del base
 
     if not cfg.skip_training:
         _log(f"{shape.name}: training, {len(models)} methods interleaved")
         times = interleaved_training(
-            models, ids, lr=cfg.lr, warmup=cfg.warmup, steps=cfg.steps, rounds=cfg.rounds, progress=cfg.progress
+            models,
+            ids,
+            lr=cfg.lr,
+            warmup=cfg.warmup,
+            steps=cfg.steps,
+            rounds=cfg.rounds,
+            compile_mode=cfg.compile,
+            progress=cfg.progress,
         )
         for method, seconds in times.items():
             step = median(seconds)
-            entry["methods"][method].update(
-                step_s=step, step_s_all=seconds, train_tokens_per_s=cfg.batch * cfg.seq / step
-            )
+            record = entry["methods"][method]
+            record.update(step_s=step, step_s_all=seconds, train_tokens_per_s=cfg.batch * cfg.seq / step)
+            if peak and record.get("train_flops_per_token"):  # model FLOPs utilisation: the FLOPs as run, per second
+                record["mfu"] = record["train_flops_per_token"] * record["train_tokens_per_s"] / (peak * 1e12)
         gc.collect()
 
     if not cfg.skip_inference:
@@ -118,6 +129,7 @@ def run_bench(cfg: BenchConfig, out: Path | None = None, command: str = "scale-c
         torch.set_num_threads(cfg.threads)
     meta = machine_info(cfg.torch_device, cfg.torch_dtype)
     meta["command"] = command
+    meta["peak_tflops"], meta["peak_source"] = peak_tflops(meta["gpu"], cfg.torch_dtype, cfg.peak_tflops)
     results: dict[str, Any] = {"meta": meta, "config": cfg.to_dict(), "shapes": {}}
     for name in cfg.shapes:
         shape = SHAPES[name]
@@ -129,7 +141,7 @@ def run_bench(cfg: BenchConfig, out: Path | None = None, command: str = "scale-c
                 "FLOPs and inference skipped: too slow here; --upscale-only with no shapes measures everything)."
             )
         else:
-            _measure_methods(shape, cfg, entry)
+            _measure_methods(shape, cfg, entry, meta["peak_tflops"])
         if not cfg.skip_upscale:
             _log(f"{name}: upscale cost (fresh process)")
             entry["upscale"] = run_child({"task": "upscale", "config": cfg.to_dict(), "shape": name})
