@@ -55,6 +55,7 @@ def test_micro_run_writes_figure_tables_and_curves_for_every_method(finished):
                     record[task]
                 )
         assert result["trainable"] > 0
+        assert result["runs"][0]["device"] == ("cuda" if torch.cuda.is_available() else "cpu")  # task1.device auto
         assert result["task0_min"]["mean"] <= result["task0_start"]["mean"]
         assert result["task0_trained_min"]["mean"] <= result["task0_trained_start"]["mean"]
     # Every method starts from the same Task-0 model and preserves its function at step 0, so the

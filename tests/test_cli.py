@@ -133,6 +133,7 @@ def test_eval_options_reach_its_settings(dash):
     assert (s.max_length, s.merge_lora, s.bootstrap_iters, s.seed, s.out) == (512, True, 0, 3, "x.json")
     base = parse_settings(["eval", "--base", "smollm2", "--tasks", "korean"])
     assert (base.model_dir, base.base, base.merge_lora, base.dtype) == (None, "smollm2", False, "float32")
+    assert base.device == "auto"  # as the training commands' device: cuda when torch sees a GPU, else cpu
 
 
 @pytest.mark.parametrize("dash", [False, True], ids=["canonical", "dashed"])
@@ -270,6 +271,45 @@ def test_sweep_yaml_holds_both_the_sweep_and_the_experiment(tmp_path):
     assert sweep.lr_scales == (0.5, 1.0) and sweep.axes[0].values == ("0.1", "0.9") and sweep.target == 0.5
 
 
+@pytest.mark.parametrize("dash", [False, True], ids=["canonical", "dashed"])
+def test_device_and_precision_are_every_training_stages_settings(dash):
+    """One pair of settings per training stage (`StageConfig`), spelt alike by every training command: cpt, base and
+    sweep cpt have one stage (train.), bio and sweep bio three (pretrain., task0., task1.); auto by default."""
+    settings = {
+        ("cpt",): lambda s: [s.cpt.train],
+        ("base",): lambda s: [s.base.train],
+        ("sweep", "cpt"): lambda s: [s.cpt.train],
+        ("bio",): lambda s: [s.bio.pretrain, s.bio.task0, s.bio.task1],
+        ("sweep", "bio"): lambda s: [s.bio.pretrain, s.bio.task0, s.bio.task1],
+    }
+    for command, stages_of in settings.items():
+        assert {(t.device, t.precision) for t in stages_of(parse_settings(list(command)))} == {("auto", "auto")}
+        sections = ["train"] if command[-1] != "bio" else ["pretrain", "task0", "task1"]
+        for device, precision in (("cpu", "fp32"), ("cuda", "bf16")):
+            argv = [*command, *(x for s in sections for x in (f"--{s}.device", device, f"--{s}.precision", precision))]
+            stages = stages_of(parse_settings(_spelt(argv, dash)))
+            assert {(t.device, t.precision) for t in stages} == {(device, precision)}, argv
+    bio = parse_settings(["bio", "--task1.device", "cpu", "--pretrain.precision", "bf16"]).bio  # each stage its own
+    assert [(t.device, t.precision) for t in (bio.pretrain, bio.task0, bio.task1)] == [
+        ("auto", "bf16"),
+        ("auto", "auto"),
+        ("cpu", "auto"),
+    ]
+
+
+def test_device_and_precision_from_yaml_then_the_command_line(tmp_path):
+    cpt = parse_settings(["cpt", "--config", _yaml(tmp_path, "train: {device: cpu, precision: bf16}\n")]).cpt.train
+    assert (cpt.device, cpt.precision) == ("cpu", "bf16")
+    config = _yaml(tmp_path, "pretrain: {device: cpu}\ntask1: {device: cpu, precision: fp32}\n")
+    bio = parse_settings(["bio", "--preset", "micro", "--config", config, "--task1.precision", "bf16"]).bio
+    assert (bio.pretrain.device, bio.task0.device, bio.task1.device, bio.task1.precision) == (
+        "cpu",
+        "auto",
+        "cpu",
+        "bf16",
+    )
+
+
 @pytest.mark.parametrize(
     "argv",
     [
@@ -282,6 +322,11 @@ def test_sweep_yaml_holds_both_the_sweep_and_the_experiment(tmp_path):
         ["bench", "--seq", "1.5"],
         ["bio", "--preset", "huge"],
         ["cpt", "--train.max_steps", "many"],
+        ["cpt", "--train.device", "gpu"],
+        ["cpt", "--train.precision", "fp16"],
+        ["base", "--train.device", "tpu"],
+        ["bio", "--task1.precision", "half"],
+        ["sweep", "bio", "--pretrain.device", "cuda:1"],
         ["sweep", "bio", "--target", "high"],
         ["sweep", "cpt", "--lr-scales"],
         ["sweep", "bio", "--nonsense", "1"],
@@ -298,7 +343,7 @@ def test_bad_values_are_refused_with_exit_code_2(argv, capsys):
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["bench", "--batch", "0"], "scale-cl bench: error: batch must be >= 1, got 0"),
+        (["bench", "--batch", "-1"], "scale-cl bench: error: batch must be >= 0, got -1"),
         (["bench", "--config", "{yaml}"], "scale-cl bench: error: unknown setting 'nonsense'"),
         (["eval", "--tasks", "english"], "scale-cl eval: error: give either MODEL_DIR"),
         (["eval", "m", "--batch_size", "-3", "--tasks", "x"], "scale-cl eval: error: --batch_size must be"),

@@ -43,6 +43,9 @@ def test_run_writes_metrics_tables_and_figures(finished_run):
         # Every method starts from the base model's function: identical step-0 perplexities.
         assert records[0]["learning_ppl"] == pytest.approx(results["methods"]["freeze"]["curve"][0]["learning_ppl"])
         assert not (out / method / "run").exists(), "checkpoints are deleted once the method has finished"
+        # train.device and train.precision auto: the GPU in bf16 where there is one, else the CPU in fp32; recorded
+        where = ("cuda", "bf16") if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else ("cpu", "fp32")
+        assert (results["methods"][method]["device"], results["methods"][method]["precision"]) == where
     assert "route_preserve_share" in results["methods"]["scale_route"]["curve"][-1]
     assert "route_preserve_share" not in results["methods"]["freeze"]["curve"][-1]
     table = (out / "results.md").read_text()

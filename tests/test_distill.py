@@ -103,6 +103,21 @@ def test_other_methods_distill_from_a_frozen_copy(method):
     assert isinstance(teacher, CopyTeacher) and not any(p.requires_grad for p in teacher.model.parameters())
 
 
+def test_the_frozen_copy_runs_in_the_stages_precision():
+    """With the stage in bf16 the copy of the base runs under bf16 autocast, as the student does (the Trainer's
+    autocast covers the student's forward pass only); in fp32 it runs in fp32 (issue 38)."""
+    base = _base()
+    ids, mask = token_batch(padded=False, rows=2, length=7)
+    inputs = {"input_ids": ids, "attention_mask": mask, "labels": ids}
+    _, fp32 = CopyTeacher(copy.deepcopy(base)).run(lambda: None, inputs)
+    _, bf16 = teacher_for(prepare(copy.deepcopy(base), "fft"), lambda: copy.deepcopy(base), bf16=True).run(
+        lambda: None, inputs
+    )
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        expected = base(input_ids=ids, attention_mask=mask).logits
+    assert fp32.dtype == torch.float32 and torch.equal(bf16, expected) and not torch.equal(bf16.float(), fp32)
+
+
 def test_an_extended_vocabulary_falls_back_to_the_copy():
     from scale_cl.vocab import VocabExtension, grow_embeddings
 
@@ -151,6 +166,12 @@ def test_pseudo_replay_is_the_base_model_s_own_text_fixed_by_the_seed_and_cached
     assert blocks.shape == (5, 9) and bool((blocks[:, 0] == 5).all())
     assert torch.equal(blocks, generate_blocks(base, 5, 5, 9, seed=3, batch_size=2)), "the seed fixes the draw"
     assert not torch.equal(blocks, generate_blocks(base, 5, 5, 9, seed=4, batch_size=2))
+    autocast = []  # the run's precision: sampled under bf16 autocast with bf16, in fp32 without
+    hook = base.register_forward_pre_hook(lambda module, args: autocast.append(torch.is_autocast_enabled("cpu")))
+    generate_blocks(base, 5, 2, 4, seed=3, bf16=True)
+    generate_blocks(base, 5, 2, 4, seed=3)
+    hook.remove()
+    assert autocast == [True] * 3 + [False] * 3  # a forward pass per new token
     calls = []
 
     def sample():

@@ -233,6 +233,7 @@ def test_presets_are_lm_eval_task_names():
         (["--base", "smollm2", "--tasks", "english", "--batch-size", "0"], "--batch_size must be a positive integer"),
         (["--base", "smollm2", "--tasks", "english", "--limit", "-1"], "limit must be > 0, got -1.0"),
         (["--base", "smollm2", "--config", "{yaml}", "--limit", "5"], "--batch_size must be a positive integer"),
+        (["--base", "smollm2", "--tasks", "english", "--device", "gpu"], "--device must be auto, cpu, cuda or cuda:N"),
     ],
 )
 def test_bad_settings_exit_2_before_any_model_is_loaded(argv, message, tmp_path, capsys):

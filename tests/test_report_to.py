@@ -1,5 +1,7 @@
 """``report_to``: the Trainer's loss and the run's own metrics go to a logging backend (TensorBoard here), the
-backend is checked before anything is written, and it is no part of any setting that identifies a run."""
+backend is checked before anything is written, and it is no part of any setting that identifies a run; nor is a
+stage's ``device``, nor its ``precision`` at ``auto`` (issue 38: runs made before these settings keep their identity).
+"""
 
 from __future__ import annotations
 
@@ -125,3 +127,56 @@ def test_report_to_parses_on_every_training_command():
     assert (bio.task1.report_to, bio.pretrain.report_to, bio.task0.report_to) == (["tensorboard"], ["all"], ["none"])
     assert parse_settings(["base", "--train.report_to", "tensorboard"]).base.train.report_to == ["tensorboard"]
     assert parse_settings(["sweep", "cpt", "--train.report_to", "tensorboard"]).cpt.train.report_to == ["tensorboard"]
+
+
+# Stage-1/2 cache keys of bio's presets (seeds 0 and 3), as they were before the stages had a device and a precision:
+# a cache made then is still found.
+STAGE_KEYS = {
+    "micro": (("acf303eeb42b", "a39bd34a6961"), ("ab2a5685d84a", "97d7b3dcdab6")),
+    "small": (("2e2f08a45645", "b067ca25e6c9"), ("b0a43bc90204", "1609e2233415")),
+    "medium": (("c37df2ab4494", "af3d9e10eb98"), ("8a1bb7a184ea", "cf1def1c661f")),
+    "paper": (("ae78e5651e84", "8767b95e5103"), ("32dd04ca40b0", "c9070427a5a5")),
+}
+
+
+@pytest.mark.parametrize("name", sorted(STAGE_KEYS))
+def test_default_runs_keep_their_cache_keys(name):
+    cfg = bio_preset(name)
+    assert (stage_keys(cfg, 0), stage_keys(cfg, 3)) == STAGE_KEYS[name]
+
+
+def _stages(cfg, **settings):
+    return replace(cfg, **{s: replace(getattr(cfg, s), **settings) for s in ("pretrain", "task0", "task1")})
+
+
+def test_device_is_no_part_of_a_runs_identity_and_precision_only_when_given(tmp_path):
+    """Where a stage runs identifies nothing (as the machine does not); bf16 and fp32 are other runs than each other and
+    than auto (which resolves by the machine, as before the setting existed)."""
+    plain = bio_preset("micro")
+    assert stage_keys(_stages(plain, device="cpu"), 0) == stage_keys(_stages(plain, device="cuda"), 0)
+    assert stage_keys(_stages(plain, device="cpu"), 0) == stage_keys(plain, 0)
+    keys = {stage_keys(_stages(plain, precision=p), 0) for p in ("auto", "bf16", "fp32")}
+    assert len(keys) == 3 and stage_keys(plain, 0) in keys
+    claim_output_folder(tmp_path, "config.json", plain.to_dict())
+    claim_output_folder(tmp_path, "config.json", _stages(plain, device="cpu").to_dict())  # the same run: accepted
+    with pytest.raises(ValueError, match=r"differs in: .*task1\.precision"):
+        claim_output_folder(tmp_path, "config.json", _stages(plain, precision="fp32").to_dict())
+    assert "device" not in json.loads((tmp_path / "config.json").read_text())["task1"]
+
+
+def test_a_cpt_folder_made_before_the_device_setting_is_the_same_run(workspace, tmp_path):
+    """A cpt_config.json written before issue 38 (``train.precision: auto``, no ``train.device``) is claimed by the same
+    settings today, on any device; another precision is another run."""
+    cfg = tiny_config(workspace, ["fft"])
+    before = cfg.to_dict()
+    del before["train"]["device"]
+    assert before["train"]["precision"] == "auto"
+    (tmp_path / "cpt_config.json").write_text(json.dumps(before))
+    for device in ("auto", "cpu", "cuda"):
+        claim_output_folder(
+            tmp_path, "cpt_config.json", replace(cfg, train=replace(cfg.train, device=device)).to_dict()
+        )
+    with pytest.raises(ValueError, match=r"differs in: train\.precision"):
+        claim_output_folder(
+            tmp_path, "cpt_config.json", replace(cfg, train=replace(cfg.train, precision="bf16")).to_dict()
+        )

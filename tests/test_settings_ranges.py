@@ -152,3 +152,103 @@ def test_a_numeric_string_in_yaml_is_read_as_the_number(tmp_path):
     config.write_text("task1: {lr: fast}\n")
     with pytest.raises(ValueError, match=r"task1\.lr must be a number, got 'fast'"):
         parse_settings(["bio", "--preset", "micro", "--config", str(config)])
+
+
+# --- device and precision (issue 38): the values each takes, and a device that is not there ---------------------
+
+# The option each training command is refused on when it asks for CUDA on a machine without it.
+CUDA_OPTIONS = {
+    "cpt": "train.device",
+    "base": "train.device",
+    "sweep cpt": "train.device",
+    "bio": "task1.device",
+    "sweep bio": "pretrain.device",
+}
+
+
+@pytest.fixture
+def no_cuda(monkeypatch):
+    """torch sees no GPU, whatever the machine (the refusal is tested on GPU machines too)."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch):
+    """torch sees a GPU (nothing is run on it: only the settings are resolved); ``set(bf16=False)`` takes bf16 away."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *args: "Fake GPU")
+
+    def gpu(bf16: bool = True) -> None:
+        monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: bf16)
+
+    gpu()
+    return gpu
+
+
+@pytest.mark.parametrize("path", sorted(CUDA_OPTIONS))
+def test_device_cuda_without_a_gpu_is_refused_before_anything_is_written(
+    path, inputs, tmp_path, monkeypatch, capsys, no_cuda
+):
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "out"
+    option = CUDA_OPTIONS[path]
+    assert main([*path.split(), *inputs[path], "--out", str(out), f"--{option}", "cuda"]) == 2
+    err = capsys.readouterr().err
+    assert f"error: {option}=cuda, but torch sees no CUDA device" in err and f"set {option} auto or cpu" in err, err
+    assert not out.exists() and not list(tmp_path.iterdir()), "something was written"
+
+
+@pytest.mark.parametrize(
+    ("argv", "yaml", "message"),
+    [
+        (
+            ["cpt", "--preset", "clean-en"],
+            "train: {device: gpu}",
+            "train.device must be one of ('auto', 'cpu', 'cuda')",
+        ),
+        (["bio", "--preset", "micro"], "task1: {precision: fp16}", "task1.precision must be one of ('auto', 'bf16', "),
+        (
+            ["base", "--preset", "micro"],
+            "train: {precision: half}",
+            "precision must be one of ('auto', 'bf16', 'fp32')",
+        ),
+    ],
+)
+def test_a_bad_device_or_precision_in_yaml_names_the_valid_values(argv, yaml, message, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    Path("bad.yaml").write_text(yaml + "\n")
+    assert main([*argv, "--config", "bad.yaml"]) == 2
+    assert message in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.yaml"]
+
+
+def test_device_and_precision_resolve_on_a_gpu_and_on_the_cpu(fake_gpu, monkeypatch):
+    """auto: the GPU when torch sees one, in bf16 where it has it; cpu keeps off a present GPU (fp32 by default, bf16
+    under CPU autocast when asked); fp32 and bf16 are taken as given; bf16 on a GPU without it is refused."""
+    import torch
+
+    from scale_cl.train.config import StageConfig
+    from scale_cl.train.device import Placement, stage_placement
+
+    def placed(**settings: str) -> Placement:
+        return stage_placement(StageConfig(**settings), "train.")
+
+    assert placed() == Placement("cuda", bf16=True)
+    assert placed(precision="fp32") == placed(device="cuda", precision="fp32") == Placement("cuda", bf16=False)
+    assert placed(device="cpu") == Placement("cpu", bf16=False)
+    assert placed(device="cpu", precision="bf16") == Placement("cpu", bf16=True)
+    assert placed().record() == {"device": "cuda", "precision": "bf16", "gpu": "Fake GPU"}
+    fake_gpu(bf16=False)  # e.g. a V100
+    assert placed() == Placement("cuda", bf16=False)
+    with pytest.raises(
+        ValueError, match=r"train\.precision=bf16, but this GPU \(Fake GPU\) has no bf16; set train\.pre"
+    ):
+        placed(precision="bf16")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert placed() == Placement("cpu", bf16=False) and placed().record() == {"device": "cpu", "precision": "fp32"}
+    with pytest.raises(ValueError, match=r"train\.device=cuda, but torch sees no CUDA device"):
+        placed(device="cuda")

@@ -309,6 +309,40 @@ def test_hf_trainer_trains_upscaled_model(arch, method, tmp_path):
     assert prediction.predictions.shape == (len(data), 8, VOCAB)
 
 
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_a_stages_device_and_precision_reach_the_trainer(precision, tmp_path):
+    """`training_arguments` hands a stage's ``device`` and ``precision`` to the Trainer: ``cpu`` trains on the CPU
+    (on a GPU machine too), ``bf16`` under bf16 autocast; the run records what the Trainer used (issue 38)."""
+    from scale_cl.train.arguments import training_arguments
+    from scale_cl.train.config import StageConfig
+    from scale_cl.train.device import used_placement
+
+    stage = StageConfig(lr=1e-2, max_steps=2, batch_size=2, device="cpu", precision=precision)
+    args = training_arguments(stage, tmp_path, 0)
+    assert (args.use_cpu, args.bf16, args.device.type, args.n_gpu) == (True, precision == "bf16", "cpu", 0)
+    _, model = upscaled("llama-gqa2-tied", "adapt")
+    seen = []  # where the first decoder layer runs, and whether under bf16 autocast
+    model.base_model.layers[0].register_forward_pre_hook(
+        lambda module, inputs: seen.append((inputs[0].device.type, torch.is_autocast_enabled("cpu")))
+    )
+    Trainer(model=model, args=args, train_dataset=_dataset()).train()
+    assert set(seen) == {("cpu", precision == "bf16")} and len(seen) == 2
+    assert {p.device.type for p in model.parameters()} == {"cpu"}
+    assert used_placement(args) == {"device": "cpu", "precision": precision}
+
+
+def test_one_process_trains_on_one_gpu(tmp_path):
+    """A process that sees several GPUs trains on the first: the Trainer's ``n_gpu`` (which would wrap the model in
+    ``nn.DataParallel`` and multiply the batch) is brought to 1, as under torchrun; a CPU run keeps 0."""
+    from scale_cl.train.arguments import one_gpu_per_process, training_arguments
+    from scale_cl.train.config import StageConfig
+
+    args = training_arguments(StageConfig(device="cpu"), tmp_path, 0)
+    assert one_gpu_per_process(args).n_gpu == 0
+    args._n_gpu = 2  # what TrainingArguments sets when one process sees two GPUs
+    assert one_gpu_per_process(args).n_gpu == 1 and args.train_batch_size == args.per_device_train_batch_size
+
+
 # --------------------------------------------------------------------------------------------
 # Gradient checkpointing gives the same gradients.
 

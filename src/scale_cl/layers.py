@@ -142,10 +142,11 @@ class ScaleLinear(SplitInput):
 
         A strided slice with a bias takes matmul-then-add instead of the fused addmm the base model's
         contiguous input takes: in bf16/fp16 (or under autocast) that rounds differently (one ulp), so
-        the original stream would no longer be bitwise the base model's. (fp32 rounds the same.)
+        the original stream would no longer be bitwise the base model's. On a CPU fp32 rounds the same; on
+        CUDA the two paths may pick other GEMM kernels, so there the slice is made contiguous in fp32 too.
         """
         low_precision = x.dtype != torch.float32 or torch.is_autocast_enabled(x.device.type)
-        return x.contiguous() if self.bias is not None and low_precision else x
+        return x.contiguous() if self.bias is not None and (low_precision or x.is_cuda) else x
 
     def _inference_weights(self) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
         """The whole block matrix, its bias and ``[W21 W22]``; built once.

@@ -41,7 +41,7 @@ COMMAND = Command(
     ),
     usage=(
         "scale-cl eval (MODEL_DIR | --base MODEL) --tasks TASK [TASK ...] [--include_path DIR] "
-        f"[--num_fewshot N] [--limit N] [--batch_size N] [--device cpu|cuda] [--dtype {'|'.join(DTYPES)}] "
+        f"[--num_fewshot N] [--limit N] [--batch_size N] [--device auto|cpu|cuda|cuda:N] [--dtype {'|'.join(DTYPES)}] "
         "[--merge_lora] [--config FILE.yaml] [--out FILE.json]"
     ),
     settings=EvalSettings,

@@ -24,7 +24,8 @@ COMMAND = Command(
         "brings its modeling code (modeling_scale.py): load it with AutoModelForCausalLM.from_pretrained(OUT, "
         "trust_remote_code=True) in any environment with torch and transformers. A baseline (fft, freeze, "
         "llama_pro, lora with its adapter merged) is a plain checkpoint of its stock class. OUT must not exist "
-        "or be empty; nothing is written when the input is refused."
+        "or be empty; nothing is written when the input is refused. Runs on the CPU (no GPU needed, whatever the "
+        "run trained on)."
     ),
     epilog=(
         "examples:\n"

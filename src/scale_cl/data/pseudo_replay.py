@@ -9,6 +9,7 @@ as replay (`scale_cl.data.replay`), so pseudo-replay and replay share one schedu
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 from pathlib import Path
@@ -30,8 +31,10 @@ def generate_blocks(
     seed: int,
     temperature: float = 1.0,
     batch_size: int = 64,
+    bf16: bool = False,
 ) -> torch.Tensor:
-    """``count`` sampled sequences of ``length`` tokens (the first is ``start_id``), as a (count, length) tensor."""
+    """``count`` sampled sequences of ``length`` tokens (the first is ``start_id``), as a (count, length) tensor on
+    the CPU, sampled on the model's device; ``bf16``: under bf16 autocast (the run's precision)."""
     if count < 1 or length < 2:
         raise ValueError(f"pseudo-replay needs count >= 1 and length >= 2, got {count} and {length}")
     device = next(model.parameters()).device
@@ -44,7 +47,8 @@ def generate_blocks(
             for first in tqdm(range(0, count, batch_size), desc="pseudo-replay", unit="batch"):
                 rows = min(batch_size, count - first)
                 prompt = torch.full((rows, 1), start_id, dtype=torch.long, device=device)
-                with torch.no_grad():
+                autocast = torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
+                with torch.no_grad(), autocast:
                     out = model.generate(
                         prompt,
                         attention_mask=torch.ones_like(prompt),

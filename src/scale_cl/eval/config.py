@@ -84,9 +84,10 @@ class EvalSettings:
     )
     batch_size: str = field(default="8", metadata={"help": "lm-eval batch size, or 'auto'", "metavar": "N"})
     device: str | None = field(
-        default=None,
+        default="auto",
         metadata={
-            "help": "cpu, cuda or cuda:N (default: cuda when available, else cpu); the model is moved there",
+            "help": "auto (cuda when torch sees a GPU, else cpu: the training commands' device setting), cpu, cuda "
+            "or cuda:N; the model is moved there",
             "type": str,
             "metavar": "DEVICE",
         },

@@ -216,6 +216,25 @@ def evaluate(
     return out
 
 
+def eval_device(device: str | None) -> str:
+    """``--device`` as torch names it: ``auto`` (or nothing) is cuda when torch sees a GPU, else cpu, as the training
+    commands' ``device`` (`scale_cl.train.device.resolve_device`); ``cuda:N`` picks a GPU. A device that is not
+    there is refused before the model is loaded."""
+    import torch
+
+    from scale_cl.train.device import resolve_device
+
+    if device is None or device in ("auto", "cpu", "cuda"):
+        return resolve_device(device or "auto", "--device")
+    index = device.removeprefix("cuda:")
+    if not (device.startswith("cuda:") and index.isdigit()):
+        raise ValueError(f"--device must be auto, cpu, cuda or cuda:N, got {device!r}")
+    resolve_device("cuda", "--device")  # no GPU at all: the same refusal as --device cuda
+    if int(index) >= torch.cuda.device_count():
+        raise ValueError(f"--device {device}: torch sees {torch.cuda.device_count()} GPU(s) (cuda:0 is the first)")
+    return device
+
+
 def parse_dtype(name: str) -> torch.dtype:
     import torch
 
@@ -323,8 +342,6 @@ def run_eval(settings: EvalSettings) -> tuple[dict[str, Any], Path | None]:
 
     Bad settings raise a ValueError / FileNotFoundError before the (slow) model load.
     """
-    import torch
-
     from scale_cl.models import BaseModelRef, load_base, load_trained, read_run_file
 
     s = settings
@@ -337,9 +354,7 @@ def run_eval(settings: EvalSettings) -> tuple[dict[str, Any], Path | None]:
         raise ValueError(f"--tasks is required: lm-eval task names or presets ({', '.join(TASK_PRESETS)})")
     batch_size, limit = _batch_size(s.batch_size), _limit(s.limit)
     dtype = parse_dtype(s.dtype)
-    device = s.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError(f"--device {device}: CUDA is not available on this machine; use --device cpu")
+    device = eval_device(s.device)
     directory = None if s.model_dir is None else Path(s.model_dir)
     if directory is not None:
         if not directory.is_dir():

@@ -80,6 +80,7 @@ def task_cost(model: torch.nn.Module, ids: torch.Tensor) -> dict[str, Any]:
     and of inference on ``ids`` (one sequence; `scale_cl.eval.cost`: exact op counts)."""
     from scale_cl.methods import trainable_parameter_count
 
+    ids = ids.to(next(model.parameters()).device)  # after a task trained on a GPU, the model is there
     was_training = model.training
     cost = {
         "trainable": trainable_parameter_count(model),

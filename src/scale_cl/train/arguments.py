@@ -6,10 +6,10 @@ import os
 from pathlib import Path
 from typing import Any
 
-import torch
 from transformers import TrainingArguments
 
 from scale_cl.train.config import StageConfig
+from scale_cl.train.device import stage_placement
 from scale_cl.train.reporting import report_to_argument
 
 # transformers 5 renamed gradient_checkpointing to activation_checkpointing (the old name warns)
@@ -33,7 +33,6 @@ def training_arguments(
     save_every: int = 0,
     save_total_limit: int | None = None,
     activation_checkpointing: bool = False,
-    bf16: bool | None = None,
     logging_steps: int = 50,
     logging_dir: Path | None = None,
 ) -> TrainingArguments:
@@ -43,13 +42,16 @@ def training_arguments(
     a step count worked out by the caller; ``micro_batch_size`` with ``gradient_accumulation_steps``:
     ``stage.batch_size`` split over accumulation and processes). ``save_every`` > 0 writes a checkpoint
     every that many steps (``save_total_limit`` also bounds checkpoints asked for by a callback).
-    ``bf16=None`` trains in bf16 on a GPU that has it. The loss is logged unfiltered: a NaN is not
-    averaged away (`CheckpointingTrainer` stops on it anyway). ``stage.report_to`` picks the reporting
-    integrations (W&B offline unless ``WANDB_MODE`` says otherwise); TensorBoard writes into
-    ``logging_dir`` (on transformers 5, once `connect_reporting` has pointed its callback there).
+    ``stage.device`` and ``stage.precision`` say where and in which precision it trains (`scale_cl.train.device`:
+    ``use_cpu`` and ``bf16``); a process that sees several GPUs trains on the first, not over all of them with
+    ``nn.DataParallel`` as the Trainer would (`one_gpu_per_process`; several GPUs: one process each). The loss is
+    logged unfiltered: a NaN is not averaged away (`CheckpointingTrainer` stops on it anyway).
+    ``stage.report_to`` picks the reporting integrations (W&B offline unless ``WANDB_MODE`` says otherwise);
+    TensorBoard writes into ``logging_dir`` (on transformers 5, once `connect_reporting` has pointed its callback
+    there).
     A dataset that orders itself (replay) is read in its order by `scale_cl.train.recipe.train_model`.
     """
-    cuda = torch.cuda.is_available()
+    placement = stage_placement(stage)
     steps = stage.max_steps if max_steps is None else max_steps
     report_to = report_to_argument(stage.report_to)
     if "wandb" in report_to:
@@ -59,7 +61,7 @@ def training_arguments(
         kwargs["logging_dir"] = str(logging_dir)
     if stage.schedule == "cosine_with_min_lr":
         kwargs["lr_scheduler_kwargs"] = {"min_lr_rate": stage.min_lr_ratio}
-    return TrainingArguments(
+    args = TrainingArguments(
         output_dir=str(output_dir),
         learning_rate=stage.lr if learning_rate is None else learning_rate,
         num_train_epochs=stage.epochs,
@@ -79,8 +81,19 @@ def training_arguments(
         report_to=report_to,
         remove_unused_columns=False,
         dataloader_num_workers=0,
-        use_cpu=not cuda,
-        bf16=(cuda and torch.cuda.is_bf16_supported()) if bf16 is None else bf16,
+        use_cpu=placement.device == "cpu",
+        bf16=placement.bf16,
         disable_tqdm=False,
         **kwargs,
     )
+    return one_gpu_per_process(args)
+
+
+def one_gpu_per_process(args: TrainingArguments) -> TrainingArguments:
+    """``args`` with the Trainer's single-process multi-GPU mode off: one process that sees several GPUs trains on
+    the first (``cuda:0``, the first that ``CUDA_VISIBLE_DEVICES`` leaves), as under ``torchrun`` each process
+    does, instead of wrapping the model in ``nn.DataParallel`` over all of them (which would multiply the batch by
+    the GPUs and split every forward pass). The Trainer does the same itself for a model spread over devices."""
+    if args.n_gpu > 1:
+        args._n_gpu = 1
+    return args

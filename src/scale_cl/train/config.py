@@ -8,6 +8,8 @@ from scale_cl.bounds import check_fields
 from scale_cl.train.reporting import REPORT_NONE, check_report_to
 
 SCHEDULES = ("constant", "linear", "cosine", "cosine_with_min_lr")
+DEVICES = ("auto", "cpu", "cuda")
+PRECISIONS = ("auto", "bf16", "fp32")
 
 
 @dataclass
@@ -25,6 +27,23 @@ class StageConfig:
     schedule: str = field(default="constant", metadata={"help": f"learning-rate schedule, one of {SCHEDULES}"})
     min_lr_ratio: float = field(
         default=0.1, metadata={"ge": 0, "le": 1, "help": "final lr / peak lr for cosine_with_min_lr"}
+    )
+    device: str = field(
+        default="auto",
+        metadata={
+            "help": "where the stage trains and is evaluated: auto = cuda when torch sees a GPU, else cpu; cuda = one "
+            "GPU per process (the first CUDA_VISIBLE_DEVICES leaves; several: torchrun / accelerate launch). Not part "
+            "of the settings that identify a run",
+            "choices": DEVICES,
+        },
+    )
+    precision: str = field(
+        default="auto",
+        metadata={
+            "help": "auto = bf16 on a GPU that has it, else fp32; bf16 = bf16 autocast over fp32 weights (also on "
+            "a CPU); fp32",
+            "choices": PRECISIONS,
+        },
     )
     report_to: list[str] = field(
         default_factory=lambda: [REPORT_NONE],
@@ -44,6 +63,10 @@ class StageConfig:
                 setattr(self, name, float(value))
         if self.schedule not in SCHEDULES:
             raise ValueError(f"schedule must be one of {SCHEDULES}, got {self.schedule!r}")
+        section = getattr(self, "section", "")  # a subclass's (train., task1.); bio's other stages share this class
+        for name, valid in (("device", DEVICES), ("precision", PRECISIONS)):
+            if getattr(self, name) not in valid:
+                raise ValueError(f"{section}{name} must be one of {valid}, got {getattr(self, name)!r}")
         check_fields(self)
         if isinstance(self.report_to, str):  # a YAML file's ``report_to: tensorboard``
             self.report_to = [self.report_to]

@@ -21,6 +21,7 @@ Where the base's logits come from (`teacher_for`):
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -134,17 +135,21 @@ class HeadTeacher:
 
 
 class CopyTeacher:
-    """A frozen copy of the base model run on the same batch, without gradient (LwF's second forward pass)."""
+    """A frozen copy of the base model run on the same batch, without gradient (LwF's second forward pass), on the
+    batch's device and, with ``bf16``, under bf16 autocast as the student trains (the stage's ``precision``: the
+    Trainer's autocast covers the student's forward pass only)."""
 
-    def __init__(self, base: nn.Module) -> None:
+    def __init__(self, base: nn.Module, bf16: bool = False) -> None:
         self.model = base.eval().requires_grad_(False)
+        self.bf16 = bf16
 
     def run(self, forward: Callable[[], Any], inputs: dict[str, Any]) -> tuple[Any, torch.Tensor]:
         model_inputs = {k: v for k, v in inputs.items() if k != "labels"}
-        first = next(self.model.parameters())
-        if first.device != inputs["input_ids"].device:
-            self.model.to(inputs["input_ids"].device)
-        with torch.no_grad():
+        device = inputs["input_ids"].device
+        if next(self.model.parameters()).device != device:
+            self.model.to(device)
+        autocast = torch.autocast(device.type, dtype=torch.bfloat16) if self.bf16 else contextlib.nullcontext()
+        with torch.no_grad(), autocast:
             logits = self.model(**model_inputs).logits
         return forward(), logits
 
@@ -162,9 +167,10 @@ def free_teacher(model: nn.Module) -> bool:
     return method == "preserve" or (method == "route" and route.active)
 
 
-def teacher_for(model: nn.Module, load_base: Callable[[], nn.Module]) -> HeadTeacher | CopyTeacher:
-    """The cheapest exact teacher for ``model``: its own head, or a frozen copy (``load_base()``) of the base."""
-    return HeadTeacher(model) if free_teacher(model) else CopyTeacher(load_base())
+def teacher_for(model: nn.Module, load_base: Callable[[], nn.Module], bf16: bool = False) -> HeadTeacher | CopyTeacher:
+    """The cheapest exact teacher for ``model``: its own head (in the student's precision), or a frozen copy
+    (``load_base()``) of the base, run in bf16 autocast with ``bf16`` (the stage's precision)."""
+    return HeadTeacher(model) if free_teacher(model) else CopyTeacher(load_base(), bf16)
 
 
 @dataclass

@@ -1,7 +1,9 @@
 """Where a run's metrics are sent: transformers' reporting integrations (TensorBoard, W&B, MLflow, ...).
 
 ``report_to`` says where metrics go, not what is computed, so it is left out of every run's identity
-(`result_settings`): changing it reuses finished work.
+(`result_settings`): changing it reuses finished work. So is a stage's ``device`` (where it runs, as the machine
+is no part of it either), and its ``precision`` where it is ``auto`` (so that the runs and caches made before the
+setting existed keep their identity; ``bf16`` and ``fp32`` are part of it).
 """
 
 from __future__ import annotations
@@ -21,6 +23,11 @@ REPORT_ALL, REPORT_NONE = "all", "none"
 # Settings that say where metrics are sent, not what is computed: left out of every run's identity (cache
 # keys, the settings a run folder is claimed with), so changing them reuses finished work.
 REPORTING_SETTINGS = frozenset({"report_to"})
+# Where a stage runs (`scale_cl.train.config.StageConfig.device`): left out of every run's identity too.
+PLACEMENT_SETTINGS = frozenset({"device"})
+# Settings left out of a run's identity at these values only: their defaults, which runs made before the setting
+# existed ran with (``precision: auto``).
+IDENTITY_DEFAULTS = {"precision": "auto"}
 # Backends whose module or package is not named as the backend: (modules, any of which will do; what
 # `pip install` needs). Every other backend is its own module and package.
 _PACKAGES = {
@@ -77,11 +84,13 @@ def report_to_argument(report_to: Sequence[str]) -> list[str]:
 
 
 def result_settings(settings: dict[str, Any]) -> dict[str, Any]:
-    """``settings`` (nested, as ``asdict`` gives them) without `REPORTING_SETTINGS`: what a run's results depend on."""
+    """``settings`` (nested, as ``asdict`` gives them) without `REPORTING_SETTINGS`, `PLACEMENT_SETTINGS` and the
+    `IDENTITY_DEFAULTS` at their defaults: what identifies a run (its cache keys, its output folder)."""
     return {
         key: result_settings(value) if isinstance(value, dict) else value
         for key, value in settings.items()
-        if key not in REPORTING_SETTINGS
+        if key not in REPORTING_SETTINGS | PLACEMENT_SETTINGS
+        and not (key in IDENTITY_DEFAULTS and value == IDENTITY_DEFAULTS[key])
     }
 
 

@@ -35,6 +35,7 @@ from scale_cl.experiments.run_folder import claim_output_folder
 from scale_cl.files import sha256_of, write_json
 from scale_cl.train.arguments import training_arguments
 from scale_cl.train.callbacks import PeriodicEval
+from scale_cl.train.device import stage_placement, used_placement
 from scale_cl.train.recipe import train_model
 from scale_cl.train.reporting import report_to_argument
 from scale_cl.train.sharding import refuse_sharding
@@ -119,14 +120,18 @@ def llama_config(cfg: BaseBuildConfig, tokenizer: PreTrainedTokenizerFast) -> Ll
     )
 
 
-def english_perplexity(corpus: Corpus, batch_size: int = 8) -> Any:
-    """``evaluate(model)``: perplexity on the held-out split and on each named English evaluation set."""
+def english_perplexity(corpus: Corpus, batch_size: int = 8, bf16: bool = False) -> Any:
+    """``evaluate(model)``: perplexity on the held-out split and on each named English evaluation set (``bf16``: in
+    bf16 autocast, the training's precision)."""
+
+    def ppl(model: torch.nn.Module, blocks: torch.Tensor) -> float:
+        return perplexity(model, blocks, batch_size, bf16).perplexity
 
     def evaluate(model: torch.nn.Module) -> dict[str, Any]:
         record: dict[str, Any] = {}
         if corpus.heldout is not None:
-            record["heldout_ppl"] = perplexity(model, corpus.heldout.blocks, batch_size).perplexity
-        record["eval_ppl"] = {n: perplexity(model, d.blocks, batch_size).perplexity for n, d in corpus.old_eval.items()}
+            record["heldout_ppl"] = ppl(model, corpus.heldout.blocks)
+        record["eval_ppl"] = {n: ppl(model, d.blocks) for n, d in corpus.old_eval.items()}
         return record
 
     return evaluate
@@ -147,6 +152,7 @@ def build_base(cfg: BaseBuildConfig, out: Path) -> Path:
         return model_dir
     start = time.perf_counter()
     report_to_argument(cfg.train.report_to)  # its backends are installed
+    stage_placement(cfg.train, "train.")  # a device that is not there, bf16 on a GPU without it
     texts = read_english(cfg)
     print(f"[base] {len(texts):,} English documents, {sum(map(len, texts)):,} characters; training the tokenizer")
     tokenizer = train_bpe_tokenizer(tokenizer_sample(texts, cfg.tokenizer_chars), cfg.model.vocab_size)
@@ -174,7 +180,7 @@ def build_base(cfg: BaseBuildConfig, out: Path) -> Path:
         logging_dir=logging_dir,
     )
     tracker = PeriodicEval(
-        english_perplexity(corpus),
+        english_perplexity(corpus, bf16=args.bf16),
         every=cfg.eval_every,
         path=out / "metrics.jsonl",
         tokens_per_step=t.batch_size * cfg.data.seq_len,
@@ -203,6 +209,7 @@ def build_base(cfg: BaseBuildConfig, out: Path) -> Path:
         "sources": {s: sha256_of(Path(s)) for s in cfg.data.train if Path(s).is_file()},
         "seconds_this_session": time.perf_counter() - start,
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
+        **used_placement(args),  # device, precision (and the GPU) it trained on
         "settings": cfg.to_dict(),
     }
     save_model(trainer.model, tokenizer, info, model_dir)

@@ -21,7 +21,11 @@ one (bitwise the same curve on CPU); they are deleted when the method finishes.
 
 With a stage's ``report_to`` naming TensorBoard, its events go to ``<cache>/<stage>-<key>.logs`` (stages
 1-2) and ``<out>/seed-<s>/<method>.logs`` (stage 3). ``report_to`` is in no cache key: where metrics
-are sent changes no result.
+are sent changes no result; nor is a stage's ``device``, nor its ``precision`` where it is ``auto``.
+
+Each stage trains on its own ``device`` in its own ``precision`` (`scale_cl.train.device`); what is measured
+outside a stage's training (the stage models' accuracies, the step-0 reading of a sweep, the Task-0 model's
+pseudo-replay text) runs on Task 1's.
 """
 
 from __future__ import annotations
@@ -62,6 +66,7 @@ from scale_cl.files import write_json
 from scale_cl.train.arguments import training_arguments
 from scale_cl.train.callbacks import PeriodicEval, SaveAtEvaluations
 from scale_cl.train.config import StageConfig
+from scale_cl.train.device import Placement, stage_placement, used_placement
 from scale_cl.train.distill import Distillation, HeadTeacher, teacher_for
 from scale_cl.train.recipe import train_model
 from scale_cl.train.reporting import report_to_argument, result_settings
@@ -276,12 +281,24 @@ def stage_models(cfg: BioConfig, data: BioData, seed: int, cache: Path) -> tuple
     return dir1, dir2
 
 
-def stage_accuracies(data: BioData, seed: int, stage_dirs: tuple[Path, Path], out: Path) -> dict[str, Any]:
+def task1_placement(cfg: BioConfig) -> Placement:
+    """Where Task 1 trains, and what is measured outside the stages' training runs on (module doc)."""
+    return stage_placement(cfg.task1)
+
+
+def load_stage_model(directory: Path, device: str = "cpu") -> GPTNeoXForCausalLM:
+    """A cached stage model, on ``device`` (`task1_placement`'s, where it is measured)."""
+    return GPTNeoXForCausalLM.from_pretrained(directory).to(device)
+
+
+def stage_accuracies(
+    data: BioData, seed: int, stage_dirs: tuple[Path, Path], out: Path, device: str = "cpu"
+) -> dict[str, Any]:
     """What stage 1 stored and stage 2 extracted, for the report (cached in ``<out>/seed-<s>/stages.json``).
 
-    For the pre-trained and the Task-0 model: biography completion of the held-out Task-0 people (the
-    facts as read in pre-training, the ceiling of extraction), and QA accuracy on them and on the
-    QA-trained people.
+    For the pre-trained and the Task-0 model, measured on ``device``: biography completion of the held-out
+    Task-0 people (the facts as read in pre-training, the ceiling of extraction), and QA accuracy on them and
+    on the QA-trained people.
     """
     path = out / f"seed-{seed}" / "stages.json"
     if path.is_file():
@@ -289,7 +306,7 @@ def stage_accuracies(data: BioData, seed: int, stage_dirs: tuple[Path, Path], ou
     pad = data.tokenizer.pad_token_id
     result = {}
     for stage, directory in zip(("pretrained", "task0_model"), stage_dirs, strict=True):
-        model = GPTNeoXForCausalLM.from_pretrained(directory)
+        model = load_stage_model(directory, device)
         result[stage] = {
             "completion": first_token_accuracy(model, data.task0_completion, pad),
             **evaluate_tasks(model, data),
@@ -321,19 +338,21 @@ def pseudo_replay_examples(cfg: BioConfig, data: BioData, task0_dir: Path, seed:
     t = cfg.task1
     if not t.pseudo_replay_ratio:
         return None
+    placement = task1_placement(cfg)
     settings = {
         "task0_model": task0_dir.name,
         "seed": seed,
         "sequences": t.pseudo_replay_sequences,
         "tokens": t.pseudo_replay_tokens,
         "temperature": t.pseudo_replay_temperature,
+        **({"bf16": True} if placement.bf16 else {}),  # sampled in bf16: another draw (fp32 keeps its old key)
     }
 
     def sample() -> torch.Tensor:
         print(f"[bio] pseudo-replay: the Task-0 model samples {t.pseudo_replay_sequences} sequences (seed {seed})")
-        model = GPTNeoXForCausalLM.from_pretrained(task0_dir).to("cuda" if torch.cuda.is_available() else "cpu")
+        model = load_stage_model(task0_dir, placement.device)
         start, count, length = data.tokenizer.eos_token_id, t.pseudo_replay_sequences, t.pseudo_replay_tokens
-        return generate_blocks(model, start, count, length, seed, t.pseudo_replay_temperature)
+        return generate_blocks(model, start, count, length, seed, t.pseudo_replay_temperature, bf16=placement.bf16)
 
     blocks = cached_blocks(task0_dir.parent, settings, sample)
     return [{"input_ids": row, "labels": row} for row in blocks.tolist()]
@@ -378,7 +397,7 @@ def run_method(
     distill = cfg.options.distill_config(method)
     distillation = None
     if distill is not None:
-        teacher = teacher_for(model, lambda: GPTNeoXForCausalLM.from_pretrained(task0_dir))
+        teacher = teacher_for(model, lambda: GPTNeoXForCausalLM.from_pretrained(task0_dir), task1_placement(cfg).bf16)
         distillation = Distillation(distill, teacher)
         source = "its own head" if isinstance(teacher, HeadTeacher) else "a frozen copy of the Task-0 model"
         replay += f", distillation x{distill.weight:g} ({distill.new_tokens}; teacher logits from {source})"
@@ -431,6 +450,7 @@ def run_method(
         "trainable": trainable_parameter_count(model),
         "seconds": time.perf_counter() - start,
         "curve": tracker.records,
+        **used_placement(args),  # device, precision (and the GPU) Task 1 trained on
     }
     if method == "scale_route":
         result["readings"] = route_readings(model, data)
@@ -461,8 +481,9 @@ def validate(cfg: BioConfig) -> None:
     if m.hidden_size % m.heads:
         raise ValueError(f"model.hidden_size={m.hidden_size} must be a multiple of model.heads={m.heads}")
     cfg.options.validate(backbone_config(cfg), cfg.methods)
-    for stage in (cfg.pretrain, cfg.task0, cfg.task1):
+    for section, stage in (("pretrain.", cfg.pretrain), ("task0.", cfg.task0), ("task1.", cfg.task1)):
         report_to_argument(stage.report_to)  # its backends are installed
+        stage_placement(stage, section)  # a device that is not there, bf16 on a GPU without it
 
 
 def _validate_sequence(cfg: BioConfig) -> None:
@@ -509,7 +530,7 @@ def run_bio(
         if all((out / f"seed-{seed}" / f"{method}.json").is_file() for method in cfg.methods):
             continue  # finished: its stage models are not needed
         stage_dirs = stage_models(cfg, data, seed, cache)
-        stage_accuracies(data, seed, stage_dirs, out)
+        stage_accuracies(data, seed, stage_dirs, out, task1_placement(cfg).device)
         task0_dir = stage_dirs[1]
         for method in cfg.methods:
             run_one(cfg, data, task0_dir, method, seed, out)
@@ -527,5 +548,6 @@ __all__ = [
     "stage_accuracies",
     "stage_keys",
     "stage_models",
+    "task1_placement",
     "task1_training_data",
 ]

@@ -18,8 +18,10 @@ from scale_cl.experiments.bio.sequence_report import plot_matrices, plot_sequenc
 from scale_cl.files import atomic_write, write_json, write_text
 
 
-def machine() -> dict[str, Any]:
-    cuda = torch.cuda.is_available()
+def machine(device: str = "auto") -> dict[str, Any]:
+    """The machine the results came from; ``device``: the runs' ``device`` setting (a GPU is named where they ran on
+    one, the CPU where ``cpu`` kept them off the GPU)."""
+    cuda = device != "cpu" and torch.cuda.is_available()
     return {
         "device": torch.cuda.get_device_name(0) if cuda else f"CPU ({os.cpu_count()} cores)",
         "torch": torch.__version__,
@@ -74,7 +76,7 @@ def collect(cfg: BioConfig, out: Path) -> dict[str, Any]:
         for seed in cfg.seeds
         if (path := out / f"seed-{seed}" / "stages.json").is_file()
     }
-    return {"config": cfg.to_dict(), "machine": machine(), "stages": stages, "methods": methods}
+    return {"config": cfg.to_dict(), "machine": machine(cfg.task1.device), "stages": stages, "methods": methods}
 
 
 def stages_markdown(stages: dict[str, Any]) -> str:

@@ -30,7 +30,14 @@ from transformers import GPTNeoXForCausalLM
 from scale_cl.eval.continual import accuracy_matrix, continual_metrics
 from scale_cl.experiments.bio.config import BioConfig
 from scale_cl.experiments.bio.datasets import PadCollator
-from scale_cl.experiments.bio.pipeline import CHECKPOINT_MINUTES, CHECKPOINTS_KEPT, BioData, evaluate_tasks, run_bio
+from scale_cl.experiments.bio.pipeline import (
+    CHECKPOINT_MINUTES,
+    CHECKPOINTS_KEPT,
+    BioData,
+    evaluate_tasks,
+    run_bio,
+    task1_placement,
+)
 from scale_cl.experiments.sequence_progress import SequenceProgress, task_cost
 from scale_cl.files import write_json
 from scale_cl.train.arguments import training_arguments
@@ -47,7 +54,8 @@ def _start_model(cfg: BioConfig, task0_dir: Path, method: str, seed: int) -> tor
     from scale_cl.methods import prepare
 
     model = GPTNeoXForCausalLM.from_pretrained(task0_dir)
-    return prepare(model, method, **cfg.options.prepare_options(method, seed))
+    model = prepare(model, method, **cfg.options.prepare_options(method, seed))
+    return model.to(task1_placement(cfg).device)  # prepared on the CPU; measured at step 0 where it trains
 
 
 def run_sequence(
@@ -125,6 +133,7 @@ def run_sequence(
         "rows": state["rows"],
         "matrix": matrix,
         "metrics": continual_metrics(matrix),
+        **task1_placement(cfg).record(),  # device, precision (and the GPU) every task trained on
     }
     write_json(result_path, result)
     shutil.rmtree(state_dir, ignore_errors=True)  # finished: nothing to resume

@@ -34,7 +34,6 @@ CLEAN_RATES = {
     "scale_adapt": 1e-3,
     "scale_route": 2e-3,
 }
-PRECISIONS = ("auto", "bf16", "fp32")
 
 
 @dataclass
@@ -51,18 +50,10 @@ class CptTrainConfig(MethodStageConfig):
         default=0.0, metadata={"ge": 0, "lt": 1, "help": "share of the steps with linear warm-up"}
     )
     gradient_checkpointing: bool = field(default=False, metadata={"help": "recompute activations in backward"})
-    precision: str = field(
-        default="auto", metadata={"help": f"one of {PRECISIONS}; auto = bf16 on a GPU that has it, else fp32"}
-    )
     save_every: int = field(
         default=50, metadata={"ge": 0, "help": "write a resumable checkpoint every this many steps"}
     )
     save_total_limit: int = field(default=2, metadata={"ge": 1, "help": "checkpoints kept per method (oldest deleted)"})
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.precision not in PRECISIONS:
-            raise ValueError(f"train.precision must be one of {PRECISIONS}, got {self.precision!r}")
 
 
 @dataclass

@@ -121,6 +121,7 @@ def probe(
 
     options = replace(cfg.options, scale=replace(cfg.options.scale, **setting))
     model = prepare(copy.deepcopy(base), method, **options.prepare_options(method, cfg.seed))
+    model.to(args.device)  # measured before training where the Trainer then trains it (train.device)
     new, old = corpus.train.blocks[-PROBE_SEQUENCES:], corpus.replay.blocks[:PROBE_SEQUENCES]
     before = _loss(model, new, cfg, args.bf16), _loss(model, old, cfg, args.bf16)
     train_model(model, probe_training_data(cfg, corpus), args, lr_ratios=options.lr_ratios(method))

@@ -58,6 +58,7 @@ from scale_cl.files import atomic_write, write_json
 from scale_cl.models import BaseModelRef, load_base, save_trained
 from scale_cl.train.arguments import training_arguments as stage_training_arguments
 from scale_cl.train.callbacks import PeriodicEval
+from scale_cl.train.device import Placement, stage_placement, used_placement
 from scale_cl.train.distill import Distillation, HeadTeacher, teacher_for
 from scale_cl.train.recipe import train_model
 from scale_cl.train.reporting import report_to_argument
@@ -71,21 +72,35 @@ TOKENIZER_DIR = "tokenizer"
 VOCAB_FILE = "vocab_extension.json"
 
 
-def process_state() -> PartialState:
+def process_state(cpu: bool | None = None) -> PartialState:
     """This process's place in a ``torchrun``/``accelerate launch`` run, set up as the Trainer's (``use_cpu``) will be.
 
     Without CUDA a bare ``PartialState()`` does not see the launcher's processes (accelerate sets up
     gloo only when asked for the CPU): every process would count as the main one and the world size
-    as 1 until the first ``TrainingArguments`` re-initialised the state.
+    as 1 until the first ``TrainingArguments`` re-initialised the state. ``cpu``: the run's ``train.device`` is
+    the CPU (default: no CUDA); it counts at the first call, which `validate` makes.
     """
-    return PartialState(cpu=not torch.cuda.is_available())
+    return PartialState(cpu=not torch.cuda.is_available() if cpu is None else cpu)
+
+
+def run_placement(cfg: CptConfig) -> Placement:
+    """Where the run trains and evaluates, and in which precision (``train.device``, ``train.precision``)."""
+    return stage_placement(cfg.train)
+
+
+def base_placement(cfg: CptConfig) -> Placement:
+    """Where the base model itself runs outside the Trainer (the reference hidden states, a sweep's step 0,
+    pseudo-replay sampling): as the run, but on the CPU in fp32 under sharded weights (FSDP, ZeRO-3), where a
+    whole copy of the base may not fit one GPU."""
+    return Placement("cpu", bf16=False) if requested_sharding() is not None else run_placement(cfg)
 
 
 def validate(cfg: CptConfig, base_config: Any) -> None:
     """Raise a ValueError for settings that cannot work with this base model, before anything is written."""
+    placement = run_placement(cfg)  # train.device cuda without a GPU, bf16 on a GPU without it: refused here
     cfg.options.validate(base_config, cfg.methods)
     report_to_argument(cfg.train.report_to)  # its backends are installed
-    world = process_state().num_processes
+    world = process_state(cpu=placement.device == "cpu").num_processes
     t = cfg.train
     if t.batch_size % (t.micro_batch_size * world):
         raise ValueError(
@@ -159,6 +174,7 @@ def pseudo_replay_blocks(
         return None
     from scale_cl.data.corpus import eos_id
 
+    placement = base_placement(cfg)
     settings = {
         "base": asdict(ref),
         "vocab": len(tokenizer),
@@ -166,21 +182,21 @@ def pseudo_replay_blocks(
         "sequences": d.pseudo_replay_sequences,
         "seq_len": d.seq_len,
         "temperature": d.pseudo_replay_temperature,
+        **({"bf16": True} if placement.bf16 else {}),  # sampled in bf16: another draw (fp32 keeps its old key)
     }
 
     def sample() -> torch.Tensor:
         print(f"[cpt] pseudo-replay: the base model samples {d.pseudo_replay_sequences} sequences (seed {cfg.seed})")
         start = eos_id(tokenizer)
-        return generate_blocks(base, start, d.pseudo_replay_sequences, d.seq_len, cfg.seed, d.pseudo_replay_temperature)
+        base.to(placement.device)  # sampled where the run trains; prepared back on the CPU, as without pseudo-replay
+        try:
+            sequences, temperature = d.pseudo_replay_sequences, d.pseudo_replay_temperature
+            return generate_blocks(base, start, sequences, d.seq_len, cfg.seed, temperature, bf16=placement.bf16)
+        finally:
+            base.to("cpu")
 
     with process_state().main_process_first():  # one process samples and writes; the others read its file
         return cached_blocks(cache, settings, sample)
-
-
-def use_bf16(cfg: CptConfig) -> bool:
-    """Whether training (and evaluation) runs in bf16: asked for, or ``auto`` on a GPU that has it."""
-    precision, cuda = cfg.train.precision, torch.cuda.is_available()
-    return precision == "bf16" or (precision == "auto" and cuda and torch.cuda.is_bf16_supported())
 
 
 def training_arguments(
@@ -201,7 +217,6 @@ def training_arguments(
         save_every=t.save_every,
         save_total_limit=t.save_total_limit,
         activation_checkpointing=t.gradient_checkpointing,
-        bf16=use_bf16(cfg),
         logging_steps=max(1, min(cfg.eval.every, 50)),
         logging_dir=logging_dir,
     )
@@ -220,7 +235,8 @@ def reference_hidden(cfg: CptConfig, base: PreTrainedModel, corpus: Corpus, out:
     if path.is_file():
         return load_file(path)["hidden"]
     probe = probe_batch(cfg, corpus)
-    hidden = final_hidden_original(base, probe, base.config.hidden_size)
+    placement = base_placement(cfg)  # computed as the later evaluations are: on the run's device, in its precision
+    hidden = final_hidden_original(base.to(placement.device), probe, base.config.hidden_size, placement.bf16)
     if process_state().is_main_process:
         atomic_write(path, lambda tmp: save_file({"hidden": hidden.contiguous()}, tmp))
     return hidden
@@ -313,7 +329,7 @@ def run_method(
     distill = options.distill_config(method)
     distillation = None
     if distill is not None:
-        teacher = teacher_for(model, lambda: grown_base(*load_base(ref), corpus)[0])
+        teacher = teacher_for(model, lambda: grown_base(*load_base(ref), corpus)[0], bf16=run_placement(cfg).bf16)
         distillation = Distillation(distill, teacher)
     train = training_data(cfg, corpus, pseudo, mark=distillation is not None)
     steps = total_steps(cfg, train)
@@ -374,6 +390,7 @@ def run_method(
     sharded = is_sharded(trainer)  # FSDP, ZeRO-3: a forward pass needs every process, the weights are gathered
     weights = full_state_dict(trainer) if save_model else None  # every process takes part; None unsharded
     summary = {"method": method, "lr": lr, "trainable": trainable, "steps": steps, "seconds": seconds}
+    summary.update(used_placement(trainer.args))  # device, precision (and the GPU) it trained on
     if layer_choice is not None:
         summary["layer_choice"] = layer_choice
     evaluates = state.is_main_process or sharded

@@ -70,9 +70,22 @@ def results_markdown(results: dict[str, Any]) -> str:
         f"Model {results['config']['model']}, {steps['batch_size']} sequences x {results['config']['data']['seq_len']} "
         "tokens per step. Perplexities are token-weighted over the held-out new-domain split (learning) and each "
         "old-domain set (forgetting); representation similarity is the mean cosine similarity of the final hidden "
-        "states' original part with step 0 on a fixed old-domain batch (paper Fig. 4a)."
+        "states' original part with step 0 on a fixed old-domain batch (paper Fig. 4a)." + placement_note(methods)
     )
     return "\n".join(lines + frontier_markdown(methods, old_sets)) + "\n"
+
+
+def placement_note(methods: dict[str, Any]) -> str:
+    """Where the methods trained and in which precision (each result records it), as a sentence; empty for results
+    written before they recorded it."""
+    where = sorted(
+        {
+            f"{r['device']}{' (' + r['gpu'] + ')' if 'gpu' in r else ''} in {r['precision']}"
+            for r in methods.values()
+            if "device" in r
+        }
+    )
+    return f" Trained on {', '.join(where)}." if where else ""
 
 
 def frontier_markdown(methods: dict[str, Any], old_sets: list[str]) -> list[str]:

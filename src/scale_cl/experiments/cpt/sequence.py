@@ -109,7 +109,7 @@ def run_method_sequence(
     cfg: CptConfig, ref: BaseModelRef, trains: list[tuple[str, Any]], evals: dict[str, Any], method: str, out: Path
 ) -> dict[str, Any]:
     """Every task in turn for one method (module doc); returns (and saves) its result."""
-    from scale_cl.experiments.cpt.pipeline import total_steps, training_arguments, use_bf16
+    from scale_cl.experiments.cpt.pipeline import run_placement, total_steps, training_arguments
     from scale_cl.methods import prepare
 
     method_dir = out / method
@@ -120,7 +120,9 @@ def run_method_sequence(
     done, growth = progress.tasks_done, cfg.sequence
     base, _ = load_base(ref)
     model = prepare(base, method, **cfg.options.prepare_options(method, cfg.seed))
-    evaluate = evaluator(cfg, evals, use_bf16(cfg))
+    placement = run_placement(cfg)
+    model.to(placement.device)  # step 0 is evaluated where the tasks train (prepared on the CPU, as always)
+    evaluate = evaluator(cfg, evals, placement.bf16)
     if done:  # rebuilt as the sequence built it, then its state after the last finished task
         for task in range(2, done + 1):
             model = growth.grow(model, method, cfg.options, cfg.seed, task) if growth.grows(method) else model
@@ -173,6 +175,7 @@ def run_method_sequence(
         "parameters": state["parameters"],
         "seconds": state["seconds"],
         "curve": state["curve"],
+        **placement.record(),  # device, precision (and the GPU) it trained on
     }
     write_json(result_path, result)
     progress.clear()

@@ -71,10 +71,15 @@ class BioExperiment:
         validate(cfg)
 
     def prepare(self, out: Path) -> dict[str, float]:
-        """Data and stage-1/2 models (cached), and the Task-0 model's accuracies; returns the base metrics."""
-        from transformers import GPTNeoXForCausalLM
-
-        from scale_cl.experiments.bio.pipeline import build_data, evaluate_tasks, stage_models
+        """Data and stage-1/2 models (cached), and the Task-0 model's accuracies (measured where Task 1 trains);
+        returns the base metrics."""
+        from scale_cl.experiments.bio.pipeline import (
+            build_data,
+            evaluate_tasks,
+            load_stage_model,
+            stage_models,
+            task1_placement,
+        )
 
         self._data = build_data(self.cfg, out / "cache")
         base = out / BASE_FILE
@@ -83,7 +88,7 @@ class BioExperiment:
             _, self._task0_dirs[seed] = stage_models(self.cfg, self._data, seed, out / "cache")
             if str(seed) not in stored:
                 print(f"[sweep] step 0 (seed {seed}): evaluating the Task-0 model once for every run")
-                model = GPTNeoXForCausalLM.from_pretrained(self._task0_dirs[seed])
+                model = load_stage_model(self._task0_dirs[seed], task1_placement(self.cfg).device)
                 stored[str(seed)] = evaluate_tasks(model, self._data)
             self._initial[seed] = stored[str(seed)]
         write_json(base, stored)
@@ -182,14 +187,15 @@ class CptExperiment:
             )
 
     def prepare(self, out: Path) -> dict[str, float]:
-        """Corpus, reference hidden states and the base model's evaluation (once); returns the base metrics."""
+        """Corpus, reference hidden states and the base model's evaluation (once, on the run's device and in its
+        precision, as the runs evaluate); returns the base metrics."""
         from scale_cl.experiments.cpt.pipeline import (
             base_model_ref,
+            base_placement,
             evaluate_method,
             load_run_corpus,
             process_state,
             reference_hidden,
-            use_bf16,
         )
         from scale_cl.models import load_base
 
@@ -202,8 +208,9 @@ class CptExperiment:
             initial = json.loads(path.read_text())
         else:
             print("[sweep] step 0: evaluating the base model once for every run")
-            evaluate = evaluate_method(self.cfg, corpus, reference, base.config.hidden_size, use_bf16(self.cfg))
-            initial = evaluate(base)
+            placement = base_placement(self.cfg)
+            evaluate = evaluate_method(self.cfg, corpus, reference, base.config.hidden_size, placement.bf16)
+            initial = evaluate(base.to(placement.device))
             if process_state().is_main_process:
                 write_json(path, initial)
         del base

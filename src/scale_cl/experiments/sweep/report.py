@@ -237,7 +237,7 @@ def write_report(experiment: Any, settings: SweepSettings, result: SweepResult, 
     if drift:
         plot_drift(drift, out / "drift.png", f"{experiment.name}: representation drift at the preset rates")
         figures.append("drift.png")
-    info = machine()
+    info = machine(section.device)  # the runs' device setting (the learning-rate section is the trained stage)
     text = [
         f"# Sweep: {experiment.name} ({experiment.cfg.preset} preset)",
         "",
