@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# One prepared GPU check (issue 38): the card and versions, the GPU-gated tests, a micro `scale-cl bio` run in bf16,
+# and `scale-cl bench` at Llama-3.2-1B's shape (eager, then torch.compile'd for FFT and SCALE-Preserve), into one
+# results folder whose summary.md says which of issue 38's targets are met or missed.
+#
+# Time budget: 8 minutes on one H100 or H200 (each step has its own limit, in the table below; a step that runs out
+# is recorded as timed out and the next one starts). Where it runs: a machine whose Python already has torch,
+# transformers, accelerate and peft, with no network; nothing is installed (the checkout's src/ goes on PYTHONPATH).
+# What a missing optional package skips is said in the summary (pytest: the tests; matplotlib: bio's figure).
+#
+#   bash scripts/gpu_check.sh [--out DIR] [--python PYTHON]    # on the GPU machine (default out: outputs/gpu-check)
+#   bash scripts/gpu_check.sh --skip tests,bio-micro,bench     # a second call: what the first had no time for
+#   bash scripts/gpu_check.sh --dry-run [--out DIR]            # on a CPU: the same steps at toy sizes (CI runs it)
+# Steps: versions, tests, bio-micro, bench, bench-compiled (the last gets what is left of the budget).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+ROOT="$(pwd)"
+OUT="outputs/gpu-check"
+PYTHON="${PYTHON:-python3}"
+DRY_RUN=0
+SKIP=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --dry-run) DRY_RUN=1; shift ;;
+    --out) OUT="$2"; shift 2 ;;
+    --python) PYTHON="$2"; shift 2 ;;
+    --skip) SKIP=",$2,"; shift 2 ;;
+    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+    *) echo "gpu_check.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
+  esac
+done
+if [ -e "$OUT" ] && [ -n "$(ls -A "$OUT" 2>/dev/null)" ]; then
+  echo "gpu_check.sh: $OUT is not empty: give another --out (each check keeps its own folder)" >&2
+  exit 2
+fi
+mkdir -p "$OUT"
+OUT="$(cd "$OUT" && pwd)"
+export PYTHONPATH="$ROOT/src${PYTHONPATH:+:$PYTHONPATH}" HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+BUDGET=480
+START=$(date +%s)
+printf 'step\trc\tseconds\tlimit\n' > "$OUT/steps.tsv"
+
+# step NAME LIMIT COMMAND...: run it under its time limit, its output in NAME.log, its exit code and time in steps.tsv
+step() {
+  local name=$1 limit=$2 begin rc
+  shift 2
+  if [[ "$SKIP" == *",$name,"* ]]; then
+    echo "[gpu-check] $name: skipped (--skip)"
+    return
+  fi
+  begin=$(date +%s)
+  echo "[gpu-check] $name (limit ${limit} s): $*"
+  timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
+  rc=$?
+  printf '%s\t%s\t%s\t%s\n' "$name" "$rc" "$(( $(date +%s) - begin ))" "$limit" >> "$OUT/steps.tsv"
+  [ "$rc" -eq 0 ] || echo "[gpu-check] $name: exit code $rc (124: timed out); see $OUT/$name.log"
+}
+
+has() { "$PYTHON" -c "import $1" > /dev/null 2>&1; }
+
+if [ "$DRY_RUN" -eq 1 ]; then
+  DEVICE=(--device cpu)
+  TESTS=(--collect-only)
+  BENCH_SHAPE=(--shapes tiny --batch 2 --seq 16 --warmup 1 --rounds 1 --threads 1 --skip-memory)
+  BIO_METHODS=(--methods fft scale_preserve)
+else
+  DEVICE=(--device cuda)
+  TESTS=()
+  BENCH_SHAPE=(--shapes llama-1b --warmup 2 --rounds 3)
+  BIO_METHODS=()
+fi
+
+step versions 60 "$PYTHON" -m scale_cl.bench.gpu_check versions "$OUT/versions.json"
+
+if has pytest; then
+  step tests 180 "$PYTHON" -m pytest tests/test_gpu.py tests/test_sharded_commands.py -k "cuda or gpus" -q -rs \
+    -p no:cacheprovider --junitxml="$OUT/tests.xml" "${TESTS[@]}"
+fi
+
+precision=(--pretrain.precision bf16 --task0.precision bf16 --task1.precision bf16)
+step bio-micro 45 "$PYTHON" -m scale_cl.cli bio --preset micro --out "$OUT/bio-micro" "${precision[@]}" "${BIO_METHODS[@]}"
+
+BENCH=(-m scale_cl.cli bench "${BENCH_SHAPE[@]}" "${DEVICE[@]}" --skip-upscale --skip-inference --no-progress)
+step bench 220 "$PYTHON" "${BENCH[@]}" --methods fft lora scale_preserve scale_adapt scale_route --out "$OUT/bench"
+
+LEFT=$(( BUDGET - ($(date +%s) - START) - 10 ))
+if [ "$DRY_RUN" -eq 1 ]; then
+  echo "[gpu-check] bench-compiled: not run in a dry run (compiling takes minutes on a CPU)"
+elif [ "$LEFT" -gt 60 ]; then
+  step bench-compiled "$LEFT" "$PYTHON" "${BENCH[@]}" --methods fft scale_preserve --skip-memory --compile default \
+    --out "$OUT/bench-compiled"
+else
+  echo "[gpu-check] bench-compiled: skipped, ${LEFT} s of the budget left"
+fi
+
+dry=()
+[ "$DRY_RUN" -eq 1 ] && dry=(--dry-run)
+"$PYTHON" -m scale_cl.bench.gpu_check summary "$OUT" --budget "$BUDGET" --seconds "$(( $(date +%s) - START ))" "${dry[@]}"

@@ -1,0 +1,78 @@
+"""scripts/gpu_check.sh, the one prepared GPU check (issue 38): its dry run on the CPU runs every step's command at
+toy sizes, so a wrong option or a broken summary is found here, before the check is taken on a GPU."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).parent.parent
+
+
+@pytest.mark.slow
+def test_the_dry_run_runs_every_step_and_summarises(tmp_path):
+    out = tmp_path / "check"
+    command = [
+        "bash",
+        str(ROOT / "scripts" / "gpu_check.sh"),
+        "--dry-run",
+        "--out",
+        str(out),
+        "--python",
+        sys.executable,
+    ]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = json.loads((out / "summary.json").read_text())
+    assert found["dry_run"] and found["budget_s"] == 480
+    assert {s["step"]: s["rc"] for s in found["steps"]} == {"versions": 0, "tests": 0, "bio-micro": 0, "bench": 0}
+    assert found["tests"]["collected"] > 100  # the GPU-gated tests exist and are selected
+    assert found["bio_micro"] is not None
+    names = {t["target"] for t in found["targets"]}
+    for method in ("scale_preserve", "scale_adapt", "scale_route"):
+        assert f"{method} training FLOPs counted / its floor" in names and f"{method} step time / fft (GPU)" in names
+    summary = (out / "summary.md").read_text()
+    assert summary.startswith("# GPU check (dry run") and "Issue 38's targets" in summary
+
+
+def test_an_output_folder_in_use_is_refused(tmp_path):
+    (tmp_path / "earlier.txt").write_text("a check's results")
+    command = ["bash", str(ROOT / "scripts" / "gpu_check.sh"), "--dry-run", "--out", str(tmp_path)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "is not empty" in done.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["earlier.txt"]
+
+
+def test_the_summary_reads_a_gpu_run(tmp_path):
+    """What a real run leaves (JUnit file, two bench runs) summarised: failures named, targets, MFU, compile ratio."""
+    from scale_cl.bench.gpu_check import main
+
+    (tmp_path / "steps.tsv").write_text("step\trc\tseconds\tlimit\nversions\t0\t3\t60\ntests\t1\t150\t180\n")
+    (tmp_path / "tests.log").write_text("1 failed, 1 passed")
+    (tmp_path / "versions.json").write_text(json.dumps({"gpus": [{"name": "NVIDIA H100", "memory_gib": 79.6}]}))
+    (tmp_path / "tests.xml").write_text(
+        '<testsuites><testsuite><testcase classname="tests.test_gpu" name="test_a[cuda]"/>'
+        '<testcase classname="tests.test_gpu" name="test_b[cuda]"><failure message="x"/></testcase>'
+        '<testcase classname="tests.test_gpu" name="test_c[cuda]"><skipped message="y"/></testcase>'
+        "</testsuite></testsuites>"
+    )
+    target = {"issue": 38, "target": "scale_preserve step time / fft (GPU)", "value": 0.5, "limit": 0.6}
+    methods = {"fft": {"step_s": 2.0, "mfu": 0.4}, "scale_preserve": {"step_s": 1.0, "mfu": 0.3}}
+    for folder, steps in (("bench", (2.0, 1.0)), ("bench-compiled", (1.5, 0.8))):
+        (tmp_path / folder).mkdir()
+        run = {m: {**r, "step_s": s} for (m, r), s in zip(methods.items(), steps, strict=True)}
+        shapes = {"llama-1b": {"methods": run, "targets": [{**target, "at_most": True, "met": True}]}}
+        (tmp_path / folder / "results.json").write_text(json.dumps({"meta": {}, "config": {}, "shapes": shapes}))
+    assert main(["summary", str(tmp_path), "--budget", "480", "--seconds", "300"]) == 0
+    found = json.loads((tmp_path / "summary.json").read_text())
+    assert found["tests"] == {"passed": 1, "failed": ["tests.test_gpu::test_b[cuda]"], "skipped": 1}
+    assert [r["compiled_s"] / r["eager_s"] for r in found["compiled"]] == [0.75, 0.8]
+    summary = (tmp_path / "summary.md").read_text()
+    assert "| tests | **failed** (exit 1) | 150 (180) |" in summary
+    assert "| llama-1b | scale_preserve step time / fft (GPU) | 0.500 | <= 0.6 | yes |" in summary
+    assert "MFU at llama-1b: fft 40.0%, scale_preserve 30.0%." in summary
+    assert "NVIDIA H100 (79.6 GiB)" in summary and "* scale_preserve (llama-1b): 0.80x" in summary
