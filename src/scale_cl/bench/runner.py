@@ -48,20 +48,17 @@ def _measure_methods(shape: Shape, cfg: BenchConfig, entry: dict[str, Any], peak
     ids = torch.randint(0, vocab, (cfg.batch, cfg.seq), generator=generator).to(device)
     prompt = torch.randint(0, vocab, (cfg.gen_batch, cfg.gen_prompt), generator=generator).to(device)
     base = build_base(shape, cfg.seed)
+    timed = not (cfg.skip_training and cfg.skip_inference)  # else each model goes once counted: a large shape fits
     models: dict[str, torch.nn.Module] = {}
     for method in tqdm(cfg.methods, desc=f"build {shape.name}", disable=not cfg.progress, leave=False):
         model = build_method(base, method, options[method], device, dtype)
-        models[method] = model
-        entry["methods"][method] = {
+        entry["methods"][method] = record = {
             "setting": describe(method, model, options[method], cfg),
             "trainable_params": trainable_parameter_count(model),
             "total_params": sum(p.numel() for p in {id(p): p for p in model.parameters()}.values()),
             "state_mib": state_bytes(model) / MIB,
         }
-
-    if not cfg.skip_flops:
-        for method, model in tqdm(models.items(), desc="count FLOPs", disable=not cfg.progress, leave=False):
-            record = entry["methods"][method]
+        if not cfg.skip_flops:
             name, kind = split_method(method)
             counted = model
             if kind != "none":  # torch's FLOP counter cannot see into bitsandbytes' kernels: count the dense twin
@@ -71,6 +68,11 @@ def _measure_methods(shape: Shape, cfg: BenchConfig, entry: dict[str, Any], peak
             record["train_flops_per_token"] = train_flops_per_token(counted, ids[:1])
             floor = method_floor(name, shape.make_config(), options[method].get("scale"), cfg.seq)
             record["train_floor_flops_per_token"] = floor.train if floor is not None else None
+            del counted
+        if timed:
+            models[method] = model
+        del model
+        release_memory()
     del base
 
     if not cfg.skip_training:
