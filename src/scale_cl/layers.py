@@ -469,10 +469,11 @@ class ScaleHead(SplitInput):
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         route, alpha = self.route, self.setting("up_logit_scale", 1.0)  # Z + alpha Z_up
         if route is None or not route.active:
-            z, z_up = self.parts(hidden)
+            x, x_up = hidden.split((self.hidden_size, self.hidden_up), dim=-1)
+            z = self._original_logits(self.original(x))
             if route is not None:
                 route.keep_base(z[..., : self.out_features])  # the base's logits in SCALE-Preserve
-            return torch.add(z, z_up, alpha=alpha)
+            return self._plus_up(z, x_up, alpha)
         if self.setting("router", "cosine") == "likelihood":
             return self._likelihood_route(hidden, route, alpha)
         exact = self.setting("route_exact", False)
@@ -496,6 +497,14 @@ class ScaleHead(SplitInput):
         )
         route.record(cosine)
         return logits
+
+    def _plus_up(self, z: torch.Tensor, x_up: torch.Tensor, alpha: float) -> torch.Tensor:
+        """``Z + alpha W_out_up x_up`` as one product accumulating onto ``Z``: the logits are a step's largest
+        tensors (tokens x vocabulary), and ``Z_up`` apart would be one more of them, written and read again."""
+        flat = torch.addmm(
+            z.reshape(-1, z.shape[-1]), x_up.reshape(-1, x_up.shape[-1]), self.weight_up.t(), alpha=alpha
+        )
+        return flat.view(z.shape)
 
     def _original_logits(self, x: torch.Tensor) -> torch.Tensor:
         """``W_out x`` (+ bias), with an extended vocabulary's new rows appended."""
