@@ -62,7 +62,7 @@ if [ "$DRY_RUN" -eq 1 ]; then
   DEVICE=(--device cpu)
   TESTS=(--collect-only)
   BENCH_SHAPE=(--shapes tiny --batch 2 --seq 16 --warmup 1 --rounds 1 --threads 1 --skip-memory)
-  BIO_METHODS=(--methods fft scale_preserve)
+  BIO_METHODS=(--methods fft)
 else
   DEVICE=(--device cuda)
   TESTS=()

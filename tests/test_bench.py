@@ -398,7 +398,7 @@ def test_issue_38_targets_in_step_time_memory_and_counted_flops():
 def test_compiled_models_are_timed(tmp_path):
     """--compile: the timed steps run torch.compile'd models (compiled in the warm-up); the results say so."""
     out = tmp_path / "compiled"
-    args = [*SMOKE, "--methods", "fft", "scale_preserve", "--skip-inference", "--skip-upscale", "--skip-memory"]
+    args = [*SMOKE, "--methods", "fft", "--skip-inference", "--skip-upscale", "--skip-memory"]
     assert main(["bench", *args, "--compile", "default", "--out", str(out)]) == 0
     results = json.loads((out / "results.json").read_text())
     assert results["config"]["compile"] == "default"
