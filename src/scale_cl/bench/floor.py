@@ -26,6 +26,7 @@ from typing import Any
 from scale_cl.arch import ArchSpec, spec_for_config
 from scale_cl.arch.spec import LinearSpec
 from scale_cl.config import ScaleConfig
+from scale_cl.methods import method_spec
 from scale_cl.shapes import Dims, base_dims, growth, resolve
 
 
@@ -169,8 +170,9 @@ def fft_floor(config: Any, tokens: int) -> Floor:
 def method_floor(method: str, config: Any, scale: ScaleConfig | None, tokens: int) -> Floor | None:
     """The floor of a `scale_cl.prepare` method name (``scale`` for the SCALE ones), or None for the baselines that
     have none here (LoRA, Freeze, LLaMA Pro: their libraries' own autograd decides what they run)."""
-    if method == "fft":
+    spec = method_spec(method)
+    if spec.trains_everything:
         return fft_floor(config, tokens)
-    if method.startswith("scale_") and scale is not None:
+    if spec.is_scale and scale is not None:
         return scale_floor(config, scale, tokens)
     return None

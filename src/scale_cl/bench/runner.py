@@ -40,7 +40,8 @@ def _shape_entry(shape: Shape, cfg: BenchConfig) -> dict[str, Any]:
 
 
 def _measure_methods(shape: Shape, cfg: BenchConfig, entry: dict[str, Any], peak: float | None) -> None:
-    """Build every method's model from one random base, then count FLOPs, time training and inference."""
+    """Build every method's model from one random base, counting its FLOPs as it is built (kept only when training
+    or inference is timed), then time training and inference."""
     device, dtype = cfg.torch_device, cfg.torch_dtype
     options = method_options(shape, cfg)
     vocab = shape.make_config().vocab_size

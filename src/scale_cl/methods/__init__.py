@@ -51,11 +51,14 @@ class MethodSpec:
         name: the method's name (``--methods``, results, output folders).
         prepare: ``"module:function"`` of its prepare function, imported on first use.
         scale_method: ``ScaleConfig.method`` of a SCALE method, None for a baseline.
+        trains_everything: every weight of the model trains (full fine-tuning): every product takes its input's
+            and its weight's gradient, which is its FLOP floor (`scale_cl.bench.floor`).
     """
 
     name: str
     prepare: str
     scale_method: str | None = None
+    trains_everything: bool = False
 
     @property
     def is_scale(self) -> bool:
@@ -67,7 +70,7 @@ class MethodSpec:
 
 
 REGISTRY: dict[str, MethodSpec] = {
-    "fft": MethodSpec("fft", "scale_cl.methods.fft:prepare_fft"),
+    "fft": MethodSpec("fft", "scale_cl.methods.fft:prepare_fft", trains_everything=True),
     "lora": MethodSpec("lora", "scale_cl.methods.lora:prepare_lora"),
     "freeze": MethodSpec("freeze", "scale_cl.methods.freeze:prepare_freeze"),
     "llama_pro": MethodSpec("llama_pro", "scale_cl.methods.llama_pro:prepare_llama_pro"),
