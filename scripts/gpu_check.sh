@@ -11,7 +11,7 @@
 #   bash scripts/gpu_check.sh [--out DIR] [--python PYTHON]    # on the GPU machine (default out: outputs/gpu-check)
 #   bash scripts/gpu_check.sh --skip tests,bio-micro,bench     # a second call: what the first had no time for
 #   bash scripts/gpu_check.sh --dry-run [--out DIR]            # on a CPU: the same steps at toy sizes (CI runs it)
-# Steps: versions, tests, bio-micro, bench, bench-compiled (the last gets what is left of the budget).
+# Steps: versions, tests, bio-micro, bench, bench-memory, bench-compiled (the last gets what is left of the budget).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT="$(pwd)"
@@ -81,7 +81,16 @@ precision=(--pretrain.precision bf16 --task0.precision bf16 --task1.precision bf
 step bio-micro 45 "$PYTHON" -m scale_cl.cli bio --preset micro --out "$OUT/bio-micro" "${precision[@]}" "${BIO_METHODS[@]}"
 
 BENCH=(-m scale_cl.cli bench "${BENCH_SHAPE[@]}" "${DEVICE[@]}" --skip-upscale --skip-inference --no-progress)
-step bench 220 "$PYTHON" "${BENCH[@]}" --methods fft lora scale_preserve scale_adapt scale_route --out "$OUT/bench"
+# Timing and FLOPs first (about a minute on an H200), then memory apart: each memory figure is a fresh process that
+# imports torch and builds the 1B model again (the first H200 check ran out of time with both in one step).
+step bench 150 "$PYTHON" "${BENCH[@]}" --methods fft lora scale_preserve scale_adapt scale_route --skip-memory \
+  --out "$OUT/bench"
+if [ "$DRY_RUN" -eq 1 ]; then
+  echo "[gpu-check] bench-memory: not run in a dry run (test_gpu_check reads a memory result; the bench's tests time it)"
+else
+  step bench-memory 120 "$PYTHON" "${BENCH[@]}" --methods fft scale_preserve --skip-training --skip-flops \
+    --out "$OUT/bench-memory"
+fi
 
 LEFT=$(( BUDGET - ($(date +%s) - START) - 10 ))
 if [ "$DRY_RUN" -eq 1 ]; then

@@ -22,6 +22,7 @@ from transformers import AutoModelForCausalLM
 from conftest import ARCHS, cpt_argv, make_model, randomize_new_weights, tiny_config, token_batch, upscaled_copy
 from scale_cl.cli import main
 from scale_cl.models import load_trained
+from scale_cl.train.device import CUDNN_ATTENTION_ENV, avoid_cudnn_attention, resolve_device
 from test_training import assert_frozen_unchanged, frozen_snapshot, loss_of
 from test_training import upscaled as upscaled_for_training
 
@@ -138,7 +139,9 @@ def test_the_bound_refuses_a_leak_of_the_new_stream():
 
 def check_bf16_autocast_training(arch: str, method: str, device: str, steps: int = 20) -> None:
     """AdamW over every parameter (weight decay too: only autograd keeps the originals out) for ``steps`` steps under
-    bf16 autocast: every frozen original weight bitwise unchanged, finite losses, the last below the first."""
+    bf16 autocast: every frozen original weight bitwise unchanged, finite losses, the last below the first. The
+    attention kernels are those the commands train with (`resolve_device`: cuDNN attention off on CUDA)."""
+    resolve_device(device)
     _, model = upscaled_for_training(arch, method)
     model.to(device).train()
     snapshot = frozen_snapshot(model)
@@ -167,6 +170,30 @@ def test_bf16_autocast_training_keeps_frozen_weights_on_cuda(arch, method):
 @pytest.mark.parametrize("method", METHODS)
 def test_bf16_autocast_training_check_on_cpu(method):
     check_bf16_autocast_training("llama-gqa2-tied", method, "cpu")
+
+
+@pytest.fixture
+def cudnn_attention_flag() -> Iterator[None]:
+    """torch's global cuDNN-attention switch, as it was, afterwards."""
+    was = torch.backends.cuda.cudnn_sdp_enabled()
+    try:
+        yield
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(was)
+
+
+def test_cuda_training_switches_cudnn_attention_off(cudnn_attention_flag, monkeypatch):
+    """Its backward gave Route's bf16 training NaN gradients on an H200 (torch 2.11, train/device.py's doc); the
+    environment variable keeps it for those who want it."""
+    monkeypatch.delenv(CUDNN_ATTENTION_ENV, raising=False)
+    torch.backends.cuda.enable_cudnn_sdp(True)
+    assert avoid_cudnn_attention() is True
+    assert not torch.backends.cuda.cudnn_sdp_enabled()
+    assert avoid_cudnn_attention() is False  # once: already off
+    torch.backends.cuda.enable_cudnn_sdp(True)
+    monkeypatch.setenv(CUDNN_ATTENTION_ENV, "1")
+    assert avoid_cudnn_attention() is False
+    assert torch.backends.cuda.cudnn_sdp_enabled()
 
 
 # --------------------------------------------------------------------------------------------

@@ -48,7 +48,8 @@ def test_an_output_folder_in_use_is_refused(tmp_path):
 
 
 def test_the_summary_reads_a_gpu_run(tmp_path):
-    """What a real run leaves (JUnit file, two bench runs) summarised: failures named, targets, MFU, compile ratio."""
+    """What a real run leaves (JUnit file, three bench runs) summarised: failures named, targets, MFU, compile ratio,
+    peak memory."""
     from scale_cl.bench.gpu_check import main
 
     (tmp_path / "steps.tsv").write_text("step\trc\tseconds\tlimit\nversions\t0\t3\t60\ntests\t1\t150\t180\n")
@@ -67,6 +68,10 @@ def test_the_summary_reads_a_gpu_run(tmp_path):
         run = {m: {**r, "step_s": s} for (m, r), s in zip(methods.items(), steps, strict=True)}
         shapes = {"llama-1b": {"methods": run, "targets": [{**target, "at_most": True, "met": True}]}}
         (tmp_path / folder / "results.json").write_text(json.dumps({"meta": {}, "config": {}, "shapes": shapes}))
+    (tmp_path / "bench-memory").mkdir()
+    peaks = {"fft": {"peak_train_mib": 60000.0}, "scale_preserve": {"peak_train_mib": 31000.4}}
+    memory = {"meta": {}, "config": {}, "shapes": {"llama-1b": {"methods": peaks}}}
+    (tmp_path / "bench-memory" / "results.json").write_text(json.dumps(memory))
     assert main(["summary", str(tmp_path), "--budget", "480", "--seconds", "300"]) == 0
     found = json.loads((tmp_path / "summary.json").read_text())
     assert found["tests"] == {"passed": 1, "failed": ["tests.test_gpu::test_b[cuda]"], "skipped": 1}
@@ -75,4 +80,6 @@ def test_the_summary_reads_a_gpu_run(tmp_path):
     assert "| tests | **failed** (exit 1) | 150 (180) |" in summary
     assert "| llama-1b | scale_preserve step time / fft (GPU) | 0.500 | <= 0.6 | yes |" in summary
     assert "MFU at llama-1b: fft 40.0%, scale_preserve 30.0%." in summary
+    peak_line = "Peak training memory at llama-1b (a fresh process each): fft 60,000 MiB, scale_preserve 31,000 MiB."
+    assert peak_line in summary
     assert "NVIDIA H100 (79.6 GiB)" in summary and "* scale_preserve (llama-1b): 0.80x" in summary

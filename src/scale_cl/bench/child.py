@@ -80,6 +80,7 @@ def run_task(task: dict[str, Any]) -> dict[str, Any]:
     cfg = BenchConfig.from_dict(task["config"])
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
+    cfg.use_training_kernels()
     if task["task"] == "train_memory":
         return train_memory(cfg, task["shape"], task["method"])
     if task["task"] == "upscale":

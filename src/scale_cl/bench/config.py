@@ -173,6 +173,14 @@ class BenchConfig:
 
     # -- resolved settings -------------------------------------------------------------------------
 
+    def use_training_kernels(self) -> None:
+        """The attention kernels the training commands use on this device (`avoid_cudnn_attention` on CUDA), so
+        that what is timed is what trains."""
+        if self.torch_device.type == "cuda":
+            from scale_cl.train.device import avoid_cudnn_attention
+
+            avoid_cudnn_attention()
+
     @property
     def torch_device(self) -> torch.device:
         if self.device == "auto":

@@ -115,6 +115,7 @@ def summary(out: Path, budget: int, seconds: int, dry_run: bool) -> dict[str, An
         for t in entry.get("targets", [])
         if t.get("issue") == 38
     ]
+    memory = _bench(out / "bench-memory" / "results.json")
     bio = out / "bio-micro" / "results.json"
     return {
         "dry_run": dry_run,
@@ -130,6 +131,10 @@ def summary(out: Path, budget: int, seconds: int, dry_run: bool) -> dict[str, An
             for shape, entry in (eager or {}).get("shapes", {}).items()
         },
         "compiled": _compiled(eager, compiled),
+        "peak_train_mib": {
+            shape: {m: r.get("peak_train_mib") for m, r in entry.get("methods", {}).items()}
+            for shape, entry in (memory or {}).get("shapes", {}).items()
+        },
     }
 
 
@@ -174,6 +179,9 @@ def _markdown(found: dict[str, Any]) -> str:
     for shape, mfu in found["mfu"].items():
         cells = ", ".join(f"{m} {100 * v:.1f}%" for m, v in mfu.items() if v is not None)
         lines += ["", f"MFU at {shape}: {cells or 'not measured (no known peak)'}."]
+    for shape, peaks in found.get("peak_train_mib", {}).items():
+        cells = ", ".join(f"{m} {v:,.0f} MiB" for m, v in peaks.items() if v is not None)
+        lines += ["", f"Peak training memory at {shape} (a fresh process each): {cells or 'not measured'}."]
     if found["compiled"]:
         lines += ["", "torch.compile (default mode) against eager, step time:", ""]
         lines += [f"* {r['method']} ({r['shape']}): {r['compiled_s'] / r['eager_s']:.2f}x" for r in found["compiled"]]

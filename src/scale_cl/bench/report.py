@@ -96,6 +96,8 @@ def machine_info(device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
         # The memory allocator: on a CPU, one that returns freed blocks to the system makes every large tensor
         # page-fault afresh, which costs the methods with more activation memory most (benchmarks/README.md).
         "allocator": {name: os.environ[name] for name in ALLOCATOR_VARIABLES if os.environ.get(name)},
+        # SDPA's cuDNN kernel, switched off on CUDA as for training (scale_cl.train.device)
+        "cudnn_attention": torch.backends.cuda.cudnn_sdp_enabled() if device.type == "cuda" else None,
     }
     return info
 
@@ -304,6 +306,8 @@ def to_markdown(results: dict[str, Any]) -> str:
     where += ", " + (" ".join(f"{k}={v}" for k, v in allocator.items()) or "the system's default allocator")
     if meta.get("gpu"):
         where = f"{meta['gpu']}; {where}"
+    if meta.get("cudnn_attention") is not None:
+        where += f", cuDNN attention {'on' if meta['cudnn_attention'] else 'off'}"
     lines = [
         "# scale-cl bench",
         "",

@@ -130,6 +130,7 @@ def run_bench(cfg: BenchConfig, out: Path | None = None, command: str = "scale-c
     """
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
+    cfg.use_training_kernels()
     meta = machine_info(cfg.torch_device, cfg.torch_dtype)
     meta["command"] = command
     meta["peak_tflops"], meta["peak_source"] = peak_tflops(meta["gpu"], cfg.torch_dtype, cfg.peak_tflops)

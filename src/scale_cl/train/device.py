@@ -8,17 +8,27 @@ anything is written. One process trains on one GPU, the first that ``CUDA_VISIBL
 several GPUs take one process each (``torchrun``, ``accelerate launch``). ``precision``: ``auto`` is bf16 mixed
 precision (fp32 weights, bf16 autocast, the Trainer's ``bf16=True``) on a GPU that supports it, else fp32;
 ``bf16`` on a GPU without bf16 is refused (on the CPU it runs, under CPU autocast).
+
+On CUDA, torch's cuDNN attention kernel is switched off (`avoid_cudnn_attention`): its backward returns NaN
+gradients under an explicit attention mask, as padded batches have (pytorch#196678, trl#7181; seen here on an H200,
+torch 2.11: SCALE-Route's bf16 training went NaN at its fourth step, finite with the kernel off). SDPA takes the
+flash or memory-efficient kernel instead. ``SCALE_CL_CUDNN_ATTENTION=1`` keeps it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
+import os
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from scale_cl.train.config import DEVICES, PRECISIONS
+
+CUDNN_ATTENTION_ENV = "SCALE_CL_CUDNN_ATTENTION"
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -54,9 +64,24 @@ def resolve_device(device: str, name: str = "device") -> str:
             f"{name}=cuda, but torch sees no CUDA device (torch {torch.__version__}: a CPU build, no GPU, or "
             f"CUDA_VISIBLE_DEVICES hides them); set {name} auto or cpu"
         )
-    if device == "auto":
-        return "cuda" if cuda else "cpu"
-    return device
+    resolved = ("cuda" if cuda else "cpu") if device == "auto" else device
+    if resolved == "cuda":
+        avoid_cudnn_attention()
+    return resolved
+
+
+def avoid_cudnn_attention() -> bool:
+    """Switch torch's cuDNN attention kernel off (module doc) unless ``SCALE_CL_CUDNN_ATTENTION=1``; whether it was
+    on and is now off."""
+    if os.environ.get(CUDNN_ATTENTION_ENV) == "1" or not torch.backends.cuda.cudnn_sdp_enabled():
+        return False
+    torch.backends.cuda.enable_cudnn_sdp(False)
+    logger.info(
+        "cuDNN attention switched off: its backward returns NaN gradients under padding masks (pytorch#196678); "
+        "%s=1 keeps it",
+        CUDNN_ATTENTION_ENV,
+    )
+    return True
 
 
 def resolve_precision(precision: str, device: str, name: str = "precision") -> bool:
@@ -82,4 +107,11 @@ def used_placement(args: Any) -> dict[str, str]:
     return Placement(args.device.type, bool(args.bf16)).record()
 
 
-__all__ = ["Placement", "resolve_device", "resolve_precision", "stage_placement", "used_placement"]
+__all__ = [
+    "Placement",
+    "avoid_cudnn_attention",
+    "resolve_device",
+    "resolve_precision",
+    "stage_placement",
+    "used_placement",
+]
