@@ -26,21 +26,24 @@ BASE_QUANTS = ("none", "int8", "nf4")  # `--options.base_quant`
 # bitsandbytes warns at import, on an AVX512-bf16 CPU, that it cannot fetch a CPU kernel from the Hub (the
 # `kernels` package): the kernel serves the repacked CPU layout, which `_quantized_linear` switches off. Quiet.
 logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
-# the methods that train none of the original linears' weights, so a quantized (frozen) base can hold them
-QUANTIZABLE_METHODS = ("lora", "scale_preserve", "scale_adapt", "scale_route")
 
 
-def check_base_quant(kind: str, method: str | None = None) -> None:
-    """Raise a ValueError for an unknown kind, a method that trains the original weights, or a missing library."""
+def __getattr__(name: str) -> object:
+    if name == "QUANTIZABLE_METHODS":  # moved with the methods' traits (issue 39)
+        raise AttributeError(
+            "scale_cl.quant.QUANTIZABLE_METHODS moved: use scale_cl.methods.QUANTIZABLE_METHODS, or ask a method "
+            "its trait (scale_cl.methods.method_spec(name).quantizable_base)"
+        )
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def check_base_quant(kind: str) -> None:
+    """Raise a ValueError for an unknown kind or a missing library (which methods can take a quantized base:
+    `scale_cl.methods.check_quantizable`)."""
     if kind not in BASE_QUANTS:
         raise ValueError(f"unknown base_quant {kind!r}; valid: {', '.join(BASE_QUANTS)}")
     if kind == "none":
         return
-    if method is not None and method not in QUANTIZABLE_METHODS:
-        raise ValueError(
-            f"base_quant {kind!r} keeps the original weights frozen in {kind}, but {method} trains them: use it with "
-            f"{', '.join(QUANTIZABLE_METHODS)} (or base_quant 'none')"
-        )
     if importlib.util.find_spec("bitsandbytes") is None:
         raise ValueError(
             f"base_quant {kind!r} needs bitsandbytes: pip install 'scale-cl[quant]' (or pip install bitsandbytes)"
@@ -123,7 +126,6 @@ def dense_weight(module: nn.Linear) -> torch.Tensor:
 
 __all__ = [
     "BASE_QUANTS",
-    "QUANTIZABLE_METHODS",
     "check_base_quant",
     "dense_weight",
     "is_quantized",

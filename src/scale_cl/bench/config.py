@@ -10,8 +10,7 @@ import torch
 from scale_cl.bench.shapes import SHAPES
 from scale_cl.bounds import check_fields
 from scale_cl.config import INITS
-from scale_cl.methods import METHOD_NAMES
-from scale_cl.quant import QUANTIZABLE_METHODS, check_base_quant
+from scale_cl.methods import METHOD_NAMES, QUANTIZABLE_METHODS, check_quantizable
 
 MATCH_TARGETS = ("preserve", "adapt", "route")
 COMPILE_MODES = ("none", "default", "reduce-overhead", "max-autotune")
@@ -153,7 +152,7 @@ class BenchConfig:
             raise ValueError(f"unknown methods {unknown}; choose from {list(METHOD_NAMES)} (or METHOD+int8/nf4)")
         for name in self.methods:
             method, kind = split_method(name)
-            check_base_quant(kind, method)  # e.g. fft+nf4: FFT trains the weights a quantized base keeps frozen
+            check_quantizable(method, kind)  # e.g. fft+nf4: FFT trains the weights a quantized base keeps frozen
         if self.upscale_only is not None:
             self.upscale_only = tuple(self.upscale_only)
             unknown = [s for s in self.upscale_only if s not in SHAPES]

@@ -62,27 +62,10 @@ def method_options(shape: Shape, cfg: BenchConfig) -> dict[str, dict[str, Any]]:
 def describe(name: str, model: nn.Module, options: dict[str, Any], cfg: BenchConfig) -> str:
     """A short human-readable statement of the row's settings, as built."""
     method, kind = split_method(name)
-    setting = _describe(method, model, options, cfg)
+    setting = method_spec(method).describe_function()(model, options)
+    if "match" in options:
+        setting += f" (matched to scale_{cfg.match})"
     return setting if kind == "none" else f"{setting}; base linears {kind} (bitsandbytes), frozen"
-
-
-def _describe(method: str, model: nn.Module, options: dict[str, Any], cfg: BenchConfig) -> str:
-    if method_spec(method).is_scale:
-        sc: ScaleConfig = options["scale"]
-        layers = model.config.num_hidden_layers
-        if method == "scale_preserve":
-            return f"+{sc.hidden_up} hidden, +{sc.ffn_up} FFN, W12 never computed"
-        return f"+{sc.hidden_up} hidden, +{sc.ffn_up} FFN, top {layers - sc.preserve_layers} collaborative"
-    matched = f" (matched to scale_{cfg.match})" if "match" in options else ""
-    if method == "lora":
-        return f"rank {model.peft_config['default'].r}, all linears{matched}"
-    if method == "llama_pro":
-        record = model.config.llama_pro
-        span = f"{record['base_layers']} -> {record['base_layers'] + record['blocks']}"
-        return f"+{record['blocks']} blocks ({span}){matched}"
-    if method == "freeze":
-        return f"embedding + bottom {options['layers']} layers frozen"
-    return "every parameter trains"
 
 
 def build_method(

@@ -37,9 +37,6 @@ def up_logit_frontier(model: torch.nn.Module, evaluate: Any, scales: tuple[float
     return frontier
 
 
-WISE_FT_METHODS = ("fft", "freeze")  # methods that train the base model's own weights, nothing added
-
-
 def wise_ft_frontier(
     model: torch.nn.Module, base: torch.nn.Module, evaluate: Any, alphas: tuple[float, ...]
 ) -> list[dict[str, Any]]:

@@ -56,11 +56,15 @@ class GrowthSettings:
     def check_methods(self, methods: list[str], base_quant: str = "none") -> None:
         """Refuse SCALE-Route with ``per_task`` (module doc), and growing on a quantized base (options.base_quant:
         the frozen stages would be stored dense), before anything is written."""
-        if self.growth == "per_task" and "scale_route" in methods:
-            raise ValueError(
-                f"{self.section}growth per_task cannot grow scale_route: a Route model routes each token between two "
-                "paths of the same weights, which no frozen base computes; run scale_route with growth once"
-            )
+        from scale_cl.methods import method_spec
+
+        for method in methods:
+            spec = method_spec(method)
+            if self.growth == "per_task" and spec.is_scale and not spec.grows_again:
+                raise ValueError(
+                    f"{self.section}growth per_task cannot grow {method}: a Route model routes each token between two "
+                    f"paths of the same weights, which no frozen base computes; run {method} with growth once"
+                )
         if self.growth == "per_task" and base_quant != "none" and any(self.grows(m) for m in methods):
             raise ValueError(
                 f"{self.section}growth per_task cannot grow on a quantized base (options.base_quant {base_quant!r}): "
@@ -71,13 +75,15 @@ class GrowthSettings:
         """Whether ``method`` adds to the model before every later task: a SCALE method or LoRA, with ``per_task``."""
         from scale_cl.methods import method_spec
 
-        return self.growth == "per_task" and (method_spec(method).is_scale or method == "lora")
+        return self.growth == "per_task" and method_spec(method).grows_again
 
     def label(self, method: str) -> str:
         """How ``method``'s model changes between tasks, for the report."""
+        from scale_cl.methods import method_spec
+
         if not self.grows(method):
             return "once"
-        return f"per_task ({self.lora_per_task})" if method == "lora" else "per_task"
+        return f"per_task ({self.lora_per_task})" if method_spec(method).adapter else "per_task"
 
     def grow(self, model: nn.Module, method: str, options: Any, seed: int, task: int) -> nn.Module:
         """What ``method`` adds before ``task`` (>= 2) with ``per_task`` (module doc); ``options``: the run's
@@ -85,7 +91,7 @@ class GrowthSettings:
         from scale_cl import upscale
         from scale_cl.methods import method_spec, prepare
 
-        if method != "lora":
+        if not method_spec(method).adapter:
             return upscale(model, options.scale_config(method_spec(method).scale_method, seed + task - 1))
         if self.lora_per_task == "merged":
             return prepare(model.merge_and_unload(), method, **options.prepare_options(method, seed))

@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 
 from scale_cl.bounds import check_fields
 from scale_cl.config import ScaleConfig
-from scale_cl.methods import METHOD_NAMES, method_spec
+from scale_cl.methods import METHOD_NAMES, check_quantizable, method_spec
 from scale_cl.quant import BASE_QUANTS, check_base_quant
 from scale_cl.shapes import base_dims, resolve
 from scale_cl.train.config import StageConfig
@@ -66,6 +66,14 @@ METHOD_SETTINGS: dict[str, tuple[str, ...]] = {
         "route_calibrate_every",
         "route_calibration_sequences",
     ),
+}
+
+
+# the option of each baseline's prepare function that a `MethodSettings` field gives (beside base_quant)
+PREPARE_OPTIONS: dict[str, dict[str, str]] = {
+    "lora": {"rank": "lora_rank"},
+    "freeze": {"layers": "freeze_layers"},
+    "llama_pro": {"blocks": "llama_pro_blocks"},
 }
 
 
@@ -208,7 +216,7 @@ class MethodSettings:
         The SCALE settings are checked by `scale_cl.shapes.check_fits`, exactly as `upscale` will check them.
         """
         for method in methods:
-            check_base_quant(self.base_quant, method)  # before anything is written
+            check_quantizable(method, self.base_quant)  # before anything is written
         dims = base_dims(model_config)
         reads = {setting.split(".")[0] for m in methods for setting in settings_of(m)}
         matched = {"lora_rank": self.lora_rank, "llama_pro_blocks": self.llama_pro_blocks}
@@ -228,17 +236,16 @@ class MethodSettings:
         quant = {"base_quant": self.base_quant} if self.base_quant != "none" else {}
         if spec.is_scale:
             return {"scale": self.scale_config(spec.scale_method, seed), **quant}
-        route = self.scale_config("route", seed)
-        if method == "lora":
-            rank = {"rank": MATCH, "match": route} if self.lora_rank == MATCH else {"rank": int(self.lora_rank)}
-            return {**rank, **quant}
-        if method == "llama_pro":
-            if self.llama_pro_blocks == MATCH:
-                return {"blocks": MATCH, "match": route}
-            return {"blocks": int(self.llama_pro_blocks)}
-        if method == "freeze":
-            return {"layers": self.freeze_layers}
-        return {}
+        options: dict[str, Any] = {}
+        for option, setting in PREPARE_OPTIONS.get(method, {}).items():
+            value = getattr(self, setting)
+            if option != spec.match_option:
+                options[option] = value
+            elif value == MATCH:
+                options.update({option: MATCH, "match": self.scale_config("route", seed)})
+            else:
+                options[option] = int(value)
+        return {**options, **quant} if spec.quantizable_base else options
 
     def chooses_layers(self, method: str) -> bool:
         """Whether ``method``'s L_fp and collaborative modules come from probe runs (`..cpt.layer_choice`)."""

@@ -70,6 +70,13 @@ def _front_matter(info: CardInfo) -> str:
     return "\n".join([*lines, "---"])
 
 
+def _routes(method: str) -> bool:
+    """Whether ``method`` (a method's name, or "fine-tuned") routes each token between two paths."""
+    from scale_cl.methods import REGISTRY
+
+    return method in REGISTRY and REGISTRY[method].routes
+
+
 def _usage(info: CardInfo) -> str:
     remote = ", trust_remote_code=True" if info.custom_code else ""
     lines = [
@@ -85,7 +92,7 @@ def _usage(info: CardInfo) -> str:
             "",
             "It needs torch and transformers, not scale-cl: `modeling_scale.py` in this folder defines the model "
             "(a stock transformers class whose norms normalise the original and the added features apart"
-            + (", with SCALE-Route's two paths and per-token routing" if info.method == "scale_route" else "")
+            + (", with SCALE-Route's two paths and per-token routing" if _routes(info.method) else "")
             + "). The tokenizer reads the model's config, so it takes `trust_remote_code=True` too (or transformers "
             "asks).",
         ]

@@ -40,47 +40,114 @@ from scale_cl.methods.matching import (
     scale_trainable_count,
     trainable_parameter_count,
 )
-from scale_cl.quant import check_base_quant, quantize_base
+from scale_cl.quant import BASE_QUANTS, check_base_quant, quantize_base
 
 
 @dataclass(frozen=True)
 class MethodSpec:
-    """One method: its name and where its prepare function lives.
+    """One method: its name, where its functions live, and the traits its callers ask instead of its name.
 
     Attributes:
         name: the method's name (``--methods``, results, output folders).
         prepare: ``"module:function"`` of its prepare function, imported on first use.
+        describe: ``"module:function"`` of its one-line description of a prepared model (the bench's rows).
         scale_method: ``ScaleConfig.method`` of a SCALE method, None for a baseline.
         trains_everything: every weight of the model trains (full fine-tuning): every product takes its input's
             and its weight's gradient, which is its FLOP floor (`scale_cl.bench.floor`).
+        trains_base_weights: the base model's own weights train (so a quantized base, which keeps them frozen in
+            4 or 8 bits, cannot hold them).
+        quantizable_base: the base's linears can be stored quantized and frozen (`--options.base_quant`).
+        wise_ft: the trained model has the base's architecture and nothing added, so WiSE-FT reads it along the
+            line between the base's weights and its own.
+        grows_again: with ``growth per_task`` it adds to itself before every later task (a SCALE stage, a LoRA
+            adapter); a method that adds width but cannot grow again is refused there.
+        base_logits_exact: one forward pass of the trained model also yields the base model's logits exactly
+            (SCALE-Preserve's Z; SCALE-Route's preserve path).
+        routes: it sends each token along one of two paths (SCALE-Route): its readings are the router's.
+        adapter: it is saved, loaded and grown as a PEFT adapter over the base (LoRA).
+        match_option: the option of its prepare function whose value ``"match"`` sizes it to SCALE-Route's
+            trainable count (with ``match=`` the ScaleConfig to match).
     """
 
     name: str
     prepare: str
+    describe: str
     scale_method: str | None = None
     trains_everything: bool = False
+    trains_base_weights: bool = False
+    quantizable_base: bool = False
+    wise_ft: bool = False
+    grows_again: bool = False
+    base_logits_exact: bool = False
+    routes: bool = False
+    adapter: bool = False
+    match_option: str | None = None
 
     @property
     def is_scale(self) -> bool:
         return self.scale_method is not None
 
     def prepare_function(self) -> Callable[..., nn.Module]:
-        module, _, function = self.prepare.partition(":")
-        return getattr(importlib.import_module(module), function)
+        return _function(self.prepare)
+
+    def describe_function(self) -> Callable[..., str]:
+        return _function(self.describe)
+
+
+def _function(path: str) -> Callable[..., Any]:
+    module, _, function = path.partition(":")
+    return getattr(importlib.import_module(module), function)
+
+
+def _scale_spec(variant: str) -> MethodSpec:
+    return MethodSpec(
+        f"scale_{variant}",
+        "scale_cl.methods.scale:prepare_scale",
+        "scale_cl.methods.scale:describe_scale",
+        scale_method=variant,
+        quantizable_base=True,
+        grows_again=variant != "route",  # two paths of the same weights: no frozen base computes them
+        base_logits_exact=variant in ("preserve", "route"),
+        routes=variant == "route",
+    )
 
 
 REGISTRY: dict[str, MethodSpec] = {
-    "fft": MethodSpec("fft", "scale_cl.methods.fft:prepare_fft", trains_everything=True),
-    "lora": MethodSpec("lora", "scale_cl.methods.lora:prepare_lora"),
-    "freeze": MethodSpec("freeze", "scale_cl.methods.freeze:prepare_freeze"),
-    "llama_pro": MethodSpec("llama_pro", "scale_cl.methods.llama_pro:prepare_llama_pro"),
-    **{
-        f"scale_{variant}": MethodSpec(f"scale_{variant}", "scale_cl.methods.scale:prepare_scale", variant)
-        for variant in SCALE_CONFIG_METHODS
-    },
+    "fft": MethodSpec(
+        "fft",
+        "scale_cl.methods.fft:prepare_fft",
+        "scale_cl.methods.fft:describe_fft",
+        trains_everything=True,
+        trains_base_weights=True,
+        wise_ft=True,
+    ),
+    "lora": MethodSpec(
+        "lora",
+        "scale_cl.methods.lora:prepare_lora",
+        "scale_cl.methods.lora:describe_lora",
+        quantizable_base=True,
+        grows_again=True,
+        adapter=True,
+        match_option="rank",
+    ),
+    "freeze": MethodSpec(
+        "freeze",
+        "scale_cl.methods.freeze:prepare_freeze",
+        "scale_cl.methods.freeze:describe_freeze",
+        trains_base_weights=True,
+        wise_ft=True,
+    ),
+    "llama_pro": MethodSpec(
+        "llama_pro",
+        "scale_cl.methods.llama_pro:prepare_llama_pro",
+        "scale_cl.methods.llama_pro:describe_llama_pro",
+        match_option="blocks",
+    ),
+    **{f"scale_{variant}": _scale_spec(variant) for variant in SCALE_CONFIG_METHODS},
 }
 METHOD_NAMES = tuple(REGISTRY)
 SCALE_METHOD_NAMES = tuple(name for name, spec in REGISTRY.items() if spec.is_scale)
+QUANTIZABLE_METHODS = tuple(name for name, spec in REGISTRY.items() if spec.quantizable_base)
 
 
 def method_spec(method: str) -> MethodSpec:
@@ -95,6 +162,17 @@ def check_methods(methods: list[str]) -> None:
     unknown = [m for m in methods if m not in REGISTRY]
     if unknown or not methods:
         raise ValueError(f"unknown methods {unknown}; valid methods: {', '.join(METHOD_NAMES)}")
+
+
+def check_quantizable(method: str, base_quant: str) -> None:
+    """Raise a ValueError for an unknown ``base_quant``, or one that ``method`` cannot train on (it trains the
+    weights a quantized base keeps frozen), or a missing bitsandbytes."""
+    if base_quant in BASE_QUANTS and base_quant != "none" and not method_spec(method).quantizable_base:
+        raise ValueError(
+            f"base_quant {base_quant!r} keeps the original weights frozen in {base_quant}, but {method} trains them: "
+            f"use it with {', '.join(QUANTIZABLE_METHODS)} (or base_quant 'none')"
+        )
+    check_base_quant(base_quant)
 
 
 def method_options(method: str) -> tuple[str, ...]:
@@ -119,7 +197,7 @@ def prepare(model: nn.Module, method: str, /, **options: Any) -> nn.Module:
     """
     spec = method_spec(method)
     base_quant = options.pop("base_quant", "none")
-    check_base_quant(base_quant, method)
+    check_quantizable(method, base_quant)
     accepted = method_options(method)
     unknown = sorted(set(options) - set(accepted))
     if unknown:
@@ -133,10 +211,12 @@ def prepare(model: nn.Module, method: str, /, **options: Any) -> nn.Module:
 
 __all__ = [
     "METHOD_NAMES",
+    "QUANTIZABLE_METHODS",
     "REGISTRY",
     "SCALE_METHOD_NAMES",
     "MethodSpec",
     "check_methods",
+    "check_quantizable",
     "llama_pro_trainable_count",
     "lora_trainable_count",
     "match_llama_pro_blocks",

@@ -35,3 +35,8 @@ def prepare_freeze(model: nn.Module, *, layers: int = 3) -> nn.Module:
     for param in model.parameters():
         param.requires_grad_(id(param) not in frozen)
     return model
+
+
+def describe_freeze(model: nn.Module, options: dict) -> str:
+    """The bench's one-line description of the prepared model."""
+    return f"embedding + bottom {options['layers']} layers frozen"

@@ -118,3 +118,9 @@ def _identity_copy(layer: nn.Module, spec: ArchSpec, memo: dict[int, object]) ->
     for param in new.parameters():
         param.requires_grad_(True)
     return new
+
+
+def describe_llama_pro(model: nn.Module, options: dict) -> str:
+    """The bench's one-line description of the prepared model."""
+    record = model.config.llama_pro
+    return f"+{record['blocks']} blocks ({record['base_layers']} -> {record['base_layers'] + record['blocks']})"

@@ -85,3 +85,8 @@ def _new_token_indices(model: nn.Module) -> dict[str, list[int]] | None:
     if head is not None and head.weight is not embedding.weight:
         indices[names[head]] = ids
     return indices
+
+
+def describe_lora(model: nn.Module, options: dict) -> str:
+    """The bench's one-line description of the prepared model."""
+    return f"rank {model.peft_config['default'].r}, all linears"

@@ -51,3 +51,12 @@ def prepare_scale(model: nn.Module, method: str, **options: Any) -> nn.Module:
     else:
         raise ValueError(f"{method}: scale must be a ScaleConfig, got {type(scale).__name__}")
     return upscale(split_vocab(model), cfg)
+
+
+def describe_scale(model: nn.Module, options: dict) -> str:
+    """The bench's one-line description of the prepared model (``options["scale"]``: its ScaleConfig)."""
+    sc: ScaleConfig = options["scale"]
+    if sc.method == "preserve":
+        return f"+{sc.hidden_up} hidden, +{sc.ffn_up} FFN, W12 never computed"
+    collaborative = model.config.num_hidden_layers - sc.preserve_layers
+    return f"+{sc.hidden_up} hidden, +{sc.ffn_up} FFN, top {collaborative} collaborative"

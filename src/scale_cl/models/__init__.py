@@ -127,7 +127,7 @@ def load_trained(
 
         kwargs: dict[str, Any] = {"gguf_file": ref.gguf_file} if ref.gguf_file else {}
         model = load(directory, base_model=ref.name_or_path, **kwargs)
-    elif method == "lora":
+    elif method_spec(method).adapter:
         from peft import PeftModel
 
         from scale_cl.vocab import grow_for_adapter

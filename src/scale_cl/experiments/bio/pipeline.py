@@ -57,12 +57,13 @@ from scale_cl.data import (
 from scale_cl.data.pseudo_replay import cached_blocks, generate_blocks
 from scale_cl.data.replay import ReplayMix, describe_share
 from scale_cl.eval.first_token import QAExample, first_token_accuracy
-from scale_cl.eval.readings import WISE_FT_METHODS, up_logit_frontier, wise_ft_frontier
+from scale_cl.eval.readings import up_logit_frontier, wise_ft_frontier
 from scale_cl.eval.router import auroc, collect_base_weights, routes_by_likelihood
 from scale_cl.experiments.bio.config import BioConfig
 from scale_cl.experiments.bio.datasets import AnswerOnlyQA, PackedText, PadCollator
 from scale_cl.experiments.run_folder import claim_output_folder
 from scale_cl.files import write_json
+from scale_cl.methods import method_spec
 from scale_cl.train.arguments import training_arguments
 from scale_cl.train.callbacks import PeriodicEval, SaveAtEvaluations
 from scale_cl.train.config import StageConfig
@@ -452,9 +453,9 @@ def run_method(
         "curve": tracker.records,
         **used_placement(args),  # device, precision (and the GPU) Task 1 trained on
     }
-    if method == "scale_route":
+    if method_spec(method).routes:
         result["readings"] = route_readings(model, data)
-    elif cfg.task1.wise_ft_alphas and method in WISE_FT_METHODS:
+    elif cfg.task1.wise_ft_alphas and method_spec(method).wise_ft:
         task0 = GPTNeoXForCausalLM.from_pretrained(task0_dir)
         result["readings"] = wise_ft_frontier(model, task0, lambda m: evaluate_tasks(m, data), cfg.task1.wise_ft_alphas)
     write_json(result_path, result)
@@ -494,7 +495,7 @@ def _validate_sequence(cfg: BioConfig) -> None:
         "task1.pseudo_replay_ratio": t.pseudo_replay_ratio,
         "task1.wise_ft_alphas": t.wise_ft_alphas,
         "options.distill_weight": cfg.options.distill_weight,
-        "options.route_share": cfg.options.route_share if "scale_route" in cfg.methods else 0,
+        "options.route_share": cfg.options.route_share if any(method_spec(m).routes for m in cfg.methods) else 0,
     }
     given = [name for name, value in unsupported.items() if value]
     if given:

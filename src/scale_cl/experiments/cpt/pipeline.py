@@ -48,13 +48,14 @@ from scale_cl.data.corpus import Corpus, PackedStream, build_corpus, check_corpu
 from scale_cl.data.pseudo_replay import cached_blocks, generate_blocks
 from scale_cl.data.replay import ReplayMix, ReplayStream, describe_share
 from scale_cl.eval.perplexity import final_hidden_original, mean_cosine_similarity, new_domain_tokens, perplexity
-from scale_cl.eval.readings import WISE_FT_METHODS, up_logit_frontier, wise_ft_frontier
+from scale_cl.eval.readings import up_logit_frontier, wise_ft_frontier
 from scale_cl.experiments.base.name import resolve_model_name
 from scale_cl.experiments.cpt.config import VOCAB_TEXT_CHARS, CptConfig
 from scale_cl.experiments.cpt.layer_choice import check_probe_data, choose_layers, describe
 from scale_cl.experiments.cpt.report import RESULT_FILE
 from scale_cl.experiments.run_folder import claim_output_folder
 from scale_cl.files import atomic_write, write_json
+from scale_cl.methods import method_spec
 from scale_cl.models import BaseModelRef, load_base, save_trained
 from scale_cl.train.arguments import training_arguments as stage_training_arguments
 from scale_cl.train.callbacks import PeriodicEval
@@ -396,7 +397,7 @@ def run_method(
     evaluates = state.is_main_process or sharded
     if evaluates and cfg.eval.up_logit_scales and hasattr(trainer.model, "scale_route"):
         summary["up_logit_frontier"] = up_logit_frontier(trainer.model, tracker.evaluate, cfg.eval.up_logit_scales)
-    if state.is_main_process and cfg.eval.wise_ft_alphas and method in WISE_FT_METHODS:
+    if state.is_main_process and cfg.eval.wise_ft_alphas and method_spec(method).wise_ft:
         start = grown_base(*load_base(ref), corpus)[0]
         summary["wise_ft_frontier"] = wise_ft_frontier(trainer.model, start, tracker.evaluate, cfg.eval.wise_ft_alphas)
         del start
