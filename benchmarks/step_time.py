@@ -22,8 +22,8 @@ from transformers import LlamaForCausalLM
 
 from scale_cl import ScaleConfig, prepare
 from scale_cl.bench.shapes import SHAPES
-from scale_cl.layers import SplitInput
 from scale_cl.methods import method_spec
+from scale_cl.tuner.layers import SplitInput
 
 SMOLLM2 = SHAPES["smollm2"].make_config()  # SmolLM2-135M's shape, random weights
 UP = {"hidden_up": 192, "ffn_up": 192, "w21_init": "svd", "w22_init": "zero"}

@@ -136,7 +136,7 @@ def token_batch(
 
 def randomize_new_weights(model, seed: int, w12_scale: float, head_scale: float = 0.1):
     """Give every W12 and the head's W_out_up random values, so that all new weights matter."""
-    from scale_cl.layers import ScaleLinear
+    from scale_cl.tuner.layers import ScaleLinear
 
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():

@@ -1,4 +1,4 @@
-"""A quantized frozen base (`scale_cl.quant`, ``--options.base_quant``): Theorem 3.1 against the quantized base.
+"""A quantized frozen base (`scale_cl.tuner.quant`, ``--options.base_quant``): Theorem 3.1 against the quantized base.
 
 Every tiny architecture, both kinds (int8, nf4) and every SCALE method: at start the upscaled model's logits are
 bitwise those of the quantized base model (its original products are the quantized modules' own; Route's within
@@ -22,7 +22,7 @@ from scale_cl import ScaleConfig, load, upscale
 from scale_cl.experiments.growth import GrowthSettings
 from scale_cl.experiments.settings import MethodSettings
 from scale_cl.methods import prepare
-from scale_cl.quant import dense_weight, is_quantized, quantize_base, quantized_kind
+from scale_cl.tuner.quant import dense_weight, is_quantized, quantize_base, quantized_kind
 
 KINDS = ("int8", "nf4")
 METHODS = ("preserve", "adapt", "route")

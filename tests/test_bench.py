@@ -18,8 +18,8 @@ from scale_cl.bench.setup import scale_configs
 from scale_cl.bench.shapes import SHAPES
 from scale_cl.cli import main, parse_settings
 from scale_cl.eval.cost import forward_flops_per_token, train_flops_per_token
-from scale_cl.layers import ScaleLinear
 from scale_cl.methods import METHOD_NAMES
+from scale_cl.tuner.layers import ScaleLinear
 
 SMOKE = ["--shapes", "tiny", "--batch", "2", "--seq", "16", "--warmup", "1", "--rounds", "1", "--threads", "1"]
 SMOKE += ["--infer-rounds", "1", "--gen-prompt", "4", "--gen-tokens", "2", "--no-progress"]

@@ -144,7 +144,7 @@ def test_model_name_clean_en_names_the_built_base_or_says_how_to_build_it(micro_
 def test_scale_preserves_the_clean_base_exactly(micro_base):
     """Theorem 3.1 on the base the clean benchmark uses (GQA, tied embeddings): every SCALE method."""
     from scale_cl import prepare
-    from scale_cl.config import ScaleConfig
+    from scale_cl.tuner.config import ScaleConfig
 
     ids = torch.randint(0, 300, (2, 24), generator=torch.Generator().manual_seed(0))
     base = AutoModelForCausalLM.from_pretrained(micro_base).eval()

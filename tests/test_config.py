@@ -12,7 +12,7 @@ from transformers import GPT2Config, GPT2LMHeadModel
 
 from conftest import VOCAB, hidden_up_for, make_model
 from scale_cl import METHODS, ScaleConfig, scale_config_of, set_method, upscale
-from scale_cl.layers import ScaleLinear
+from scale_cl.tuner.layers import ScaleLinear
 
 
 def probe_ids() -> torch.Tensor:

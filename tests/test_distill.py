@@ -119,7 +119,7 @@ def test_the_frozen_copy_runs_in_the_stages_precision():
 
 
 def test_an_extended_vocabulary_falls_back_to_the_copy():
-    from scale_cl.vocab import VocabExtension, grow_embeddings
+    from scale_cl.tuner.vocab import VocabExtension, grow_embeddings
 
     base = _base()
     grow_embeddings(base, VocabExtension(first_id=base.config.vocab_size, tokens=("xy",), pieces=((3, 4),)))

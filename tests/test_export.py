@@ -27,17 +27,17 @@ import scale_cl
 from conftest import ARCHS, VOCAB, hidden_up_for, make_model, randomize_new_weights, upscaled_copy
 from conftest import greedy as generate_greedy
 from scale_cl import ScaleConfig, set_method, upscale
-from scale_cl.arch import SPECS
 from scale_cl.cli import main
 from scale_cl.export import modeling_scale
 from scale_cl.export.export import export_model
 from scale_cl.export.merge import FAMILIES
-from scale_cl.io import CONFIG_NAME
 from scale_cl.methods import prepare
 from scale_cl.models import BaseModelRef, load_base, save_trained
 from scale_cl.models.smollm2 import INSTALL_HINT, load_smollm2, smollm2_gguf
 from scale_cl.train.trainer import CHECKPOINT_META
-from scale_cl.vocab import grow_embeddings, new_row_parameters
+from scale_cl.tuner.arch import SPECS
+from scale_cl.tuner.io import CONFIG_NAME
+from scale_cl.tuner.vocab import grow_embeddings, new_row_parameters
 from test_generate import padded_prompts  # three rows, left-padded by 0, 3 and 5 tokens
 
 METHODS = ("preserve", "adapt", "route")
@@ -221,7 +221,8 @@ def lively_scale_model(arch: str, method: str, preserve_layers: int = 1, **optio
 
 
 def grown_scale_model(arch: str, stages: list[tuple[str, dict]]):
-    """`lively_scale_model` grown once per later stage (`scale_cl.grow`), every stage's new weights lively too."""
+    """`lively_scale_model` grown once per later stage (`scale_cl.tuner.stages`), every stage's new weights
+    lively too."""
     (method, options), *later = stages
     model = lively_scale_model(arch, method, **options)
     for seed, (method, options) in enumerate(later, start=5):
@@ -340,10 +341,11 @@ def test_tau_set_on_the_live_model_is_the_saved_loaded_and_exported_one(scale_ex
 @pytest.mark.parametrize("tau", [-1.0, 0.2, 1.0])
 def test_exported_route_head_is_the_packages_eq5(new_rows, tau, exact):
     """modeling_scale.RouteHead (a standalone copy, the exported file imports nothing of scale-cl) computes what
-    scale_cl.route.route_logits does: the same routing, and logits equal up to the order of the halves' sums."""
+    scale_cl.tuner.routing.state.route_logits does:
+    the same routing, and logits equal up to the order of the halves' sums."""
     from types import SimpleNamespace
 
-    from scale_cl.route import route_logits
+    from scale_cl.tuner.routing.state import route_logits
 
     gen = torch.Generator().manual_seed(0)
     batch, length, d, u, vocab = 2, 7, 24, 8, 40

@@ -17,7 +17,7 @@ import torch
 
 from conftest import hidden_up_for, make_model, randomize_new_weights, token_batch
 from scale_cl import ScaleConfig, set_method, upscale
-from scale_cl.layers import ScaleHead, ScaleLinear, SplitNorm
+from scale_cl.tuner.layers import ScaleHead, ScaleLinear, SplitNorm
 
 FAST_MODULES = (ScaleLinear, SplitNorm, ScaleHead)
 

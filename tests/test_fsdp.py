@@ -31,7 +31,7 @@ pytest.importorskip("torch.distributed.fsdp", reason="FSDP2 (fully_shard) needs 
 
 sys.path.insert(0, str(Path(__file__).parent))
 import fsdp_worker as worker  # noqa: E402
-from scale_cl.layers import is_new_parameter  # noqa: E402
+from scale_cl.tuner.layers import is_new_parameter  # noqa: E402
 
 WORKER = Path(__file__).parent / "fsdp_worker.py"
 # Route: the harder case (its stacked paths and its routed head under sharding). SCALE-Preserve under FSDP2 is

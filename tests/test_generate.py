@@ -15,7 +15,7 @@ import torch
 from conftest import VOCAB, make_model, randomize_new_weights, upscaled_copy
 from conftest import greedy as generate_greedy
 from scale_cl import ROUTE_SHARE_KEY, set_method
-from scale_cl.layers import ScaleLinear
+from scale_cl.tuner.layers import ScaleLinear
 
 NEW_TOKENS = 8
 PADS = [0, 3, 5]  # left padding per row

@@ -1,4 +1,4 @@
-"""Repeated upscaling (`scale_cl.grow`): an upscaled, trained model grown again equals itself at start, on every
+"""Repeated upscaling (`scale_cl.tuner.stages`): an upscaled, trained model grown again equals itself at start, on every
 architecture and for each method; Theorem 3.1 holds at every stage after training with non-zero blocks; frozen
 weights stay bitwise unchanged; checkpoints, the summary and refusals say what each stage added."""
 
@@ -11,8 +11,8 @@ import torch
 
 from conftest import VOCAB, make_model, randomize_new_weights, tiny_scale_config, token_batch, upscaled_copy
 from scale_cl import load, set_method, upscale
-from scale_cl.grow import FrozenMLP, stage_count
-from scale_cl.layers import ScaleLinear, SplitNorm
+from scale_cl.tuner.layers import ScaleLinear, SplitNorm
+from scale_cl.tuner.stages import FrozenMLP, stage_count
 
 ATOL = 1e-5
 LATER_METHODS = ("preserve", "adapt", "route")

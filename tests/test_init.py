@@ -1,11 +1,11 @@
-"""The W21/W22 initialisers (scale_cl.init): the svd definition, its randomised path, determinism."""
+"""The W21/W22 initialisers (scale_cl.tuner.init): the svd definition, its randomised path, determinism."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from scale_cl.init import expansion_blocks, top_singular, top_singular_all
+from scale_cl.tuner.init import expansion_blocks, top_singular, top_singular_all
 
 
 def _decaying(out: int, inp: int, seed: int = 0) -> torch.Tensor:

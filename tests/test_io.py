@@ -301,7 +301,7 @@ def test_interrupted_save_leaves_no_temporary_files_and_no_complete_looking_chec
         Path(filename).write_bytes(b"partial")
         raise OSError("disk full")
 
-    monkeypatch.setattr(scale_cl.io, "save_file", broken_save_file)
+    monkeypatch.setattr(scale_cl.tuner.io, "save_file", broken_save_file)
     with pytest.raises(OSError, match="disk full"):
         model.save_pretrained(tmp_path)
     left = sorted(os.listdir(tmp_path))

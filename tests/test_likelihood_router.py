@@ -9,8 +9,8 @@ import torch
 
 from conftest import VOCAB, make_model, randomize_new_weights, upscaled_copy
 from scale_cl import set_method
-from scale_cl.likelihood_router import likelihood_mix, running_ratio
-from scale_cl.model import set_live_settings
+from scale_cl.tuner.modes import set_live_settings
+from scale_cl.tuner.routing.likelihood import likelihood_mix, running_ratio
 
 EOS = 2
 
@@ -145,7 +145,7 @@ def test_left_padded_generation_equals_each_row_alone_and_beam_search_runs():
         for row, pad in enumerate([0, 2, 4]):
             alone = model.generate(ids[row : row + 1, pad:], max_new_tokens=5, do_sample=False, pad_token_id=0)
             assert torch.equal(out[row, 7:], alone[0, 7 - pad :]), row
-    from scale_cl.likelihood_router import RouterMemory
+    from scale_cl.tuner.routing.likelihood import RouterMemory
 
     reorders = []
     reorder = RouterMemory.reorder

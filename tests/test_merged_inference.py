@@ -12,7 +12,7 @@ import torch
 
 from conftest import make_model, randomize_new_weights, upscaled_copy
 from scale_cl import set_method
-from scale_cl.layers import ScaleLinear
+from scale_cl.tuner.layers import ScaleLinear
 from test_generate import padded_prompts
 
 

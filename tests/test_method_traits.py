@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from conftest import make_model
-from scale_cl.config import ScaleConfig
 from scale_cl.methods import METHOD_NAMES, QUANTIZABLE_METHODS, REGISTRY, check_quantizable, prepare
+from scale_cl.tuner.config import ScaleConfig
 
 PACKAGE = Path(__file__).parent.parent / "src" / "scale_cl"
 NAMES = set(METHOD_NAMES)

@@ -13,7 +13,7 @@ import torch
 
 from conftest import VOCAB, hidden_up_for, make_model, token_batch, upscaled_copy
 from scale_cl import ScaleConfig, set_method, upscale
-from scale_cl.layers import ScaleLinear
+from scale_cl.tuner.layers import ScaleLinear
 
 METHODS = ("preserve", "adapt", "route")
 ATOL = 1e-5

@@ -14,7 +14,7 @@ from torch import nn
 
 from conftest import make_model, randomize_new_weights
 from scale_cl import load, set_method, set_up_logit_scale
-from scale_cl.layers import SplitNorm
+from scale_cl.tuner.layers import SplitNorm
 from test_preservation import assert_equal_within, assert_original_stream_equal, batch, run, train, upscaled
 
 METHODS = ("preserve", "adapt", "route")
@@ -235,7 +235,7 @@ def test_the_cpt_frontier_reads_route_with_and_without_route_exact_and_restores_
 
 
 def test_only_the_settings_read_at_every_forward_change_on_a_live_model():
-    from scale_cl.model import set_live_settings
+    from scale_cl.tuner.modes import set_live_settings
 
     _, model = lively("route")
     before = model.scale_config

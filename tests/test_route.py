@@ -21,8 +21,8 @@ from torch import nn
 
 from conftest import VOCAB, make_model, randomize_new_weights, upscaled_copy
 from scale_cl import ROUTE_SHARE_KEY, ScaleConfig, set_method
-from scale_cl.layers import ScaleHead, ScaleLinear
-from scale_cl.route import RouteState
+from scale_cl.tuner.layers import ScaleHead, ScaleLinear
+from scale_cl.tuner.routing.state import RouteState
 
 ATOL = 1e-5
 NUM_LAYERS = 3  # every tiny model in conftest has 3 decoder layers

@@ -15,7 +15,7 @@ from transformers import Trainer, TrainingArguments
 import scale_cl
 from conftest import VOCAB, make_model, token_batch, upscaled_copy
 from scale_cl import parameter_summary, set_method
-from scale_cl.layers import ScaleLinear
+from scale_cl.tuner.layers import ScaleLinear
 
 METHODS = ("preserve", "adapt", "route")
 NEW_NAMES = ("w21", "w22", "bias_up", "weight_up")

@@ -1,4 +1,4 @@
-"""Vocabulary extension (`scale_cl.vocab`): the tokenizer learns new tokens from new-domain text, the model grows
+"""Vocabulary extension (`scale_cl.tuner.vocab`): the tokenizer learns new tokens from new-domain text, the model grows
 rows for them on every architecture and under every method, original rows stay frozen where the method freezes
 the original, SCALE stays exact over the original vocabulary, and saved models keep the new rows."""
 
@@ -22,9 +22,9 @@ from conftest import (
 )
 from scale_cl import load, upscale
 from scale_cl.data.tokenizer import train_bpe_tokenizer
-from scale_cl.layers import ScaleHead
 from scale_cl.methods import METHOD_NAMES, prepare
-from scale_cl.vocab import (
+from scale_cl.tuner.layers import ScaleHead
+from scale_cl.tuner.vocab import (
     EXTENSION_KEY,
     VocabEmbedding,
     VocabExtension,
@@ -194,7 +194,7 @@ def test_resize_token_embeddings_on_an_upscaled_model(arch):
 
 def test_scale_trainable_count_counts_the_added_width_of_new_rows(arch_name):
     from scale_cl.methods import scale_trainable_count, trainable_parameter_count
-    from scale_cl.vocab import new_row_parameters
+    from scale_cl.tuner.vocab import new_row_parameters
 
     base = make_model(arch_name)
     extended = grow_embeddings(copy.deepcopy(base), synthetic_extension())
@@ -248,7 +248,7 @@ def test_scale_new_embedding_rows_get_their_full_gradient(method):
     model(input_ids=ids, attention_mask=mask, labels=labels).loss.backward()
     fast = model.get_input_embeddings().weight_new.grad.clone()
     model.zero_grad(set_to_none=True)
-    from scale_cl.layers import SplitInput
+    from scale_cl.tuner.layers import SplitInput
 
     for module in model.modules():  # the reference: no constant-stream shortcut anywhere
         if isinstance(module, SplitInput):
@@ -368,7 +368,7 @@ def naive_merges(words: dict[tuple[str, ...], int], count: int, known: set[str])
     from collections import Counter
     from itertools import pairwise
 
-    from scale_cl.vocab.merges import _merge_word
+    from scale_cl.tuner.vocab.merges import _merge_word
 
     words, known, merges = dict(words), set(known), []
     while len(merges) < count:
@@ -393,7 +393,7 @@ def test_learned_merges_match_the_naive_algorithm():
     import random
     from collections import Counter
 
-    from scale_cl.vocab.merges import learn_merges
+    from scale_cl.tuner.vocab.merges import learn_merges
 
     rng = random.Random(0)
     for _ in range(40):

@@ -9,7 +9,7 @@ names the setting as the user spells it; `check_fields` tests a dataclass's own 
 ``task1.lr must be > 0, got -1.0``, before anything is written.
 
 A range that depends on the model (``preserve_layers`` against its layers) is checked where the model's
-config is known, by `scale_cl.shapes.check_fits`.
+config is known, by `scale_cl.tuner.widths.check_fits`.
 """
 
 from __future__ import annotations

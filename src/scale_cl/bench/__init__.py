@@ -2,7 +2,7 @@
 
 One run times training (tokens/s, interleaved across methods), peak training memory (a fresh
 process per method), forward FLOPs per token of the model as run, inference (forward and
-``generate()``), and the one-off cost of `scale_cl.upscale`, for random-weight models of real
+``generate()``), and the one-off cost of `scale_cl.tuner.upscale`, for random-weight models of real
 shapes; the output is a markdown and a JSON table with ratios against FFT::
 
     from scale_cl.bench import BenchConfig, run_bench

@@ -19,7 +19,7 @@ from scale_cl.bench.measure import make_optimizer, synchronize, train_step
 from scale_cl.bench.memory import MIB, RESULT_PREFIX, PeakMemory
 from scale_cl.bench.setup import build_method, method_options, scale_configs
 from scale_cl.bench.shapes import SHAPES, build_base
-from scale_cl.upscale import upscale
+from scale_cl.tuner.upscale import upscale
 
 
 def _param_bytes(model: torch.nn.Module) -> int:

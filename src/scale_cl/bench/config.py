@@ -9,8 +9,8 @@ import torch
 
 from scale_cl.bench.shapes import SHAPES
 from scale_cl.bounds import check_fields
-from scale_cl.config import INITS
 from scale_cl.methods import METHOD_NAMES, QUANTIZABLE_METHODS, check_quantizable
+from scale_cl.tuner.config import INITS
 
 MATCH_TARGETS = ("preserve", "adapt", "route")
 COMPILE_MODES = ("none", "default", "reduce-overhead", "max-autotune")

@@ -23,11 +23,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from scale_cl.arch import ArchSpec, spec_for_config
-from scale_cl.arch.spec import LinearSpec
-from scale_cl.config import ScaleConfig
 from scale_cl.methods import method_spec
-from scale_cl.shapes import Dims, base_dims, growth, resolve
+from scale_cl.tuner.arch import ArchSpec, spec_for_config
+from scale_cl.tuner.arch.spec import LinearSpec
+from scale_cl.tuner.config import ScaleConfig
+from scale_cl.tuner.widths import Dims, base_dims, growth, resolve
 
 
 @dataclass(frozen=True)

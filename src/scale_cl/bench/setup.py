@@ -17,9 +17,9 @@ from torch import nn
 
 from scale_cl.bench.config import BenchConfig, split_method
 from scale_cl.bench.shapes import Shape
-from scale_cl.config import ScaleConfig
 from scale_cl.experiments.settings import MethodSettings
 from scale_cl.methods import method_spec, prepare
+from scale_cl.tuner.config import ScaleConfig
 
 
 def scale_configs(shape: Shape, cfg: BenchConfig) -> dict[str, ScaleConfig]:

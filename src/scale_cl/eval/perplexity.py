@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from scale_cl.route import ROUTE_SHARE_KEY
+from scale_cl.tuner.routing.state import ROUTE_SHARE_KEY
 
 
 @dataclass

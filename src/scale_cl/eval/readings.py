@@ -19,7 +19,7 @@ def up_logit_frontier(model: torch.nn.Module, evaluate: Any, scales: tuple[float
     and with the likelihood router (``"router": "likelihood"``, its prior and decay as the model holds them).
     """
     from scale_cl import scale_config_of
-    from scale_cl.model import set_live_settings
+    from scale_cl.tuner.modes import set_live_settings
 
     own = scale_config_of(model)
     variants = [{}]  # the model's own settings, then (SCALE-Route trained with Eq. 5) the other two readings

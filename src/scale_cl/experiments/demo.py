@@ -14,8 +14,8 @@ from typing import ClassVar
 import torch
 
 from scale_cl.bounds import check_fields
-from scale_cl.config import METHODS, ScaleConfig
-from scale_cl.upscale import upscale
+from scale_cl.tuner.config import METHODS, ScaleConfig
+from scale_cl.tuner.upscale import upscale
 
 PROMPTS = (
     "The capital of France is",

@@ -2,7 +2,7 @@
 `cpt --sequence.then`.
 
 With ``growth once`` every method keeps training what it trains from the first task on. With ``per_task`` a SCALE
-method is grown again before every later task (everything trained so far frozen into the base, `scale_cl.grow`)
+method is grown again before every later task (everything trained so far frozen into the base, `scale_cl.tuner.stages`)
 and LoRA adds an adapter: stacked beside the finished ones (frozen, still acting) or after merging them into the
 weights. SCALE-Route cannot be grown again (a Route model routes each token between two paths of the same weights,
 which no frozen base computes) and is refused with ``per_task``.

@@ -3,7 +3,7 @@
 Both experiments (``scale-cl bio``, ``scale-cl cpt``) share these dataclasses, so every method is
 configured the same way everywhere (``--options.scale.hidden_up 256``, ``--train.lora_lr 1e-4``).
 The SCALE methods' settings are a `ScaleConfig` itself, checked against the model by the same
-`scale_cl.shapes.check_fits` that `upscale` uses; its method and seed come from each run.
+`scale_cl.tuner.widths.check_fits` that `upscale` uses; its method and seed come from each run.
 """
 
 from __future__ import annotations
@@ -13,13 +13,13 @@ from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 from scale_cl.bounds import check_fields
-from scale_cl.config import ScaleConfig
 from scale_cl.methods import METHOD_NAMES, check_quantizable, method_spec
-from scale_cl.quant import BASE_QUANTS, check_base_quant
-from scale_cl.shapes import base_dims, resolve
 from scale_cl.train.config import StageConfig
 from scale_cl.train.distill import NEW_TOKEN_WEIGHTS, DistillConfig
 from scale_cl.train.route_calibration import Batch, RouteCalibration
+from scale_cl.tuner.config import ScaleConfig
+from scale_cl.tuner.quant import BASE_QUANTS, check_base_quant
+from scale_cl.tuner.widths import base_dims, resolve
 
 MATCH = "match"
 W12_SUFFIX = ".w12"  # the name of every ScaleLinear's W12 block ends so
@@ -157,7 +157,7 @@ class MethodSettings:
             "help": "store the base model's attention and FFN weights quantized and frozen (bitsandbytes; int8 = "
             "LLM.int8, nf4 = QLoRA's 4-bit NormalFloat): only what a method adds trains, in full precision. SCALE "
             "and LoRA only (LoRA on it is QLoRA); SCALE then preserves the quantized base exactly "
-            "(scale_cl.quant). Needs pip install 'scale-cl[quant]'",
+            "(scale_cl.tuner.quant). Needs pip install 'scale-cl[quant]'",
             "choices": BASE_QUANTS,
         },
     )
@@ -213,7 +213,7 @@ class MethodSettings:
     def validate(self, model_config: Any, methods: list[str]) -> None:
         """Raise a ValueError for settings that ``methods`` read and that cannot fit this model (its HF config).
 
-        The SCALE settings are checked by `scale_cl.shapes.check_fits`, exactly as `upscale` will check them.
+        The SCALE settings are checked by `scale_cl.tuner.widths.check_fits`, exactly as `upscale` will check them.
         """
         for method in methods:
             check_quantizable(method, self.base_quant)  # before anything is written

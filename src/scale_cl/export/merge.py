@@ -14,11 +14,11 @@ import torch
 from torch import nn
 from transformers import PreTrainedConfig, PreTrainedModel
 
-from scale_cl.config import scale_config_of
 from scale_cl.export import modeling_scale
-from scale_cl.grow import STAGES_KEY
-from scale_cl.layers import INNER, ScaleEmbedding, ScaleHead, ScaleLinear, SplitNorm
-from scale_cl.vocab import extension_record
+from scale_cl.tuner.config import scale_config_of
+from scale_cl.tuner.layers import INNER, ScaleEmbedding, ScaleHead, ScaleLinear, SplitNorm
+from scale_cl.tuner.stages import STAGES_KEY
+from scale_cl.tuner.vocab import extension_record
 
 # The stock class an upscaled model was made from -> the exported (config, model) classes.
 FAMILIES: dict[str, tuple[type[PreTrainedConfig], type[PreTrainedModel]]] = {

@@ -4,7 +4,7 @@ Accepted folders (anything else is refused, naming what was expected, before any
 
 * a finished ``scale-cl cpt`` method folder ``<out>/<method>`` (its ``model/`` and ``result.json``);
 * a folder written by `scale_cl.models.save_trained` (``scale_cl_run.json``; the ``model`` folder of a run);
-* a SCALE checkpoint written by ``model.save_pretrained(dir)`` (`scale_cl.io`: ``scale_config.json``).
+* a SCALE checkpoint written by ``model.save_pretrained(dir)`` (`scale_cl.tuner.io`: ``scale_config.json``).
 
 A run's ``result.json`` (learning and forgetting measured during training) and the run folder's
 ``cpt_config.json`` (its data and settings) feed the model card where they exist.
@@ -22,8 +22,8 @@ from torch import nn
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from scale_cl.export.card import CardInfo, read_json
-from scale_cl.io import CONFIG_NAME, read_meta
 from scale_cl.models import RUN_FILE, read_run_file
+from scale_cl.tuner.io import CONFIG_NAME, read_meta
 
 MODEL_DIR = "model"  # a cpt method folder's saved model
 RESULT_FILE = "result.json"  # a finished cpt method's summary (scale_cl.experiments.cpt.report)
@@ -38,7 +38,8 @@ EXPECTED = (
 
 @dataclass(frozen=True)
 class Source:
-    """A folder to export: ``kind`` is ``"run"`` (`save_trained`'s format) or ``"checkpoint"`` (`scale_cl.io`'s)."""
+    """A folder to export: ``kind`` is ``"run"`` (`save_trained`'s format) or ``"checkpoint"``
+    (`scale_cl.tuner.io`'s)."""
 
     model_dir: Path
     kind: str
@@ -97,7 +98,7 @@ def load_source(source: Source, dtype: torch.dtype | None = None) -> tuple[nn.Mo
             run = read_run_file(source.model_dir)
             model, _, method = load_trained(source.model_dir, **({"dtype": dtype} if dtype else {}))
             return model, method, _base_name(run["base"])
-        from scale_cl.restore import load
+        from scale_cl.tuner.restore import load
 
         meta = read_meta(source.model_dir)
         model = load(source.model_dir).eval()

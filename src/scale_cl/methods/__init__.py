@@ -13,7 +13,7 @@ sets ``requires_grad`` to exactly what the method trains::
 ``lora``           PEFT LoRA: ``rank`` (int or "match"), ``alpha``, ``dropout``, ``target_modules``, ``match``
 ``freeze``         embedding + bottom ``layers`` decoder layers frozen, the rest trains
 ``llama_pro``      ``blocks`` identity-initialised block copies (int, "match"), ``match``; only they train
-``scale_*``        `scale_cl.upscale` with preserve / adapt / route: ``scale`` or ScaleConfig fields
+``scale_*``        `scale_cl.tuner.upscale` with preserve / adapt / route: ``scale`` or ScaleConfig fields
 =================  ==========================================================================
 
 `REGISTRY` is the one list of methods every experiment, the sweep and the bench read. A method's
@@ -31,7 +31,6 @@ from typing import Any
 
 from torch import nn
 
-from scale_cl.config import METHODS as SCALE_CONFIG_METHODS
 from scale_cl.methods.matching import (
     llama_pro_trainable_count,
     lora_trainable_count,
@@ -40,7 +39,8 @@ from scale_cl.methods.matching import (
     scale_trainable_count,
     trainable_parameter_count,
 )
-from scale_cl.quant import BASE_QUANTS, check_base_quant, quantize_base
+from scale_cl.tuner.config import METHODS as SCALE_CONFIG_METHODS
+from scale_cl.tuner.quant import BASE_QUANTS, check_base_quant, quantize_base
 
 
 @dataclass(frozen=True)
@@ -193,7 +193,7 @@ def prepare(model: nn.Module, method: str, /, **options: Any) -> nn.Module:
     options, and invalid option values, raise a ValueError that names what is accepted.
 
     ``base_quant`` ("none", "int8", "nf4"; LoRA and the SCALE methods): store the base model's linears quantized
-    and frozen first (`scale_cl.quant`); LoRA on it is QLoRA.
+    and frozen first (`scale_cl.tuner.quant`); LoRA on it is QLoRA.
     """
     spec = method_spec(method)
     base_quant = options.pop("base_quant", "none")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from torch import nn
 
-from scale_cl.arch import spec_for
-from scale_cl.vocab import new_row_parameters, split_vocab
+from scale_cl.tuner.arch import spec_for
+from scale_cl.tuner.vocab import new_row_parameters, split_vocab
 
 
 def prepare_freeze(model: nn.Module, *, layers: int = 3) -> nn.Module:
@@ -18,7 +18,7 @@ def prepare_freeze(model: nn.Module, *, layers: int = 3) -> nn.Module:
     matching parameter names, so ``layers=2`` freezes layers 0 and 1 and leaves 10, 11, ... alone.
     A tied LM head *is* the embedding's weight, so with tied embeddings the head is frozen too.
     ``layers=0`` freezes only the embedding; more than the model's number of layers is an error.
-    With an extended vocabulary (`scale_cl.vocab`) only the original rows are the frozen embedding:
+    With an extended vocabulary (`scale_cl.tuner.vocab`) only the original rows are the frozen embedding:
     the new tokens' rows (``weight_new``) train.
     """
     if isinstance(layers, bool) or not isinstance(layers, int):

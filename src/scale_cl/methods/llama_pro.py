@@ -15,15 +15,15 @@ import copy
 import torch
 from torch import nn
 
-from scale_cl.arch import ArchSpec, spec_for
-from scale_cl.config import ScaleConfig
 from scale_cl.methods.matching import (
     llama_pro_sources,
     llama_pro_valid_blocks,
     match_llama_pro_blocks,
     scale_trainable_count,
 )
-from scale_cl.vocab import new_row_parameters, split_vocab
+from scale_cl.tuner.arch import ArchSpec, spec_for
+from scale_cl.tuner.config import ScaleConfig
+from scale_cl.tuner.vocab import new_row_parameters, split_vocab
 
 
 def residual_outputs(spec: ArchSpec) -> list[str]:
@@ -54,7 +54,7 @@ def prepare_llama_pro(
     gets its source block's type), and every attention's ``layer_idx`` (0 .. L+N-1 in order, the
     KV-cache slots), and records ``config.llama_pro = {"base_layers", "blocks", "inserted"}`` with
     the indices of the new blocks in the expanded model. The copies share the model's config object.
-    With an extended vocabulary (`scale_cl.vocab`) the new tokens' rows (``weight_new``) train too.
+    With an extended vocabulary (`scale_cl.tuner.vocab`) the new tokens' rows (``weight_new``) train too.
     """
     spec = spec_for(model)
     backbone = getattr(model, spec.backbone)

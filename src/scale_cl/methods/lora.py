@@ -6,9 +6,9 @@ from collections.abc import Sequence
 
 from torch import nn
 
-from scale_cl.config import ScaleConfig
 from scale_cl.methods.matching import match_lora_rank, scale_trainable_count
-from scale_cl.vocab import merge_vocab, new_token_ids
+from scale_cl.tuner.config import ScaleConfig
+from scale_cl.tuner.vocab import merge_vocab, new_token_ids
 
 
 def prepare_lora(
@@ -32,7 +32,7 @@ def prepare_lora(
     update scale ``alpha / rank = 2`` fixed across ranks; the paper does not state its alpha).
     PEFT initialises ``B = 0``, so the model computes the base model's logits until it trains.
 
-    With an extended vocabulary (`scale_cl.vocab`) the new tokens' embedding rows (and an untied head's)
+    With an extended vocabulary (`scale_cl.tuner.vocab`) the new tokens' embedding rows (and an untied head's)
     train through PEFT's own trainable tokens (``trainable_token_indices``; PEFT ties a tied head), the
     original rows stay frozen, and PEFT saves the new rows with the adapter.
     """

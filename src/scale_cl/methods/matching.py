@@ -12,10 +12,10 @@ from collections.abc import Iterable, Sequence
 from torch import nn
 from transformers.pytorch_utils import Conv1D
 
-from scale_cl.arch import spec_for
-from scale_cl.config import ScaleConfig
-from scale_cl.shapes import base_dims, growth, resolve
-from scale_cl.vocab import vocab_rows
+from scale_cl.tuner.arch import spec_for
+from scale_cl.tuner.config import ScaleConfig
+from scale_cl.tuner.vocab import vocab_rows
+from scale_cl.tuner.widths import base_dims, growth, resolve
 
 # A matched LoRA rank must train within this share of the SCALE count.
 MATCH_TOLERANCE = 0.10
@@ -33,7 +33,7 @@ def scale_trainable_count(model: nn.Module, cfg: ScaleConfig) -> int:
     (``out x in_up``) only for adapt/route in collaborative linears (layer ``>= preserve_layers`` and
     module in ``collab_modules``). Per norm: the new gain over ``u`` (and a bias for LayerNorm).
     Embedding and LM head: ``V x u`` each, ``V`` counting an extended vocabulary's new rows
-    (`scale_cl.vocab`), whose own rows (``weight_new``) are not counted: every method trains them
+    (`scale_cl.tuner.vocab`), whose own rows (``weight_new``) are not counted: every method trains them
     alike. Raises the same errors as `upscale` for a config that does not fit the model.
     """
     spec = spec_for(model)

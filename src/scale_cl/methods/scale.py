@@ -1,4 +1,4 @@
-"""SCALE-Preserve / -Adapt / -Route: width upscaling with `scale_cl.upscale` (the paper's methods)."""
+"""SCALE-Preserve / -Adapt / -Route: width upscaling with `scale_cl.tuner.upscale` (the paper's methods)."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ from typing import Any
 
 from torch import nn
 
-from scale_cl.config import ScaleConfig
 from scale_cl.methods import SCALE_METHOD_NAMES, method_spec
-from scale_cl.upscale import upscale
-from scale_cl.vocab import split_vocab
+from scale_cl.tuner.config import ScaleConfig
+from scale_cl.tuner.upscale import upscale
+from scale_cl.tuner.vocab import split_vocab
 
 # the ScaleConfig fields accepted as options (the method comes from the method name)
 SCALE_FIELDS = tuple(f.name for f in fields(ScaleConfig) if f.name != "method")
@@ -28,7 +28,7 @@ def prepare_scale(model: nn.Module, method: str, **options: Any) -> nn.Module:
     ScaleConfig fields as keywords (``hidden_up=..., ffn_up=..., preserve_layers=...``), which
     override the fields of ``scale`` when both are given. Without ``scale``, ``hidden_up`` and
     ``ffn_up`` are required (as in ScaleConfig: no silent default width). An extended vocabulary's new
-    rows (`scale_cl.vocab`) train beside SCALE's new parameters; its original rows stay frozen.
+    rows (`scale_cl.tuner.vocab`) train beside SCALE's new parameters; its original rows stay frozen.
     """
     spec = method_spec(method)
     if not spec.is_scale:

@@ -4,7 +4,7 @@ A trained model is saved in its method's natural format, beside a ``scale_cl_run
 method and the base model, so that `load_trained` (and ``scale-cl eval``) can rebuild it:
 
 =====================  =======================================================================
-``scale_*``            `scale_cl.io` format: only SCALE's new parameters; the base is re-loaded
+``scale_*``            `scale_cl.tuner.io` format: only SCALE's new parameters; the base is re-loaded
 ``lora``               PEFT adapter (``adapter_config.json`` + ``adapter_model.safetensors``)
 ``fft``/``freeze``/    a full HF checkpoint (``config.json`` + ``model.safetensors``)
 ``llama_pro``
@@ -123,14 +123,14 @@ def load_trained(
     method, ref = run["method"], BaseModelRef(**run["base"])
     tokenizer = AutoTokenizer.from_pretrained(directory)
     if method_spec(method).is_scale:
-        from scale_cl.restore import load
+        from scale_cl.tuner.restore import load
 
         kwargs: dict[str, Any] = {"gguf_file": ref.gguf_file} if ref.gguf_file else {}
         model = load(directory, base_model=ref.name_or_path, **kwargs)
     elif method_spec(method).adapter:
         from peft import PeftModel
 
-        from scale_cl.vocab import grow_for_adapter
+        from scale_cl.tuner.vocab import grow_for_adapter
 
         base, _ = load_base(ref, dtype)
         model = PeftModel.from_pretrained(grow_for_adapter(base, directory), directory)

@@ -158,7 +158,7 @@ def free_teacher(model: nn.Module) -> bool:
     """Whether ``model``'s own forward pass computes the base model's logits exactly: SCALE-Preserve, or
     SCALE-Route in route mode, with the base vocabulary (an extended vocabulary's new rows train inside the
     original stream, which then is no longer the base)."""
-    from scale_cl.config import scale_config_of
+    from scale_cl.tuner.config import scale_config_of
 
     route = getattr(model, "scale_route", None)
     if route is None or any(name.endswith("weight_new") for name, _ in model.named_parameters()):

@@ -8,7 +8,7 @@ keep), tau is set so that ``share`` of its tokens go to the preserve path, and i
 adapt path moves (`RouteCalibration`, every ``every`` optimizer steps). New-domain tokens, on which the
 two paths disagree more, then go to the adapt path.
 
-The cosines are Eq. 5's own (`scale_cl.route.route_cosine`, float32), read from a forward pass of the
+The cosines are Eq. 5's own (`scale_cl.tuner.routing.state.route_cosine`, float32), read from a forward pass of the
 model in the form training runs (split, not the merged inference form), so the chosen tau routes
 exactly the target share of the sample's tokens up to ties (see `tau_for_share`). The calibrated tau is
 the model's ``route_tau`` from then on: saved, exported and used in evaluation like a fixed one.
@@ -25,7 +25,7 @@ from torch import nn
 from transformers import TrainerCallback
 from transformers.trainer_callback import ExportableState
 
-from scale_cl.layers import merged_inference
+from scale_cl.tuner.layers import merged_inference
 
 Batch = dict[str, torch.Tensor]
 

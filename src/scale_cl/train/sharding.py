@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from scale_cl.layers import ScaleLinear
+from scale_cl.tuner.layers import ScaleLinear
 
 
 def requested_sharding() -> str | None:

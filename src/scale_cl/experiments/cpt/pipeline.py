@@ -15,11 +15,11 @@ Output folder::
     results.json, results.md, perplexity.png, representation.png
 
 With ``--data.extend_vocab N`` the base tokenizer learns ``N`` tokens from the new-domain training
-split (`scale_cl.vocab`), every set (training, held-out, old-domain) is packed with the extended
+split (`scale_cl.tuner.vocab`), every set (training, held-out, old-domain) is packed with the extended
 tokenizer, and every method starts from the base model grown by ``N`` rows (the reference hidden
 states and step 0 too). Old-domain text splits into the same ids as with the base tokenizer wherever
 no new merge fires, so its perplexity stays comparable, except that the softmax now spans the new
-tokens as well (see `scale_cl.vocab`).
+tokens as well (see `scale_cl.tuner.vocab`).
 
 Re-running the same command resumes: finished methods are skipped, an interrupted one continues
 from its last complete checkpoint (bitwise the same weights as an uninterrupted run on CPU).
@@ -65,7 +65,7 @@ from scale_cl.train.recipe import train_model
 from scale_cl.train.reporting import report_to_argument
 from scale_cl.train.route_calibration import sequence_batches
 from scale_cl.train.sharding import full_state_dict, is_sharded, requested_sharding
-from scale_cl.vocab import VocabExtension, extend_tokenizer, grow_embeddings, vocab_rows
+from scale_cl.tuner.vocab import VocabExtension, extend_tokenizer, grow_embeddings, vocab_rows
 
 CONFIG_FILE = "cpt_config.json"
 REFERENCE_FILE = "reference_hidden.safetensors"

@@ -21,7 +21,7 @@ class LinearSpec:
 
 @dataclass(frozen=True)
 class MlpSpec:
-    """Where a decoder layer keeps its FFN and the names of its parts (`scale_cl.layers.ScaleMLP`)."""
+    """Where a decoder layer keeps its FFN and the names of its parts (`scale_cl.tuner.layers.ScaleMLP`)."""
 
     path: str  # relative to a decoder layer, e.g. "mlp"
     gate: str | None  # the gate projection of a gated MLP (SwiGLU), None for a plain one
@@ -39,7 +39,9 @@ class ArchSpec:
     norm_kind: str  # "rms" or "layer"
     linears: tuple[LinearSpec, ...]
     mlp: MlpSpec
-    attention: str  # the attention module, relative to a decoder layer (its heads are split: `scale_cl.attention`)
+    attention: (
+        str  # the attention module, relative to a decoder layer (its heads are split: `scale_cl.tuner.attention`)
+    )
     # the config attribute that says the FFN reads the layer's input beside attention (parallel residual), if any
     parallel_residual: str | None = None
     # config attributes that `upscale` widens: (hidden, ffn, query heads, kv heads or None)

@@ -1,6 +1,6 @@
 """Where each supported architecture keeps its linears, norms, embedding and head.
 
-An `ArchSpec` is data, not code: `scale_cl.upscale` walks a model with it. Adding a family means
+An `ArchSpec` is data, not code: `scale_cl.tuner.upscale` walks a model with it. Adding a family means
 adding one file with one `ArchSpec` and one entry in `SPECS`.
 """
 
@@ -10,9 +10,9 @@ from typing import Any
 
 from torch import nn
 
-from scale_cl.arch.gpt_neox import GPT_NEOX
-from scale_cl.arch.llama import LLAMA
-from scale_cl.arch.spec import ArchSpec, LinearSpec, MlpSpec
+from scale_cl.tuner.arch.gpt_neox import GPT_NEOX
+from scale_cl.tuner.arch.llama import LLAMA
+from scale_cl.tuner.arch.spec import ArchSpec, LinearSpec, MlpSpec
 
 # transformers class name -> spec
 SPECS: dict[str, ArchSpec] = {

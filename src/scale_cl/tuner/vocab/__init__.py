@@ -2,7 +2,7 @@
 
 ::
 
-    from scale_cl.vocab import extend_vocab
+    from scale_cl.tuner.vocab import extend_vocab
     model, tokenizer, added = extend_vocab(model, tokenizer, new_domain_texts, count=2000)
     model = prepare(model, "scale_route", ...)        # or any method; upscale-then-extend works too
 
@@ -35,7 +35,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from scale_cl.vocab.grow import (
+from scale_cl.tuner.vocab.embedding import VocabEmbedding, VocabHead
+from scale_cl.tuner.vocab.rows import (
     EXTENSION_KEY,
     VocabExtension,
     extension_record,
@@ -48,16 +49,15 @@ from scale_cl.vocab.grow import (
     split_vocab,
     vocab_rows,
 )
-from scale_cl.vocab.layers import VocabEmbedding, VocabHead
 
-# Learning new tokens (`scale_cl.vocab.tokenizer`, which needs the ``tokenizers`` library) is imported when
+# Learning new tokens (`scale_cl.tuner.vocab.tokenizer`, which needs the ``tokenizers`` library) is imported when
 # first asked for: the rest of this package is the tuner's (a model with new rows saves, loads and upscales).
 _FROM_TOKENIZER = ("extend_tokenizer", "extend_vocab")
 
 
 def __getattr__(name: str) -> Any:
     if name in _FROM_TOKENIZER:
-        from scale_cl.vocab import tokenizer
+        from scale_cl.tuner.vocab import tokenizer
 
         return getattr(tokenizer, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -24,10 +24,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from scale_cl.arch import SPECS, decoder_layers
-from scale_cl.config import scale_config_of
-from scale_cl.layers import INNER, ScaleEmbedding, ScaleHead, ScaleLinear, ScaleMLP, SplitNorm, is_new_parameter
-from scale_cl.route import ROUTE_SHARE_KEY, capture_inputs_hook, route_share_hook, stack_paths_hook
+from scale_cl.tuner.arch import SPECS, decoder_layers
+from scale_cl.tuner.config import scale_config_of
+from scale_cl.tuner.layers import INNER, ScaleEmbedding, ScaleHead, ScaleLinear, ScaleMLP, SplitNorm, is_new_parameter
+from scale_cl.tuner.routing.state import ROUTE_SHARE_KEY, capture_inputs_hook, route_share_hook, stack_paths_hook
 
 # Where ``config.scale_cl`` lists a grown model's earlier stages (the current one is its ``config``).
 STAGES_KEY = "stages"
@@ -151,7 +151,7 @@ def freeze_stage(model: nn.Module) -> dict[str, Any]:
     ignore = [k for k in (model.config.keys_to_ignore_at_inference or []) if k != ROUTE_SHARE_KEY]
     model.config.keys_to_ignore_at_inference = ignore
     del model.scale_route
-    model.__class__ = type(model).__bases__[1]  # Scale<Base> -> <Base> (`scale_cl.model.scale_class`)
+    model.__class__ = type(model).__bases__[1]  # Scale<Base> -> <Base> (`scale_cl.tuner.modes.scale_class`)
     model.config.scale_cl = {**state, STAGES_KEY: [*state.get(STAGES_KEY, []), record]}
     return record
 

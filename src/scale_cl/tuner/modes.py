@@ -12,13 +12,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from scale_cl.arch import SPECS, ArchSpec, decoder_layers
-from scale_cl.config import ScaleConfig, check_method, scale_config_of
-from scale_cl.io import save
-from scale_cl.layers import ScaleEmbedding, ScaleLinear, SplitInput, SplitNorm
-from scale_cl.route import reorder_cache
-from scale_cl.summary import ParamSummary, parameter_summary
-from scale_cl.vocab.grow import resize_token_rows
+from scale_cl.tuner.arch import SPECS, ArchSpec, decoder_layers
+from scale_cl.tuner.config import ScaleConfig, check_method, scale_config_of
+from scale_cl.tuner.io import save
+from scale_cl.tuner.layers import ScaleEmbedding, ScaleLinear, SplitInput, SplitNorm
+from scale_cl.tuner.routing.state import reorder_cache
+from scale_cl.tuner.summary import ParamSummary, parameter_summary
+from scale_cl.tuner.vocab.rows import resize_token_rows
 
 
 def set_method(model: nn.Module, method: str, tau: float | None = None) -> nn.Module:
@@ -27,7 +27,7 @@ def set_method(model: nn.Module, method: str, tau: float | None = None) -> nn.Mo
     Sets how every W12 block is applied and resets trainability: every original parameter frozen,
     every new parameter trainable except W12, which trains only for adapt/route and only in
     collaborative linears (layer >= preserve_layers, module in collab_modules); a grown model's earlier
-    stages stay frozen (`scale_cl.grow`). ``tau`` sets
+    stages stay frozen (`scale_cl.tuner.stages`). ``tau`` sets
     SCALE-Route's threshold of Eq. 5 (a cosine in [-1, 1]; by default the model keeps its own): it is
     the model's ``ScaleConfig.route_tau``, so what routing uses is what is saved, reloaded and exported
     (``model.scale_route.tau = ...`` sets the same value).
@@ -36,7 +36,7 @@ def set_method(model: nn.Module, method: str, tau: float | None = None) -> nn.Mo
     layers = decoder_layers(model)
     # The original stream is constant (depends on no trainable parameter) below the first layer
     # whose W12 is used; there, the modules skip the gradient through the frozen products.
-    # An extended vocabulary's new embedding rows train (`scale_cl.vocab`): the stream depends on them from the start.
+    # An extended vocabulary's new embedding rows train (`.vocab`): the stream depends on them from the start.
     new_rows = getattr(model.get_input_embeddings(), "weight_new", None) is not None
     first_w12 = 0 if new_rows else len(layers) if method == "preserve" else cfg.preserve_layers
     # Route stacks [preserve; adapt] from the first collaborative layer on; the preserve half's
@@ -59,7 +59,7 @@ def set_method(model: nn.Module, method: str, tau: float | None = None) -> nn.Mo
             spec = SPECS[model.config.scale_cl["base"]["class"]]
             heads_constant = _first_w12_layer(layer, spec, bool(getattr(model.config, spec.parallel_residual or "", 0)))
         for module in layer.modules():
-            if hasattr(module, "scale_heads"):  # the attention's original heads (`scale_cl.attention`)
+            if hasattr(module, "scale_heads"):  # the attention's original heads (`scale_cl.tuner.attention`)
                 module.scale_heads.constant = heads_constant
                 module.scale_heads.constant_half = stacked_half
     model.config.scale_cl["config"] = cfg.to_dict()  # the method and tau, read by save, export and route
@@ -165,7 +165,7 @@ class ScaleModelMixin:
     def resize_token_embeddings(
         self, new_num_tokens: int | None = None, pad_to_multiple_of: int | None = None, mean_resizing: bool = True
     ) -> nn.Module:
-        """Grow the vocabulary with `scale_cl.vocab.resize_token_rows`: the original rows stay frozen, the new ones
+        """Grow the vocabulary with `.vocab.resize_token_rows`: the original rows stay frozen, the new ones
         train (each the mean of the original rows; ``mean_resizing`` is ignored). Shrinking is refused."""
         return resize_token_rows(self, new_num_tokens, pad_to_multiple_of)
 
@@ -182,7 +182,7 @@ def scale_class(cls: type) -> type:
 
 
 def __getattr__(name: str) -> type:
-    """``scale_cl.model.Scale<Base>`` resolves to the class made for ``<Base>`` (so pickle finds it)."""
+    """``scale_cl.tuner.modes.Scale<Base>`` resolves to the class made for ``<Base>`` (so pickle finds it)."""
     for made in _CLASSES.values():
         if made.__name__ == name:
             return made

@@ -4,7 +4,7 @@
 activation applied per part), every norm for a `SplitNorm`, the embedding and LM head for their
 widened versions, rewrites the model's config so it states the widened sizes, records what it did
 under ``config.scale_cl``, gives the model its `RouteState` and a class with `set_method`,
-`save_pretrained` (only the new weights) and a parameter summary (`scale_cl.model`).
+`save_pretrained` (only the new weights) and a parameter summary (`scale_cl.tuner.modes`).
 """
 
 from __future__ import annotations
@@ -18,18 +18,24 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel
 
-from scale_cl import attention
-from scale_cl.arch import SPECS, ArchSpec, spec_for
-from scale_cl.config import ScaleConfig
-from scale_cl.grow import STAGES_KEY, check_growable, freeze_stage
-from scale_cl.init import expansion_blocks, top_singular_all
-from scale_cl.layers import ScaleEmbedding, ScaleHead, ScaleLinear, ScaleMLP, SplitNorm
-from scale_cl.model import scale_class, set_method
-from scale_cl.provenance import base_record
-from scale_cl.quant import dense_weight
-from scale_cl.route import ROUTE_SHARE_KEY, RouteState, capture_inputs_hook, route_share_hook, stack_paths_hook
-from scale_cl.shapes import Dims, base_dims, growth, resolve
-from scale_cl.vocab.grow import split_vocab
+from scale_cl.tuner import attention
+from scale_cl.tuner.arch import SPECS, ArchSpec, spec_for
+from scale_cl.tuner.config import ScaleConfig
+from scale_cl.tuner.init import expansion_blocks, top_singular_all
+from scale_cl.tuner.layers import ScaleEmbedding, ScaleHead, ScaleLinear, ScaleMLP, SplitNorm
+from scale_cl.tuner.modes import scale_class, set_method
+from scale_cl.tuner.provenance import base_record
+from scale_cl.tuner.quant import dense_weight
+from scale_cl.tuner.routing.state import (
+    ROUTE_SHARE_KEY,
+    RouteState,
+    capture_inputs_hook,
+    route_share_hook,
+    stack_paths_hook,
+)
+from scale_cl.tuner.stages import STAGES_KEY, check_growable, freeze_stage
+from scale_cl.tuner.vocab.rows import split_vocab
+from scale_cl.tuner.widths import Dims, base_dims, growth, resolve
 
 
 def _set(root: nn.Module, path: str, module: nn.Module) -> None:
@@ -45,12 +51,12 @@ def upscale(model: PreTrainedModel, config: ScaleConfig) -> PreTrainedModel:
     decided by ``config.method`` (see `set_method`). Randomness is seeded by ``config.seed``.
 
     An upscaled model is grown again: everything it has (trained under its current method) is frozen into
-    the new base (`scale_cl.grow.freeze_stage`) and ``config`` adds to its whole width, so the result
+    the new base (`scale_cl.tuner.stages.freeze_stage`) and ``config`` adds to its whole width, so the result
     computes exactly that model at start. A config the model cannot take is refused before anything changes.
     """
     if not isinstance(config, ScaleConfig):
         raise TypeError(f"config must be a ScaleConfig, got {type(config).__name__}")
-    again = getattr(model, "is_scale_upscaled", False)  # grow an upscaled model again (`scale_cl.grow`)
+    again = getattr(model, "is_scale_upscaled", False)  # grow an upscaled model again (`scale_cl.tuner.stages`)
     if again:
         check_growable(model)
         spec = SPECS[model.config.scale_cl["base"]["class"]]

@@ -5,7 +5,7 @@ gradient is zero, so the original rows and the new rows are two parameters: ``we
 original ``V`` rows, frozen by the methods that freeze the original) and ``weight_new`` (the ``N``
 new rows). In a saved checkpoint (``state_dict``) they are one ``weight`` of ``V + N`` rows, as in
 any transformers model of that vocabulary, so ``save_pretrained`` / ``from_pretrained`` need
-nothing from this project; `scale_cl.vocab.split_vocab` makes the two parameters again.
+nothing from this project; `scale_cl.tuner.vocab.split_vocab` makes the two parameters again.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from scale_cl.layers import ScaleEmbedding
+from scale_cl.tuner.layers import ScaleEmbedding
 
 
 class _MergedState(nn.Module):

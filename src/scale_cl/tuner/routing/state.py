@@ -25,8 +25,8 @@ import torch.nn.functional as F
 from torch import nn
 from transformers.utils import ModelOutput
 
-from scale_cl.config import ScaleConfig
-from scale_cl.likelihood_router import RouterMemory, likelihood_mix
+from scale_cl.tuner.config import ScaleConfig
+from scale_cl.tuner.routing.likelihood import RouterMemory, likelihood_mix
 
 # The key of the routing share in a route model's output (left out of Trainer's evaluation outputs).
 ROUTE_SHARE_KEY = "route_preserve_share"
@@ -69,7 +69,7 @@ def route_logits(
 
     The package's one implementation of Eq. 5 (the exported model's `modeling_scale.RouteHead` keeps a
     standalone copy, tested equal). ``weight_new``: an extended vocabulary's new token rows
-    (`scale_cl.vocab`); their logits are appended to both paths' and combined alike, and the cosine reads
+    (`scale_cl.tuner.vocab`); their logits are appended to both paths' and combined alike, and the cosine reads
     the original vocabulary's logits alone, so a token routes as it would without the extension.
 
     Tensors over the vocabulary (B, T, V) dominate the head's time and memory, so they are few and
@@ -148,7 +148,7 @@ class RouteState:
         self.last_cosine: torch.Tensor | None = None
         self.capture_base = False
         self.base_logits: torch.Tensor | None = None
-        # the likelihood router (`scale_cl.likelihood_router`): this call's tokens, the previous call's memory
+        # the likelihood router (`scale_cl.tuner.routing.likelihood`): this call's tokens, the previous call's memory
         self.inputs: dict[str, Any] = {}
         self.memory: RouterMemory | None = None
         self.eos_ids: tuple[int, ...] = ()

@@ -1,8 +1,8 @@
-"""Rebuild an upscaled model from a checkpoint written by `scale_cl.io.save` (``model.save_pretrained``).
+"""Rebuild an upscaled model from a checkpoint written by `scale_cl.tuner.io.save` (``model.save_pretrained``).
 
 The base model is loaded (or taken as given), checked against what the checkpoint recorded
 (class, shape fields, weight fingerprint), upscaled with the saved config (a grown model: with each
-earlier stage's in turn, `scale_cl.grow`) and given the saved new weights (and the earlier stages'
+earlier stage's in turn, `scale_cl.tuner.stages`) and given the saved new weights (and the earlier stages'
 additions to the frozen tensors), so its logits are bitwise the saved model's.
 """
 
@@ -15,9 +15,8 @@ from typing import Any
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
 
-from scale_cl.config import ScaleConfig
-from scale_cl.grow import STAGES_KEY, assemble_frozen
-from scale_cl.io import (
+from scale_cl.tuner.config import ScaleConfig
+from scale_cl.tuner.io import (
     BASE_WEIGHTS_NAME,
     CONFIG_NAME,
     FROZEN_WEIGHTS_NAME,
@@ -26,12 +25,13 @@ from scale_cl.io import (
     read_meta,
     read_tensors,
 )
-from scale_cl.layers import is_new_parameter
-from scale_cl.model import set_method
-from scale_cl.provenance import weight_fingerprint
-from scale_cl.quant import quantize_base, quantized_kind
-from scale_cl.upscale import upscale
-from scale_cl.vocab import grow_embeddings
+from scale_cl.tuner.layers import is_new_parameter
+from scale_cl.tuner.modes import set_method
+from scale_cl.tuner.provenance import weight_fingerprint
+from scale_cl.tuner.quant import quantize_base, quantized_kind
+from scale_cl.tuner.stages import STAGES_KEY, assemble_frozen
+from scale_cl.tuner.upscale import upscale
+from scale_cl.tuner.vocab import grow_embeddings
 
 # Base config fields whose mismatch makes a checkpoint unusable.
 _SHAPE_FIELDS = (

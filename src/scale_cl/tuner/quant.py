@@ -20,7 +20,7 @@ import logging
 import torch
 from torch import nn
 
-from scale_cl.arch import spec_for
+from scale_cl.tuner.arch import spec_for
 
 BASE_QUANTS = ("none", "int8", "nf4")  # `--options.base_quant`
 # bitsandbytes warns at import, on an AVX512-bf16 CPU, that it cannot fetch a CPU kernel from the Hub (the
@@ -31,7 +31,7 @@ logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
 def __getattr__(name: str) -> object:
     if name == "QUANTIZABLE_METHODS":  # moved with the methods' traits (issue 39)
         raise AttributeError(
-            "scale_cl.quant.QUANTIZABLE_METHODS moved: use scale_cl.methods.QUANTIZABLE_METHODS, or ask a method "
+            "scale_cl.tuner.quant.QUANTIZABLE_METHODS moved: use scale_cl.methods.QUANTIZABLE_METHODS, or ask a method "
             "its trait (scale_cl.methods.method_spec(name).quantizable_base)"
         )
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

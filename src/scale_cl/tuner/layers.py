@@ -17,9 +17,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from scale_cl.config import UP_NORMS
-from scale_cl.quant import is_quantized
-from scale_cl.route import RouteState, route_cosine, route_logits
+from scale_cl.tuner.config import UP_NORMS
+from scale_cl.tuner.quant import is_quantized
+from scale_cl.tuner.routing.state import RouteState, route_cosine, route_logits
 
 # The names of what SCALE adds to a module (everything else keeps the base model's names and stays frozen).
 NEW_PARAM_NAMES = ("w12", "w21", "w22", "bias_up", "weight_up", "weight_new")
@@ -30,7 +30,7 @@ def is_new_parameter(name: str) -> bool:
     return name.rsplit(".", 1)[-1] in NEW_PARAM_NAMES
 
 
-# Where a grown model's norm keeps the earlier stages' norm (frozen): `SplitNorm` ``inner`` (`scale_cl.grow`).
+# Where a grown model's norm keeps the earlier stages' norm (frozen): `SplitNorm` ``inner`` (`scale_cl.tuner.stages`).
 INNER = "inner"
 
 
@@ -90,7 +90,7 @@ class ScaleLinear(SplitInput):
         self.use_w12 = False
         self.route: RouteState | None = None  # the model's route state, handed over by `upscale`
         self._merged: tuple | None = None  # the merged inference form, see `_inference_weights`
-        if is_quantized(base):  # a quantized frozen base (`scale_cl.quant`): W x + b is its module's product
+        if is_quantized(base):  # a quantized frozen base (`scale_cl.tuner.quant`): W x + b is its module's product
             self.quantized_base = base
             self.weight = self.bias = None
             factory = {"device": base.weight.device, "dtype": base.dense_dtype}
@@ -327,7 +327,7 @@ class SplitNorm(SplitInput):
     standard deviation (``layer``, not centred), ``"joint"`` by the whole ``[x; x_up]``'s, so a quiet ``x_up``
     stays quiet (docs/design.md §2).
 
-    On a grown model (`scale_cl.grow`) ``base`` is the earlier stages' `SplitNorm`, kept frozen as ``inner``: it
+    On a grown model (`scale_cl.tuner.stages`) ``base`` is the earlier stages' `SplitNorm`, kept frozen as ``inner``: it
     normalises the whole earlier width ``x`` (its own groups apart), and this norm adds the next group.
     """
 
@@ -397,9 +397,9 @@ class SplitNorm(SplitInput):
 class ScaleEmbedding(nn.Module):
     """Token -> ``[E[token]; E_up[token]]``; ``E`` frozen (and possibly tied to the LM head).
 
-    With an extended vocabulary (`scale_cl.vocab`) ``E`` is ``[weight; weight_new]``: the original
+    With an extended vocabulary (`scale_cl.tuner.vocab`) ``E`` is ``[weight; weight_new]``: the original
     rows frozen, the new tokens' rows ``weight_new`` trainable (taken over from the base model's
-    `scale_cl.vocab.VocabEmbedding`, or added by `scale_cl.vocab.grow_embeddings`); None otherwise.
+    `scale_cl.tuner.vocab.VocabEmbedding`, or added by `scale_cl.tuner.vocab.grow_embeddings`); None otherwise.
     """
 
     def __init__(self, base: nn.Embedding, weight_up: torch.Tensor) -> None:
@@ -436,9 +436,9 @@ class ScaleHead(SplitInput):
     settings at every forward, as is `ScaleConfig.route_exact`.
 
     In route mode (``route.active``) the head also combines the two paths with Eq. 5 (see
-    `scale_cl.route`) and records its routing decision in ``route.last_mask``.
+    `scale_cl.tuner.routing.state`) and records its routing decision in ``route.last_mask``.
 
-    With an extended vocabulary (`scale_cl.vocab`) ``W_out`` is ``[weight; weight_new]`` (the new
+    With an extended vocabulary (`scale_cl.tuner.vocab`) ``W_out`` is ``[weight; weight_new]`` (the new
     tokens' rows trainable, the embedding's own when tied) and ``W_out_up`` has a row per token, new
     ones included. The original vocabulary's logits are computed as before and the new tokens'
     appended; route decides from the original vocabulary's logits alone, so a token routes as it
@@ -512,7 +512,7 @@ class ScaleHead(SplitInput):
         return z if self.weight_new is None else torch.cat((z, F.linear(x, self.weight_new)), dim=-1)
 
     def _likelihood_route(self, hidden: torch.Tensor, route: RouteState, alpha: float) -> torch.Tensor:
-        """The likelihood router (`scale_cl.likelihood_router`): the preserve path's ``Z_p`` (the base's logits) and
+        """The likelihood router (`.routing.likelihood`): the preserve path's ``Z_p`` (the base's logits) and
         the adapt path's ``Z_a + alpha Z_a_up`` mixed by the document's running likelihood ratio."""
         if route.stacked:
             x, x_up = hidden.split((self.hidden_size, self.hidden_up), dim=-1)

@@ -1,6 +1,6 @@
 """The checkpoint format of an upscaled model: only what SCALE added, plus a JSON config naming the base model.
 
-`save` writes it and `read_meta` / `read_tensors` read and verify it; `scale_cl.restore.load`
+`save` writes it and `read_meta` / `read_tensors` read and verify it; `scale_cl.tuner.restore.load`
 rebuilds the model from it.
 
 A checkpoint directory holds:
@@ -10,12 +10,12 @@ A checkpoint directory holds:
   and shape of every saved tensor, and the SHA-256 of every weight file (checked on load, so a
   file damaged after saving is refused rather than loaded with wrong values);
 * ``scale_model.safetensors``: every parameter SCALE added (``w12``/``w21``/``w22``/``bias_up``/
-  ``weight_up``), and an extended vocabulary's new token rows (``weight_new``, `scale_cl.vocab`), under
+  ``weight_up``), and an extended vocabulary's new token rows (``weight_new``, `scale_cl.tuner.vocab`), under
   the names the upscaled model uses;
 * ``base_model.safetensors``: only for ``full=True``, the frozen base weights, so that loading
   needs no other file;
-* ``scale_frozen_stages.safetensors``: only for a model grown more than once (`scale_cl.grow`), what the
-  earlier stages added to the frozen tensors (each one's right and bottom blocks, `scale_cl.grow.frozen_parts`);
+* ``scale_frozen_stages.safetensors``: only for a model grown more than once (`scale_cl.tuner.stages`), what the
+  earlier stages added to the frozen tensors (each one's right and bottom blocks, `scale_cl.tuner.stages.frozen_parts`);
   the config then lists the earlier stages (``stages``: their configs and sizes), which loading replays.
 
 Files are written to temporary names and renamed into place, so an interrupted save never leaves
@@ -35,11 +35,11 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import PreTrainedModel
 
-from scale_cl.config import scale_config_of
 from scale_cl.files import atomic_write, sha256_of
-from scale_cl.grow import STAGES_KEY, frozen_parts
-from scale_cl.layers import is_new_parameter
-from scale_cl.vocab.grow import EXTENSION_KEY
+from scale_cl.tuner.config import scale_config_of
+from scale_cl.tuner.layers import is_new_parameter
+from scale_cl.tuner.stages import STAGES_KEY, frozen_parts
+from scale_cl.tuner.vocab.rows import EXTENSION_KEY
 
 FORMAT = "scale-cl"
 VERSION = 1
@@ -131,7 +131,7 @@ def _unextended(base: dict[str, Any], model: nn.Module) -> tuple[dict[str, Any],
     """The base record as the base model was before a vocabulary extension, and the extension's sizes.
 
     Loading rebuilds the base from that record (or from the base model it names) and then grows it by
-    ``new_rows`` (`scale_cl.vocab.grow_embeddings`), whichever order extension and upscaling came in.
+    ``new_rows`` (`scale_cl.tuner.vocab.grow_embeddings`), whichever order extension and upscaling came in.
     """
     embedding = model.get_input_embeddings()
     new = getattr(embedding, "weight_new", None)

@@ -26,8 +26,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from scale_cl.layers import ScaleEmbedding, ScaleHead
-from scale_cl.vocab.layers import VocabEmbedding, VocabHead
+from scale_cl.tuner.layers import ScaleEmbedding, ScaleHead
+from scale_cl.tuner.vocab.embedding import VocabEmbedding, VocabHead
 
 EXTENSION_KEY = "vocab_extension"
 
@@ -100,14 +100,14 @@ def _record(model: nn.Module, count: int) -> None:
 def grow_embeddings(model: nn.Module, extension: VocabExtension | int) -> nn.Module:
     """Append rows for the new tokens to ``model``'s embedding and LM head, in place; returns ``model``.
 
-    ``extension``: the `VocabExtension` of `scale_cl.vocab.extend_tokenizer` (its ``first_id`` must be the
+    ``extension``: the `VocabExtension` of `scale_cl.tuner.vocab.extend_tokenizer` (its ``first_id`` must be the
     model's row count, `vocab_rows`), or a number of rows (initialised as the mean of the original rows).
     Works on a plain transformers model (before a method is prepared: the natural order) and on an
     upscaled one (its trainability is then reset by `set_method`, so grow before making the optimizer).
     """
     if (getattr(getattr(model, "config", None), "scale_cl", None) or {}).get("stages"):
         raise ValueError(
-            "extending the vocabulary of a model grown more than once (scale_cl.grow) is not supported: its "
+            "extending the vocabulary of a model grown more than once (scale_cl.tuner.stages) is not supported: its "
             "checkpoint could not record the new rows; extend the vocabulary before the first upscale"
         )
     rows = vocab_rows(model)
@@ -180,7 +180,7 @@ def resize_token_rows(model: nn.Module, new_num_tokens: int | None, pad_to_multi
     if target < rows:
         raise ValueError(
             f"cannot shrink the vocabulary of an upscaled model from {rows} to {target} rows: its original rows are "
-            "frozen and kept; new tokens are added with scale_cl.vocab.extend_vocab / grow_embeddings"
+            "frozen and kept; new tokens are added with scale_cl.tuner.vocab.extend_vocab / grow_embeddings"
         )
     if target > rows:
         grow_embeddings(model, target - rows)

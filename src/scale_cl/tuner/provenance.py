@@ -9,8 +9,8 @@ from typing import Any
 from torch import nn
 from transformers import PreTrainedModel
 
-from scale_cl.quant import quantized_kind
-from scale_cl.shapes import Dims
+from scale_cl.tuner.quant import quantized_kind
+from scale_cl.tuner.widths import Dims
 
 
 def weight_fingerprint(model: nn.Module) -> str:
@@ -38,6 +38,6 @@ def base_record(model: PreTrainedModel, dims: Dims) -> dict[str, Any]:
         "config": config.to_dict(),
         "dims": asdict(dims),
         "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
-        "base_quant": quantized_kind(model),  # `scale_cl.quant`: a load quantizes the base the same way
+        "base_quant": quantized_kind(model),  # `scale_cl.tuner.quant`: a load quantizes the base the same way
         "fingerprint": weight_fingerprint(model),
     }

@@ -4,7 +4,7 @@ The fused ``query_key_value`` output is viewed by transformers as ``(..., heads,
 i.e. rows ``[q_h; k_h; v_h]`` per head, so new heads append ``3 * head_size`` rows each ("qkv").
 """
 
-from scale_cl.arch.spec import ArchSpec, LinearSpec, MlpSpec
+from scale_cl.tuner.arch.spec import ArchSpec, LinearSpec, MlpSpec
 
 GPT_NEOX = ArchSpec(
     family="gpt_neox",

@@ -26,8 +26,8 @@ from typing import Any
 from tokenizers import Tokenizer
 from torch import nn
 
-from scale_cl.vocab.grow import VocabExtension, grow_embeddings, vocab_rows
-from scale_cl.vocab.merges import learn_merges
+from scale_cl.tuner.vocab.merges import learn_merges
+from scale_cl.tuner.vocab.rows import VocabExtension, grow_embeddings, vocab_rows
 
 BATCH = 256  # documents per encode_batch call
 _BYTE_FALLBACK = re.compile(r"^<0x[0-9A-Fa-f]{2}>$")
@@ -108,7 +108,7 @@ def extend_tokenizer(
         texts: the new-domain training text (never the evaluation text).
         count: how many tokens to add; more than the text supports is a ValueError saying how many it does.
         first_id: the first new id; default one past the tokenizer's largest id. Pass the model's embedding
-            row count (`scale_cl.vocab.vocab_rows`) so the new rows follow the model's.
+            row count (`scale_cl.tuner.vocab.vocab_rows`) so the new rows follow the model's.
         min_frequency: a new token's merge must occur this often in ``texts``.
     """
     if isinstance(count, bool) or not isinstance(count, int) or count < 1:

@@ -7,9 +7,9 @@ from dataclasses import dataclass, field
 
 from torch import nn
 
-from scale_cl.arch import decoder_layers
-from scale_cl.grow import STAGES_KEY, added_parameters
-from scale_cl.layers import ScaleEmbedding, ScaleHead, ScaleLinear, SplitNorm
+from scale_cl.tuner.arch import decoder_layers
+from scale_cl.tuner.layers import ScaleEmbedding, ScaleHead, ScaleLinear, SplitNorm
+from scale_cl.tuner.stages import STAGES_KEY, added_parameters
 
 
 @dataclass
@@ -71,7 +71,7 @@ def parameter_summary(model: nn.Module) -> ParamSummary:
 
 
 def _stages(model: nn.Module) -> list[tuple[str, int, int, int]]:
-    """Each stage of a model grown more than once (`scale_cl.grow`); none for a model upscaled once."""
+    """Each stage of a model grown more than once (`scale_cl.tuner.stages`); none for a model upscaled once."""
     state = model.config.scale_cl
     if not state.get(STAGES_KEY):
         return []

@@ -1,7 +1,7 @@
 """ScaleConfig: what to add to a model and how the added blocks train (docs/design.md §1).
 
 Only checks that need no model live here; checks against a model's shapes (head size, GQA
-group, number of layers) are made by `scale_cl.shapes.check_fits`, which `upscale` and the
+group, number of layers) are made by `scale_cl.tuner.widths.check_fits`, which `upscale` and the
 experiments' settings both call.
 """
 
@@ -54,7 +54,7 @@ class ScaleConfig:
             exactly, instead of Eq. 5's ``(Z_p + Z_a) / 2 + Z_p_up``.
         router: SCALE-Route's router: ``"cosine"`` (Eq. 5, the paper's) or ``"likelihood"`` (``p = w p_base +
             (1 - w) p_new``, ``w`` from the running log-likelihood ratio of the document so far under the two
-            paths: `scale_cl.likelihood_router`).
+            paths: `scale_cl.tuner.routing.likelihood`).
         router_prior: the likelihood router's prior log-odds for the base path (``w = sigmoid(prior)`` at a
             document start).
         router_decay: the likelihood router's decay of past evidence per token, in (0, 1] (1: the whole document
@@ -172,5 +172,5 @@ def scale_config_of(model: Any) -> ScaleConfig:
     """The ScaleConfig an upscaled model was built with (its current method included)."""
     state = getattr(getattr(model, "config", None), "scale_cl", None)
     if not state:
-        raise ValueError("this model is not upscaled by scale_cl; call scale_cl.upscale(model, config) first")
+        raise ValueError("this model is not upscaled by scale_cl; call scale_cl.tuner.upscale(model, config) first")
     return ScaleConfig.from_dict(state["config"])

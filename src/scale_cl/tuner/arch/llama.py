@@ -1,6 +1,6 @@
 """The Llama family as transformers implements it: Llama (SmolLM2, Llama-3.2), Mistral, Qwen2."""
 
-from scale_cl.arch.spec import ArchSpec, LinearSpec, MlpSpec
+from scale_cl.tuner.arch.spec import ArchSpec, LinearSpec, MlpSpec
 
 LLAMA = ArchSpec(
     family="llama",

@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from scale_cl.arch import ArchSpec, spec_for_config
-from scale_cl.config import ScaleConfig
+from scale_cl.tuner.arch import ArchSpec, spec_for_config
+from scale_cl.tuner.config import ScaleConfig
 
 
 @dataclass(frozen=True)
@@ -71,6 +71,6 @@ def resolve(cfg: ScaleConfig, dims: Dims) -> ScaleConfig:
 
 
 def growth(cfg: ScaleConfig, dims: Dims) -> dict[str, int]:
-    """How much each growth unit of `scale_cl.arch.spec.GROWTHS` adds under ``cfg``."""
+    """How much each growth unit of `scale_cl.tuner.arch.spec.GROWTHS` adds under ``cfg``."""
     u = cfg.hidden_up
     return {"hidden": u, "q": u, "kv": u // dims.group, "qkv": 3 * u, "ffn": cfg.ffn_up}
