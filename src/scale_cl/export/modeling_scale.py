@@ -47,6 +47,8 @@ from transformers import (
 BATCHED_KWARGS = ("attention_mask", "position_ids", "position_embeddings")
 
 
+# Copy of scale_cl.tuner.layers.SplitNorm, rewritten standalone;
+# tested equal by tests/test_export.py::test_grown_models_are_exported.
 def norm_groups(width: int, split: int, up_norm: str, earlier: list | None = None) -> list[tuple[int, int, int, int]]:
     """The spans a SCALE norm normalises apart, each with the span whose statistic it takes: ``(start, end,
     ref_start, ref_end)``. First the original stream ``[0, d)`` (its own), then each grown stage's group
@@ -63,6 +65,8 @@ def norm_groups(width: int, split: int, up_norm: str, earlier: list | None = Non
     return groups
 
 
+# Copy of scale_cl.tuner.layers.SplitNorm, rewritten standalone;
+# tested equal by tests/test_export.py::test_scale_export_loads_without_scale_cl_and_matches.
 class SplitRMSNorm(nn.Module):
     """RMSNorm over ``x`` (the first ``split`` features) and over ``x_up`` (the rest) separately (on a grown model
     over each stage's group, `norm_groups`).
@@ -92,6 +96,8 @@ class SplitRMSNorm(nn.Module):
         return f"{'+'.join(str(end - start) for start, end, _, _ in self.groups)}, eps={self.variance_epsilon}"
 
 
+# Copy of scale_cl.tuner.layers.SplitNorm, rewritten standalone;
+# tested equal by tests/test_export.py::test_scale_export_loads_without_scale_cl_and_matches.
 class SplitLayerNorm(nn.Module):
     """LayerNorm (with bias) over ``x`` (the first ``split`` features) and over ``x_up`` separately (on a grown
     model over each stage's group, `norm_groups`); a group that takes another span's statistic (``up_norm``
@@ -121,6 +127,8 @@ class SplitLayerNorm(nn.Module):
         return f"{'+'.join(str(end - start) for start, end, _, _ in self.groups)}, eps={self.eps}"
 
 
+# Copy of scale_cl.tuner.layers.ScaleLinear, rewritten standalone;
+# tested equal by tests/test_export.py::test_scale_export_loads_without_scale_cl_and_matches.
 class TwoPathLinear(nn.Linear):
     """A linear of a route layer: its input is ``[preserve path; adapt path]`` (2B rows).
 
@@ -146,6 +154,8 @@ class TwoPathLinear(nn.Linear):
         return f"{super().extra_repr()}, original in={self.original_in}, out={self.original_out}"
 
 
+# Copy of scale_cl.tuner.routing.state.route_cosine, rewritten standalone;
+# tested equal by tests/test_export.py::test_exported_route_head_is_the_packages_eq5.
 def route_mask(z_p: torch.Tensor, z_a: torch.Tensor, tau: float) -> torch.Tensor:
     """Tokens sent to the preserve path: ``cos(Z_p, Z_a) > tau`` over the vocabulary (float32)."""
     p, a = z_p.float(), z_a.float()
@@ -153,6 +163,7 @@ def route_mask(z_p: torch.Tensor, z_a: torch.Tensor, tau: float) -> torch.Tensor
     return (p.unsqueeze(-2) @ a.unsqueeze(-1))[..., 0, 0] / norms.clamp_min(1e-8) > tau
 
 
+# Copy of scale_cl.tuner.routing.likelihood.running_ratio: the same code.
 def running_ratio(
     evidence: torch.Tensor, starts: torch.Tensor, decay: float, initial: torch.Tensor | None = None, chunk: int = 64
 ) -> torch.Tensor:
@@ -178,6 +189,8 @@ def running_ratio(
     return out
 
 
+# Copy of scale_cl.tuner.routing.likelihood.likelihood_mix, rewritten standalone;
+# tested equal by tests/test_export.py::test_the_likelihood_router_is_exported.
 def likelihood_mix(
     base_logits: torch.Tensor,
     new_logits: torch.Tensor,
@@ -217,6 +230,8 @@ def likelihood_mix(
     return mixed.to(new_logits.dtype), torch.sigmoid(score), next_memory
 
 
+# Copy of scale_cl.tuner.routing.state.capture_inputs_hook, rewritten standalone;
+# tested equal by tests/test_export.py::test_the_likelihood_router_is_exported.
 def capture_router_inputs(model: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
     """Forward pre-hook of a likelihood-routed model: hands the head this call's token ids and the mask of their
     positions, starts a fresh memory for a call with an empty KV cache, and asks for every position's logits
@@ -235,6 +250,8 @@ def capture_router_inputs(model: nn.Module, args: tuple, kwargs: dict) -> tuple[
     return None
 
 
+# Copy of scale_cl.tuner.routing.state.route_logits, rewritten standalone;
+# tested equal by tests/test_export.py::test_exported_route_head_is_the_packages_eq5.
 class RouteHead(nn.Linear):
     """The LM head of a route model: reads ``[preserve path; adapt path]`` (2B rows), returns B rows (Eq. 5).
 
@@ -316,6 +333,7 @@ class RouteHead(nn.Linear):
         return f"{self.split}+{self.in_features - self.split} -> {self.out_features}, tau={self.tau}"
 
 
+# Copy of scale_cl.tuner.routing.state._stack: the same code.
 def _stack(value: Any, batch: int) -> Any:
     if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] == batch and batch > 1:
         return torch.cat((value, value))
@@ -324,6 +342,8 @@ def _stack(value: Any, batch: int) -> Any:
     return value
 
 
+# Copy of scale_cl.tuner.routing.state.stack_paths_hook, rewritten standalone;
+# tested equal by tests/test_export.py::test_scale_export_loads_without_scale_cl_and_matches.
 def stack_paths(
     layer: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], *, first: bool
 ) -> tuple[tuple[Any, ...], dict[str, Any]]:

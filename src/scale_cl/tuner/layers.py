@@ -53,6 +53,7 @@ class SplitInput(nn.Module):
         return x.detach() if self.constant_input else x
 
 
+# Copied to export/modeling_scale.py (TwoPathLinear): change both (tests/test_export_copies.py).
 class ScaleLinear(SplitInput):
     """``[[W, W12], [W21, W22]] @ [x; x_up]`` with ``W`` (and its bias) frozen.
 
@@ -317,6 +318,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * x.to(dtype)
 
 
+# Copied to export/modeling_scale.py (SplitRMSNorm, SplitLayerNorm, norm_groups): change both
+# (tests/test_export_copies.py).
 class SplitNorm(SplitInput):
     """Normalises ``x`` with the frozen original norm over ``d`` and ``x_up`` with a new one over ``u``.
 

@@ -38,6 +38,7 @@ class RouterMemory:
         self.last_log_ratio = self.last_log_ratio.index_select(0, index.to(self.last_log_ratio.device))
 
 
+# Copied to export/modeling_scale.py (running_ratio): change both (tests/test_export_copies.py).
 def running_ratio(
     evidence: torch.Tensor, starts: torch.Tensor, decay: float, initial: torch.Tensor | None = None, chunk: int = 64
 ) -> torch.Tensor:
@@ -63,6 +64,7 @@ def running_ratio(
     return out
 
 
+# Copied to export/modeling_scale.py (likelihood_mix): change both (tests/test_export_copies.py).
 def likelihood_mix(
     base_logits: torch.Tensor,
     new_logits: torch.Tensor,

@@ -35,6 +35,7 @@ ROUTE_SHARE_KEY = "route_preserve_share"
 _BATCHED_KWARGS = ("attention_mask", "position_ids", "position_embeddings")
 
 
+# Copied to export/modeling_scale.py (route_mask): change both (tests/test_export_copies.py).
 def route_cosine(z_p: torch.Tensor, z_a: torch.Tensor) -> torch.Tensor:
     """``cos(Z_p, Z_a)`` per token over the vocabulary (float32, no gradient): what Eq. 5 compares with tau.
 
@@ -46,6 +47,7 @@ def route_cosine(z_p: torch.Tensor, z_a: torch.Tensor) -> torch.Tensor:
         return (p.unsqueeze(-2) @ a.unsqueeze(-1))[..., 0, 0] / norms.clamp_min(1e-8)
 
 
+# Copied to export/modeling_scale.py (RouteHead): change both (tests/test_export_copies.py).
 def route_logits(
     x: torch.Tensor,
     x_up: torch.Tensor,
@@ -108,6 +110,7 @@ def route_logits(
     return logits.add_(F.linear(x_up, weight_up), alpha=up_scale), cosine
 
 
+# Copied to export/modeling_scale.py (_stack): change both (tests/test_export_copies.py).
 def _stack(value: Any, batch: int) -> Any:
     if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] == batch and batch > 1:
         return torch.cat((value, value))
@@ -207,6 +210,7 @@ class RouteState:
         return self.active and self.first_stacked is not None
 
 
+# Copied to export/modeling_scale.py (stack_paths): change both (tests/test_export_copies.py).
 def stack_paths_hook(
     layer: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], *, state: RouteState, index: int
 ) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
@@ -230,6 +234,7 @@ def stack_paths_hook(
     return (hidden, *args), kwargs
 
 
+# Copied to export/modeling_scale.py (capture_router_inputs): change both (tests/test_export_copies.py).
 def capture_inputs_hook(model: nn.Module, args: tuple, kwargs: dict, *, state: RouteState) -> tuple[tuple, dict] | None:
     """Forward pre-hook of the model: the likelihood router's view of the call (its token ids, the attention mask
     of its positions) and, for a call that starts new sequences (no KV cache yet), a fresh router memory.

@@ -1,0 +1,91 @@
+"""The exported model's standalone copies (`scale_cl.export.modeling_scale`, which imports nothing of scale-cl) are
+marked as copies of their sources, and each pair is kept equal: the same code where the copy is verbatim, else a
+named test that compares the two numerically (issue 39). The source side names its copy too."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import inspect
+import re
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from scale_cl.export import modeling_scale
+
+ROOT = Path(__file__).parent.parent
+MARKER = re.compile(r"# Copy of (?P<source>[\w.]+)(?P<same>: the same code\.)?")
+TESTED = re.compile(r"# tested equal by (?P<file>[\w/.]+)::(?P<test>\w+)\.")
+# what the exported file copies (a new copy is added here and marked there)
+COPIES = {
+    "norm_groups",
+    "SplitRMSNorm",
+    "SplitLayerNorm",
+    "TwoPathLinear",
+    "route_mask",
+    "running_ratio",
+    "likelihood_mix",
+    "capture_router_inputs",
+    "RouteHead",
+    "_stack",
+    "stack_paths",
+}
+
+
+def marked_copies() -> dict[str, str]:
+    """The exported file's top-level names whose comment block says they are a copy, with that comment."""
+    found = {}
+    for name, value in vars(modeling_scale).items():
+        if (inspect.isfunction(value) or inspect.isclass(value)) and value.__module__ == modeling_scale.__name__:
+            comments = inspect.getcomments(value) or ""
+            if "# Copy of " in comments:
+                found[name] = comments
+    return found
+
+
+def source_object(dotted: str) -> object:
+    module, _, name = dotted.rpartition(".")
+    return getattr(importlib.import_module(module), name)
+
+
+def code_without_docstring(obj: object) -> str:
+    node = ast.parse(textwrap.dedent(inspect.getsource(obj))).body[0]
+    body = node.body
+    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+        body = body[1:]
+    return ast.dump(ast.Module(body=body, type_ignores=[]))
+
+
+def test_every_copy_is_marked():
+    assert set(marked_copies()) == COPIES
+
+
+@pytest.mark.parametrize("name", sorted(COPIES))
+def test_each_copy_names_its_source_and_is_kept_equal(name):
+    comments = marked_copies()[name]
+    marker = MARKER.search(comments)
+    assert marker, comments
+    source = source_object(marker["source"])  # the source exists where the marker says
+    assert "modeling_scale.py" in (inspect.getcomments(source) or ""), f"{marker['source']} does not name its copy"
+    copy = getattr(modeling_scale, name)
+    if marker["same"]:
+        assert code_without_docstring(copy) == code_without_docstring(source), f"{name} is no longer the same code"
+        return
+    tested = TESTED.search(comments)
+    assert tested, f"{name}: a rewritten copy names the test that compares it with its source"
+    tree = ast.parse((ROOT / tested["file"]).read_text())
+    tests = {node.name for node in tree.body if isinstance(node, ast.FunctionDef)}
+    assert tested["test"] in tests, f"{tested['file']} has no {tested['test']}"
+
+
+def test_a_changed_verbatim_copy_is_found():
+    """The check compares code, not names: a copy that drifted differs."""
+
+    def drifted(value, batch):
+        return value
+
+    assert code_without_docstring(drifted) != code_without_docstring(
+        source_object("scale_cl.tuner.routing.state._stack")
+    )
