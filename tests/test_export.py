@@ -37,6 +37,7 @@ from scale_cl.models.smollm2 import INSTALL_HINT, load_smollm2, smollm2_gguf
 from scale_cl.train.trainer import CHECKPOINT_META
 from scale_cl.tuner.arch import SPECS
 from scale_cl.tuner.io import CONFIG_NAME
+from scale_cl.tuner.modes import set_live_settings
 from scale_cl.tuner.vocab import grow_embeddings, new_row_parameters
 from test_generate import padded_prompts  # three rows, left-padded by 0, 3 and 5 tokens
 
@@ -305,12 +306,15 @@ TAU = -0.0625  # exact in binary: the same number in the route state, JSON and f
 
 
 def tau_saved_and_reloaded(directory: Path):
-    """A route model whose tau was set on the live model (both ways), saved with it and loaded back."""
+    """A route model whose tau was set on the live model (both spellings of its one setter), saved with it and
+    loaded back."""
     model = lively_scale_model("llama-gqa2-tied", "route")
     set_method(model, "route", tau=0.3)
     assert model.scale_route.tau == scale_cl.scale_config_of(model).route_tau == 0.3
-    model.scale_route.tau = TAU
+    set_live_settings(model, route_tau=TAU)
     assert scale_cl.scale_config_of(model).route_tau == TAU
+    with pytest.raises(AttributeError, match="tau is set in one way"):
+        model.scale_route.tau = 0.1
     with pytest.raises(ValueError, match=r"route_tau must be in \[-1, 1\]"):
         set_method(model, "route", tau=1.5)
     assert model.scale_route.tau == TAU and model.scale_route.active  # a refused tau changes nothing
@@ -341,11 +345,11 @@ def test_tau_set_on_the_live_model_is_the_saved_loaded_and_exported_one(scale_ex
 @pytest.mark.parametrize("tau", [-1.0, 0.2, 1.0])
 def test_exported_route_head_is_the_packages_eq5(new_rows, tau, exact):
     """modeling_scale.RouteHead (a standalone copy, the exported file imports nothing of scale-cl) computes what
-    scale_cl.tuner.routing.state.route_logits does:
+    scale_cl.tuner.routing.cosine.route_logits does:
     the same routing, and logits equal up to the order of the halves' sums."""
     from types import SimpleNamespace
 
-    from scale_cl.tuner.routing.state import route_logits
+    from scale_cl.tuner.routing.cosine import route_logits
 
     gen = torch.Generator().manual_seed(0)
     batch, length, d, u, vocab = 2, 7, 24, 8, 40

@@ -89,3 +89,16 @@ def test_a_changed_verbatim_copy_is_found():
     assert code_without_docstring(drifted) != code_without_docstring(
         source_object("scale_cl.tuner.routing.state._stack")
     )
+
+
+def test_the_exported_config_holds_every_route_setting():
+    """`ScaleFields` (the exported config's SCALE settings, a standalone copy) has ``scale_<name>`` for each route
+    setting the routers declare, with the same default as `ScaleConfig`'s."""
+    from dataclasses import fields
+
+    from scale_cl.tuner.config import ScaleConfig
+    from scale_cl.tuner.routing import route_settings
+
+    exported = {f.name: f.default for f in fields(modeling_scale.ScaleFields)}
+    ours = {f.name: f.default for f in fields(ScaleConfig)}
+    assert {f"scale_{name}": ours[name] for name in route_settings()}.items() <= exported.items()

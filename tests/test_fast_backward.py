@@ -18,6 +18,7 @@ import torch
 from conftest import hidden_up_for, make_model, randomize_new_weights, token_batch
 from scale_cl import ScaleConfig, set_method, upscale
 from scale_cl.tuner.layers import ScaleHead, ScaleLinear, SplitNorm
+from scale_cl.tuner.modes import set_live_settings
 
 FAST_MODULES = (ScaleLinear, SplitNorm, ScaleHead)
 
@@ -144,7 +145,7 @@ def test_route_stacked_linear_sends_no_gradient_into_the_preserve_half(use_w12):
     linear = model.model.layers[1].mlp.up_proj
     linear.use_w12, linear.constant_input = use_w12, False  # a collaborative layer's: its x is not constant
     linear.route = model.scale_route
-    model.scale_route.tau = 0.5
+    set_live_settings(model, route_tau=0.5)
     model.scale_route.switch(True, first_stacked=1)
     hidden = torch.randn(4, 5, linear.in_features + linear.in_up, generator=torch.Generator().manual_seed(4))
 

@@ -95,3 +95,13 @@ def test_the_declared_traits_are_what_prepare_does(method):
 def test_a_quantized_base_is_refused_by_trait(method):
     with pytest.raises(ValueError, match=f"but {method} trains them"):
         check_quantizable(method, "nf4")
+
+
+def test_the_design_maps_each_method_s_three_spellings_as_the_registry_does():
+    design = (PACKAGE.parent.parent / "docs" / "design.md").read_text()
+    rows = {}
+    for line in design.splitlines():
+        cells = [c.strip().strip("`") for c in line.strip().strip("|").split("|")]
+        if len(cells) == 3 and cells[0] in NAMES:
+            rows[cells[0]] = (cells[1] or None, cells[2])
+    assert rows == {name: (spec.scale_method, spec.title) for name, spec in REGISTRY.items()}

@@ -19,6 +19,7 @@ from scale_cl.train.distill import NEW_TOKEN_WEIGHTS, DistillConfig
 from scale_cl.train.route_calibration import Batch, RouteCalibration
 from scale_cl.tuner.config import ScaleConfig
 from scale_cl.tuner.quant import BASE_QUANTS, check_base_quant
+from scale_cl.tuner.routing import route_settings
 from scale_cl.tuner.widths import base_dims, resolve
 
 MATCH = "match"
@@ -57,11 +58,7 @@ METHOD_SETTINGS: dict[str, tuple[str, ...]] = {
     "scale_adapt": _ADAPT_SETTINGS,
     "scale_route": (
         *_ADAPT_SETTINGS,
-        "scale.route_tau",
-        "scale.route_exact",
-        "scale.router",
-        "scale.router_prior",
-        "scale.router_decay",
+        *(f"scale.{name}" for name in route_settings()),  # the routers' own declarations (scale_cl.tuner.routing)
         "route_share",
         "route_calibrate_every",
         "route_calibration_sequences",

@@ -17,6 +17,7 @@ from transformers import PreTrainedConfig, PreTrainedModel
 from scale_cl.export import modeling_scale
 from scale_cl.tuner.config import scale_config_of
 from scale_cl.tuner.layers import INNER, ScaleEmbedding, ScaleHead, ScaleLinear, SplitNorm
+from scale_cl.tuner.routing import route_settings
 from scale_cl.tuner.stages import STAGES_KEY
 from scale_cl.tuner.vocab import extension_record
 
@@ -123,14 +124,10 @@ def export_config(model: nn.Module) -> PreTrainedConfig:
             "scale_num_attention_heads": dims["heads"],
             "scale_num_key_value_heads": dims["kv_heads"],
             "scale_preserve_layers": cfg.preserve_layers,
-            "scale_route_tau": cfg.route_tau,
             "scale_route_vocab_size": extension["base_rows"] if extension else 0,
-            "scale_route_exact": cfg.route_exact,
             "scale_up_norm": cfg.up_norm,
             "scale_norm_groups": earlier or None,
-            "scale_router": cfg.router,
-            "scale_router_prior": cfg.router_prior,
-            "scale_router_decay": cfg.router_decay,
+            **{f"scale_{name}": getattr(cfg, name) for name in route_settings()},  # the routers' declarations
         }
     )
     module = MODELING_FILE.removesuffix(".py")

@@ -154,7 +154,7 @@ class TwoPathLinear(nn.Linear):
         return f"{super().extra_repr()}, original in={self.original_in}, out={self.original_out}"
 
 
-# Copy of scale_cl.tuner.routing.state.route_cosine, rewritten standalone;
+# Copy of scale_cl.tuner.routing.cosine.route_cosine, rewritten standalone;
 # tested equal by tests/test_export.py::test_exported_route_head_is_the_packages_eq5.
 def route_mask(z_p: torch.Tensor, z_a: torch.Tensor, tau: float) -> torch.Tensor:
     """Tokens sent to the preserve path: ``cos(Z_p, Z_a) > tau`` over the vocabulary (float32)."""
@@ -250,7 +250,7 @@ def capture_router_inputs(model: nn.Module, args: tuple, kwargs: dict) -> tuple[
     return None
 
 
-# Copy of scale_cl.tuner.routing.state.route_logits, rewritten standalone;
+# Copy of scale_cl.tuner.routing.cosine.route_logits, rewritten standalone;
 # tested equal by tests/test_export.py::test_exported_route_head_is_the_packages_eq5.
 class RouteHead(nn.Linear):
     """The LM head of a route model: reads ``[preserve path; adapt path]`` (2B rows), returns B rows (Eq. 5).
@@ -358,6 +358,8 @@ def stack_paths(
     return (hidden, *args[1:]), kwargs
 
 
+# The route settings below copy the routers' declarations (scale_cl.tuner.routing.route_settings), each as
+# scale_<name>; tested by tests/test_export_copies.py::test_the_exported_config_holds_every_route_setting.
 @dataclass(kw_only=True, repr=False)
 class ScaleFields:
     """What the stock config lacks: the original (pre-upscaling) sizes and the SCALE method's settings."""

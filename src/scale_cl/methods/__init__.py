@@ -48,7 +48,9 @@ class MethodSpec:
     """One method: its name, where its functions live, and the traits its callers ask instead of its name.
 
     Attributes:
-        name: the method's name (``--methods``, results, output folders).
+        name: the method's name (``--methods``, configs, results, output folders).
+        title: its name in prose, tables and figures (``SCALE-Route``); a SCALE method's ``ScaleConfig.method``
+            is ``scale_method`` (``route``): the three spellings, mapped here alone (docs/design.md §0).
         prepare: ``"module:function"`` of its prepare function, imported on first use.
         describe: ``"module:function"`` of its one-line description of a prepared model (the bench's rows).
         scale_method: ``ScaleConfig.method`` of a SCALE method, None for a baseline.
@@ -70,6 +72,7 @@ class MethodSpec:
     """
 
     name: str
+    title: str
     prepare: str
     describe: str
     scale_method: str | None = None
@@ -102,6 +105,7 @@ def _function(path: str) -> Callable[..., Any]:
 def _scale_spec(variant: str) -> MethodSpec:
     return MethodSpec(
         f"scale_{variant}",
+        f"SCALE-{variant.capitalize()}",
         "scale_cl.methods.scale:prepare_scale",
         "scale_cl.methods.scale:describe_scale",
         scale_method=variant,
@@ -115,6 +119,7 @@ def _scale_spec(variant: str) -> MethodSpec:
 REGISTRY: dict[str, MethodSpec] = {
     "fft": MethodSpec(
         "fft",
+        "FFT",
         "scale_cl.methods.fft:prepare_fft",
         "scale_cl.methods.fft:describe_fft",
         trains_everything=True,
@@ -123,6 +128,7 @@ REGISTRY: dict[str, MethodSpec] = {
     ),
     "lora": MethodSpec(
         "lora",
+        "LoRA",
         "scale_cl.methods.lora:prepare_lora",
         "scale_cl.methods.lora:describe_lora",
         quantizable_base=True,
@@ -132,6 +138,7 @@ REGISTRY: dict[str, MethodSpec] = {
     ),
     "freeze": MethodSpec(
         "freeze",
+        "Freeze",
         "scale_cl.methods.freeze:prepare_freeze",
         "scale_cl.methods.freeze:describe_freeze",
         trains_base_weights=True,
@@ -139,6 +146,7 @@ REGISTRY: dict[str, MethodSpec] = {
     ),
     "llama_pro": MethodSpec(
         "llama_pro",
+        "LLaMA Pro",
         "scale_cl.methods.llama_pro:prepare_llama_pro",
         "scale_cl.methods.llama_pro:describe_llama_pro",
         match_option="blocks",

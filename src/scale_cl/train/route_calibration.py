@@ -8,7 +8,7 @@ keep), tau is set so that ``share`` of its tokens go to the preserve path, and i
 adapt path moves (`RouteCalibration`, every ``every`` optimizer steps). New-domain tokens, on which the
 two paths disagree more, then go to the adapt path.
 
-The cosines are Eq. 5's own (`scale_cl.tuner.routing.state.route_cosine`, float32), read from a forward pass of the
+The cosines are Eq. 5's own (`scale_cl.tuner.routing.cosine.route_cosine`, float32), read from a forward pass of the
 model in the form training runs (split, not the merged inference form), so the chosen tau routes
 exactly the target share of the sample's tokens up to ties (see `tau_for_share`). The calibrated tau is
 the model's ``route_tau`` from then on: saved, exported and used in evaluation like a fixed one.
@@ -26,6 +26,7 @@ from transformers import TrainerCallback
 from transformers.trainer_callback import ExportableState
 
 from scale_cl.tuner.layers import merged_inference
+from scale_cl.tuner.modes import set_live_settings
 
 Batch = dict[str, torch.Tensor]
 
@@ -94,7 +95,7 @@ def tau_for_share(cosines: torch.Tensor, share: float) -> float:
 def calibrate_route_tau(model: nn.Module, batches: Iterable[Batch], share: float, bf16: bool = False) -> float:
     """Set (and return) the tau that routes ``share`` of the real tokens of ``batches`` to the preserve path."""
     tau = tau_for_share(route_cosines(model, batches, bf16), share)
-    model.scale_route.tau = tau  # the model's route_tau: saved and exported with it
+    set_live_settings(model, route_tau=tau)  # the model's route_tau: saved and exported with it
     return tau
 
 
@@ -123,7 +124,8 @@ class RouteCalibration(TrainerCallback, ExportableState):
         saved = (state.stateful_callbacks or {}).get(type(self).__name__, {})
         tau = saved.get("attributes", {}).get("tau") if isinstance(saved, dict) else None
         if state.global_step > 0 and tau is not None:  # resumed: the tau the checkpoint was trained with
-            self.tau = self.model.scale_route.tau = tau
+            self.tau = tau
+            set_live_settings(self.model, route_tau=tau)
         else:
             self._calibrate()
 

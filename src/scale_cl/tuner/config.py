@@ -11,13 +11,13 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from scale_cl.bounds import check_fields
+from scale_cl.tuner.routing.router import ROUTERS
 
 METHODS = ("preserve", "adapt", "route")
 INITS = ("zero", "random", "svd")
 MODULES = ("attn", "ffn")
 EMBED_UP_INITS = ("random", "zero")
 UP_NORMS = ("own", "original", "joint")
-ROUTERS = ("cosine", "likelihood")
 
 
 @dataclass
@@ -107,8 +107,8 @@ class ScaleConfig:
     router: str = field(
         default="cosine",
         metadata={
-            "help": f"SCALE-Route's router, one of {ROUTERS}: Eq. 5's cosine, or p = w p_base + (1 - w) p_new with w "
-            "from the document's running log-likelihood ratio under the two paths"
+            "help": f"SCALE-Route's router, one of {tuple(ROUTERS)}: Eq. 5's cosine, or p = w p_base + (1 - w) "
+            "p_new with w from the document's running log-likelihood ratio under the two paths"
         },
     )
     router_prior: float = field(
@@ -134,8 +134,8 @@ class ScaleConfig:
                 raise ValueError(f"ScaleConfig.{name} must be one of {allowed}, got {getattr(self, name)!r}")
         if self.up_norm not in UP_NORMS:
             raise ValueError(f"ScaleConfig.up_norm must be one of {UP_NORMS}, got {self.up_norm!r}")
-        if self.router not in ROUTERS:
-            raise ValueError(f"ScaleConfig.router must be one of {ROUTERS}, got {self.router!r}")
+        if self.router not in ROUTERS:  # the registered routers (scale_cl.tuner.routing)
+            raise ValueError(f"ScaleConfig.router must be one of {tuple(ROUTERS)}, got {self.router!r}")
         if not isinstance(self.route_exact, bool):
             raise ValueError(f"ScaleConfig.route_exact must be true or false, got {self.route_exact!r}")
         unknown = [m for m in self.collab_modules if m not in MODULES]

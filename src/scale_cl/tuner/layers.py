@@ -19,7 +19,8 @@ from torch import nn
 
 from scale_cl.tuner.config import UP_NORMS
 from scale_cl.tuner.quant import is_quantized
-from scale_cl.tuner.routing.state import RouteState, route_cosine, route_logits
+from scale_cl.tuner.routing.router import HeadPaths, router_named
+from scale_cl.tuner.routing.state import RouteState
 
 # The names of what SCALE adds to a module (everything else keeps the base model's names and stays frozen).
 NEW_PARAM_NAMES = ("w12", "w21", "w22", "bias_up", "weight_up", "weight_new")
@@ -438,8 +439,9 @@ class ScaleHead(SplitInput):
     ``Z_up`` is weighted by `ScaleConfig.up_logit_scale` (``alpha``, 1 by default), read from the model's
     settings at every forward, as is `ScaleConfig.route_exact`.
 
-    In route mode (``route.active``) the head also combines the two paths with Eq. 5 (see
-    `scale_cl.tuner.routing.state`) and records its routing decision in ``route.last_mask``.
+    In route mode (``route.active``) the head hands its input on the two paths and its weights to the model's
+    router (`scale_cl.tuner.routing`: Eq. 5's cosine router, or the likelihood router), which combines them and
+    records its decision in ``route.last_mask``.
 
     With an extended vocabulary (`scale_cl.tuner.vocab`) ``W_out`` is ``[weight; weight_new]`` (the new
     tokens' rows trainable, the embedding's own when tied) and ``W_out_up`` has a row per token, new
@@ -462,44 +464,39 @@ class ScaleHead(SplitInput):
 
     def parts(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The original-part logits ``Z`` and the added part ``Z_up``."""
-        x, x_up = hidden.split((self.hidden_size, self.hidden_up), dim=-1)
-        return self._original_logits(self.original(x)), F.linear(x_up, self.weight_up)
+        paths = self._paths(hidden, stacked=False, alpha=1.0)
+        return paths.original_logits(paths.x), paths.up_logits(paths.x_up)
 
     def setting(self, name: str, default: Any) -> Any:
         """A `ScaleConfig` field as the model holds it now (``config.scale_cl``: its one home, saved and exported)."""
-        return default if self.route is None else self.route.settings["config"][name]
+        return default if self.route is None else self.route.setting(name)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         route, alpha = self.route, self.setting("up_logit_scale", 1.0)  # Z + alpha Z_up
         if route is None or not route.active:
-            x, x_up = hidden.split((self.hidden_size, self.hidden_up), dim=-1)
-            z = self._original_logits(self.original(x))
+            paths = self._paths(hidden, stacked=False, alpha=alpha)
+            z = paths.original_logits(paths.x)
             if route is not None:
                 route.keep_base(z[..., : self.out_features])  # the base's logits in SCALE-Preserve
-            return self._plus_up(z, x_up, alpha)
-        if self.setting("router", "cosine") == "likelihood":
-            return self._likelihood_route(hidden, route, alpha)
-        exact = self.setting("route_exact", False)
-        if not route.stacked:  # no collaborative layer: both paths are one network, and both branches Z + Z_up
-            z, z_up = self.parts(hidden)
-            route.keep_base(z[..., : self.out_features])
-            keep = route.record(route_cosine(z, z))
-            return torch.add(z, z_up.masked_fill(keep[..., None], 0) if exact else z_up, alpha=alpha)
+            return self._plus_up(z, paths.x_up, alpha)
+        paths = self._paths(hidden, stacked=route.stacked, alpha=alpha)
+        return router_named(route.setting("router")).combine(paths, route)
+
+    def _paths(self, hidden: torch.Tensor, stacked: bool, alpha: float) -> HeadPaths:
+        """What a router (or the head itself) computes the logits from; the original part ``x`` taken as constant
+        where it is (`SplitInput.original`; route's stacked preserve half: in `route_logits`)."""
         x, x_up = hidden.split((self.hidden_size, self.hidden_up), dim=-1)
-        logits, cosine = route_logits(
-            x,
+        return HeadPaths(
+            x if stacked else self.original(x),
             x_up,
             self.weight,
             self.bias,
-            self.weight_up,
-            route.tau,
             self.weight_new,
-            up_scale=alpha,
-            exact=exact,
-            keep_preserve=route.keep_base if route.capture_base else None,
+            self.weight_up,
+            alpha,
+            stacked,
+            self.out_features,
         )
-        route.record(cosine)
-        return logits
 
     def _plus_up(self, z: torch.Tensor, x_up: torch.Tensor, alpha: float) -> torch.Tensor:
         """``Z + alpha W_out_up x_up`` as one product accumulating onto ``Z``: the logits are a step's largest
@@ -508,26 +505,6 @@ class ScaleHead(SplitInput):
             z.reshape(-1, z.shape[-1]), x_up.reshape(-1, x_up.shape[-1]), self.weight_up.t(), alpha=alpha
         )
         return flat.view(z.shape)
-
-    def _original_logits(self, x: torch.Tensor) -> torch.Tensor:
-        """``W_out x`` (+ bias), with an extended vocabulary's new rows appended."""
-        z = F.linear(x, self.weight, self.bias)
-        return z if self.weight_new is None else torch.cat((z, F.linear(x, self.weight_new)), dim=-1)
-
-    def _likelihood_route(self, hidden: torch.Tensor, route: RouteState, alpha: float) -> torch.Tensor:
-        """The likelihood router (`.routing.likelihood`): the preserve path's ``Z_p`` (the base's logits) and
-        the adapt path's ``Z_a + alpha Z_a_up`` mixed by the document's running likelihood ratio."""
-        if route.stacked:
-            x, x_up = hidden.split((self.hidden_size, self.hidden_up), dim=-1)
-            half = x.shape[0] // 2
-            with torch.set_grad_enabled(torch.is_grad_enabled() and self.weight_new is not None):
-                base = self._original_logits(x[:half])
-            new = torch.add(self._original_logits(x[half:]), F.linear(x_up[half:], self.weight_up), alpha=alpha)
-        else:  # no collaborative layer: the original stream is the base's on both paths
-            base, z_up = self.parts(hidden)
-            new = torch.add(base, z_up, alpha=alpha)
-        route.keep_base(base[..., : self.out_features])
-        return route.mix(base, new)
 
     def extra_repr(self) -> str:
         active = self.route is not None and self.route.active

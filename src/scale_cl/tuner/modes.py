@@ -16,6 +16,7 @@ from scale_cl.tuner.arch import SPECS, ArchSpec, decoder_layers
 from scale_cl.tuner.config import ScaleConfig, check_method, scale_config_of
 from scale_cl.tuner.io import save
 from scale_cl.tuner.layers import ScaleEmbedding, ScaleLinear, SplitInput, SplitNorm
+from scale_cl.tuner.routing import route_settings
 from scale_cl.tuner.routing.state import reorder_cache
 from scale_cl.tuner.summary import ParamSummary, parameter_summary
 from scale_cl.tuner.vocab.rows import resize_token_rows
@@ -29,10 +30,13 @@ def set_method(model: nn.Module, method: str, tau: float | None = None) -> nn.Mo
     collaborative linears (layer >= preserve_layers, module in collab_modules); a grown model's earlier
     stages stay frozen (`scale_cl.tuner.stages`). ``tau`` sets
     SCALE-Route's threshold of Eq. 5 (a cosine in [-1, 1]; by default the model keeps its own): it is
-    the model's ``ScaleConfig.route_tau``, so what routing uses is what is saved, reloaded and exported
-    (``model.scale_route.tau = ...`` sets the same value).
+    the model's ``ScaleConfig.route_tau``, so what routing uses is what is saved, reloaded and exported;
+    it is set as `set_live_settings` sets it (``route_tau=``), tau's one setter.
     """
-    cfg = replace(scale_config_of(model), method=check_method(method), **({} if tau is None else {"route_tau": tau}))
+    method = check_method(method)
+    if tau is not None:
+        set_live_settings(model, route_tau=tau)  # checked there: a refused tau changes nothing
+    cfg = replace(scale_config_of(model), method=method)
     layers = decoder_layers(model)
     # The original stream is constant (depends on no trainable parameter) below the first layer
     # whose W12 is used; there, the modules skip the gradient through the frozen products.
@@ -99,20 +103,23 @@ def _first_w12_layer(layer: nn.Module, spec: ArchSpec, parallel: bool) -> bool:
     return not uses["attn"]
 
 
-# ScaleConfig fields the head reads at every forward
-LIVE_SETTINGS = ("route_tau", "up_logit_scale", "route_exact", "router", "router_prior", "router_decay")
+def live_settings() -> tuple[str, ...]:
+    """The `ScaleConfig` fields the head reads at every forward: ``up_logit_scale`` and the route settings
+    (``router`` and what each registered router reads, `scale_cl.tuner.routing.route_settings`)."""
+    return ("up_logit_scale", *route_settings())
 
 
 def set_live_settings(model: nn.Module, **changes: Any) -> nn.Module:
-    """Change `ScaleConfig` fields a live upscaled model reads at every forward (`LIVE_SETTINGS`); returns it.
+    """Change `ScaleConfig` fields a live upscaled model reads at every forward (`live_settings`); returns it.
 
     They live in ``model.config.scale_cl`` only, so the head uses, `save_pretrained` saves and the export writes
     one value; each is checked as `ScaleConfig` checks it, and a refused value changes nothing. Fields that shape
     the model (widths, norms, initialisers) are refused: they are fixed by `upscale`.
     """
-    fixed = sorted(set(changes) - set(LIVE_SETTINGS))
+    live = live_settings()
+    fixed = sorted(set(changes) - set(live))
     if fixed:
-        raise ValueError(f"{fixed} cannot change on a live model (fixed by upscale); live settings: {LIVE_SETTINGS}")
+        raise ValueError(f"{fixed} cannot change on a live model (fixed by upscale); live settings: {live}")
     model.config.scale_cl["config"] = replace(scale_config_of(model), **changes).to_dict()
     return model
 

@@ -21,9 +21,15 @@ from it; a call with an empty cache starts afresh. Beam search reorders the memo
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
+
+from scale_cl.tuner.routing.router import HeadPaths, Router, register_router
+
+if TYPE_CHECKING:
+    from scale_cl.tuner.routing.state import RouteState
 
 
 @dataclass
@@ -103,3 +109,46 @@ def likelihood_mix(
     mixed = torch.logaddexp(F.logsigmoid(score)[..., None] + log_base, F.logsigmoid(-score)[..., None] + log_new)
     next_memory = RouterMemory(ratio[:, -1].detach(), (log_base[:, -1] - log_new[:, -1]).detach())
     return mixed.to(new_logits.dtype), torch.sigmoid(score), next_memory
+
+
+class LikelihoodRouter(Router):
+    """The module doc's mixture: the preserve path's ``Z_p`` (the base's logits; ``Z`` without a collaborative
+    layer) and the adapt path's ``Z_a + alpha Z_a_up``, weighed by the document's running likelihood ratio. Its
+    memory across ``generate()`` calls and the base path's weight per token (``last_mask``, a float) live in the
+    model's `RouteState`."""
+
+    name = "likelihood"
+    settings = ("router_prior", "router_decay")
+
+    def combine(self, paths: HeadPaths, state: RouteState) -> torch.Tensor:
+        if paths.stacked:
+            half = paths.x.shape[0] // 2
+            with torch.set_grad_enabled(torch.is_grad_enabled() and paths.weight_new is not None):
+                base = paths.original_logits(paths.x[:half])
+            adapt = paths.original_logits(paths.x[half:])
+            new = torch.add(adapt, paths.up_logits(paths.x_up[half:]), alpha=paths.alpha)
+        else:  # no collaborative layer: the original stream is the base's on both paths
+            base = paths.original_logits(paths.x)
+            new = torch.add(base, paths.up_logits(paths.x_up), alpha=paths.alpha)
+        state.keep_base(base[..., : paths.vocab])
+        ids = state.inputs.get("input_ids")
+        if ids is None:
+            raise ValueError(
+                "the likelihood router reads the input token ids (it weighs the paths by how well each predicted "
+                "them): call the model with input_ids, not inputs_embeds"
+            )
+        logits, weight, state.memory = likelihood_mix(
+            base,
+            new,
+            ids,
+            prior=state.setting("router_prior"),
+            decay=state.setting("router_decay"),
+            eos_ids=state.eos_ids,
+            attention_mask=state.inputs.get("attention_mask"),
+            memory=state.memory,
+        )
+        state.last_cosine, state.last_mask = None, weight
+        return logits
+
+
+register_router(LikelihoodRouter())

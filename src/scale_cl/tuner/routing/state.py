@@ -1,15 +1,11 @@
-"""SCALE-Route (paper Eq. 5) in one forward pass.
+"""SCALE-Route's two paths in one forward pass, and the state every part of route mode reads.
 
 The preserve path is the same network with W12 taken as zero, so the layers below
 ``preserve_layers`` are identical on both paths and run once. At the first collaborative layer a
 forward pre-hook (`stack_paths_hook`) stacks the batch as ``[preserve path; adapt path]`` (2B
 rows); from there on each collaborative `ScaleLinear` adds its W12 product to the second half only,
-and the `ScaleHead` splits the halves again and combines them per token:
-
-    cos(Z_p, Z_a) > tau  ->  (Z_p + Z_a) / 2 + Z_p_up      (routed to the preserve path)
-    otherwise            ->  Z_a + Z_a_up
-
-The routing decision is a hard, non-differentiable choice per token, as in the paper. Everything
+and the `ScaleHead` hands both halves to the model's router (`scale_cl.tuner.routing.router`: Eq. 5's
+cosine router by default, `scale_cl.tuner.routing.cosine`), which combines them per token. Everything
 route mode needs to know lives in one `RouteState` per model, which `set_method` switches.
 """
 
@@ -17,97 +13,19 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Callable
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from transformers.utils import ModelOutput
 
-from scale_cl.tuner.config import ScaleConfig
-from scale_cl.tuner.routing.likelihood import RouterMemory, likelihood_mix
+from scale_cl.tuner.routing.likelihood import RouterMemory
 
 # The key of the routing share in a route model's output (left out of Trainer's evaluation outputs).
 ROUTE_SHARE_KEY = "route_preserve_share"
 
 # Keyword arguments of a decoder layer that carry a batch dimension and must be stacked too.
 _BATCHED_KWARGS = ("attention_mask", "position_ids", "position_embeddings")
-
-
-# Copied to export/modeling_scale.py (route_mask): change both (tests/test_export_copies.py).
-def route_cosine(z_p: torch.Tensor, z_a: torch.Tensor) -> torch.Tensor:
-    """``cos(Z_p, Z_a)`` per token over the vocabulary (float32, no gradient): what Eq. 5 compares with tau.
-
-    The dot products are one batched matrix product: ``(p * a).sum(-1)`` would write a (B, T, V) product first,
-    the size of the logits, for a number per token (measured: 0.4 s of a 15 s SmolLM2 step)."""
-    with torch.no_grad():
-        p, a = z_p.float(), z_a.float()
-        norms = p.norm(dim=-1) * a.norm(dim=-1)
-        return (p.unsqueeze(-2) @ a.unsqueeze(-1))[..., 0, 0] / norms.clamp_min(1e-8)
-
-
-# Copied to export/modeling_scale.py (RouteHead): change both (tests/test_export_copies.py).
-def route_logits(
-    x: torch.Tensor,
-    x_up: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
-    weight_up: torch.Tensor,
-    tau: float,
-    weight_new: torch.Tensor | None = None,
-    *,
-    up_scale: float = 1.0,
-    exact: bool = False,
-    keep_preserve: Callable[[torch.Tensor], None] | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Eq. 5 from the stacked ``[preserve; adapt]`` head input ``[x; x_up]`` (2B rows): (logits, cosine per token).
-
-    ``up_scale`` weighs the new stream's logits (``Z + alpha Z_up`` in both branches, `ScaleConfig.up_logit_scale`);
-    ``exact`` (`ScaleConfig.route_exact`) gives a routed token the preserve path's ``Z_p`` alone, the base
-    model's logits exactly, instead of ``(Z_p + Z_a) / 2 + Z_p_up``. ``keep_preserve`` is handed the preserve
-    path's logits ``Z_p`` (the base model's, detached) before they are combined: the free teacher of
-    `scale_cl.train.distill` (they are then not overwritten in place).
-
-    The package's one implementation of Eq. 5 (the exported model's `modeling_scale.RouteHead` keeps a
-    standalone copy, tested equal). ``weight_new``: an extended vocabulary's new token rows
-    (`scale_cl.tuner.vocab`); their logits are appended to both paths' and combined alike, and the cosine reads
-    the original vocabulary's logits alone, so a token routes as it would without the extension.
-
-    Tensors over the vocabulary (B, T, V) dominate the head's time and memory, so they are few and
-    touched only by in-place elementwise passes: no boolean gather / ``index_put`` (slow, and their
-    backward scatters into zero-filled full-size tensors), no fresh full-size temporaries.
-
-    - ``Z_up = W_up x_up`` is linear, so picking ``Z_p_up`` or ``Z_a_up`` per token is picking
-      ``x_up`` per token: W_up runs on B rows instead of 2B.
-    - ``(Z_p + Z_a) / 2`` is ``Z_a / 2 + Z_p / 2`` bitwise (halving is exact), so the combination is
-      ``c * Z_a + (routed ? Z_p / 2 : 0)`` with ``c`` 1/2 or 1 per token, written into Z_a's buffer
-      (``masked_fill`` rather than a multiply by 0, so a non-finite Z_p of an unrouted token stays out).
-    - Without new rows the preserve path's original logits depend on no trainable parameter (its stream
-      never meets W12, and every original weight is frozen): no gradient is taken for them. New rows feed
-      the original stream of both paths, so then the preserve path keeps its gradient.
-    """
-    half = x.shape[0] // 2
-    x_p, x_a = x[:half], x[half:]
-    with torch.set_grad_enabled(torch.is_grad_enabled() and weight_new is not None):
-        z_p = F.linear(x_p, weight, bias)
-    z_a = F.linear(x_a, weight, bias)
-    cosine = route_cosine(z_p, z_a)
-    if keep_preserve is not None:
-        keep_preserve(z_p.detach())
-    if weight_new is not None:
-        z_p = torch.cat((z_p, F.linear(x_p, weight_new)), dim=-1)
-        z_a = torch.cat((z_a, F.linear(x_a, weight_new)), dim=-1)
-    keep = (cosine > tau)[..., None]
-    preserve_part = z_p.masked_fill(~keep, 0) if keep_preserve is not None else z_p.masked_fill_(~keep, 0)
-    if exact:  # routed: 0 + Z_p + alpha W_up 0 = Z_p exactly; otherwise Z_a + 0 + alpha Z_a_up
-        x_up = x_up[half:].masked_fill(keep, 0)
-        logits = z_a.masked_fill_(keep, 0).add_(preserve_part)
-    else:
-        x_up = torch.where(keep, x_up[:half], x_up[half:])
-        scale = torch.where(keep, 0.5, 1.0).to(z_a.dtype)
-        logits = z_a.mul_(scale).add_(preserve_part, alpha=0.5)
-    return logits.add_(F.linear(x_up, weight_up), alpha=up_scale), cosine
 
 
 # Copied to export/modeling_scale.py (_stack): change both (tests/test_export_copies.py).
@@ -156,43 +74,27 @@ class RouteState:
         self.memory: RouterMemory | None = None
         self.eos_ids: tuple[int, ...] = ()
 
-    def mix(self, base_logits: torch.Tensor, new_logits: torch.Tensor) -> torch.Tensor:
-        """The likelihood router's mixture of the two paths for this call's tokens (`likelihood_mix`); keeps its
-        memory for the next call and the base path's weight per token in ``last_mask`` (a float, for the share)."""
-        ids = self.inputs.get("input_ids")
-        if ids is None:
-            raise ValueError(
-                "the likelihood router reads the input token ids (it weighs the paths by how well each predicted "
-                "them): call the model with input_ids, not inputs_embeds"
-            )
-        config = self.settings["config"]
-        logits, weight, self.memory = likelihood_mix(
-            base_logits,
-            new_logits,
-            ids,
-            prior=config["router_prior"],
-            decay=config["router_decay"],
-            eos_ids=self.eos_ids,
-            attention_mask=self.inputs.get("attention_mask"),
-            memory=self.memory,
-        )
-        self.last_cosine, self.last_mask = None, weight
-        return logits
-
     def keep_base(self, logits: torch.Tensor) -> None:
         """The head's hand-over of the base model's logits (kept only while ``capture_base`` is set)."""
         if self.capture_base:
             self.base_logits = logits.detach()
 
+    def setting(self, name: str) -> Any:
+        """A `ScaleConfig` field as the model holds it now (``config.scale_cl``: its one home, saved and exported;
+        changed on a live model by `scale_cl.tuner.modes.set_live_settings` alone)."""
+        return self.settings["config"][name]
+
     @property
     def tau(self) -> float:
         """The cosine threshold of Eq. 5: the model's ``ScaleConfig.route_tau``."""
-        return self.settings["config"]["route_tau"]
+        return self.setting("route_tau")
 
     @tau.setter
     def tau(self, value: float) -> None:
-        config = ScaleConfig.from_dict({**self.settings["config"], "route_tau": value})  # checked there
-        self.settings["config"] = config.to_dict()
+        raise AttributeError(
+            "tau is set in one way: scale_cl.tuner.modes.set_live_settings(model, route_tau=...) "
+            "(or set_method(model, 'route', tau=...))"
+        )
 
     def switch(self, active: bool, first_stacked: int | None) -> None:
         self.active = active

@@ -1,0 +1,94 @@
+"""The one interface every SCALE-Route router implements, and the registry that names them.
+
+A router receives what the LM head computed its logits from, `HeadPaths` (the two paths' inputs to the head and
+the head's weights), never the head itself, plus the model's `RouteState` (its settings, the decision it records,
+its memory across calls). It returns the logits. A new router is one file holding a `Router` subclass that calls
+`register_router`, imported by ``scale_cl/tuner/routing/__init__.py``; ``ScaleConfig.router`` names it, and the
+settings it reads (``settings``) join the route settings that are saved, reloaded, exported and swept.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
+
+import torch
+import torch.nn.functional as F
+
+if TYPE_CHECKING:
+    from scale_cl.tuner.routing.state import RouteState
+
+
+@dataclass(frozen=True)
+class HeadPaths:
+    """What the LM head hands a router: its input on the two paths and its weights.
+
+    ``x`` / ``x_up``: the original and added features of the head's input, ``[preserve path; adapt path]`` (2B
+    rows) when ``stacked``, else one batch that both paths share (no collaborative layer: the paths are one
+    network). ``alpha``: the new stream's logit weight (``Z + alpha Z_up``, `ScaleConfig.up_logit_scale`).
+    ``vocab``: the original vocabulary's size (a router decides from those logits; an extended vocabulary's new
+    rows, ``weight_new``, are appended to every path's).
+    """
+
+    x: torch.Tensor
+    x_up: torch.Tensor
+    weight: torch.Tensor
+    bias: torch.Tensor | None
+    weight_new: torch.Tensor | None
+    weight_up: torch.Tensor
+    alpha: float
+    stacked: bool
+    vocab: int
+
+    def original_logits(self, x: torch.Tensor) -> torch.Tensor:
+        """``Z = W_out x`` (+ bias), with an extended vocabulary's new rows appended."""
+        z = F.linear(x, self.weight, self.bias)
+        return z if self.weight_new is None else torch.cat((z, F.linear(x, self.weight_new)), dim=-1)
+
+    def up_logits(self, x_up: torch.Tensor) -> torch.Tensor:
+        """``Z_up = W_out_up x_up``."""
+        return F.linear(x_up, self.weight_up)
+
+
+class Router:
+    """Combines SCALE-Route's two paths into the model's logits (module doc).
+
+    Attributes:
+        name: its ``ScaleConfig.router`` value.
+        settings: the `ScaleConfig` fields it reads at every forward (besides ``router``): live settings of the
+            model, saved, reloaded and exported with it.
+    """
+
+    name: ClassVar[str]
+    settings: ClassVar[tuple[str, ...]] = ()
+
+    def combine(self, paths: HeadPaths, state: RouteState) -> torch.Tensor:
+        raise NotImplementedError
+
+
+ROUTERS: dict[str, Router] = {}
+
+
+def register_router(router: Router) -> Router:
+    """Make ``router`` the one ``ScaleConfig.router`` = ``router.name`` selects; returns it."""
+    if router.name in ROUTERS:
+        raise ValueError(f"a router named {router.name!r} is registered already")
+    ROUTERS[router.name] = router
+    return router
+
+
+def route_settings() -> tuple[str, ...]:
+    """Every `ScaleConfig` field routing reads: ``router`` and each registered router's settings, once each."""
+    names: dict[str, None] = {"router": None}
+    for router in ROUTERS.values():
+        names.update(dict.fromkeys(router.settings))
+    return tuple(names)
+
+
+def router_named(name: str) -> Router:
+    if name not in ROUTERS:
+        raise ValueError(f"unknown router {name!r}; registered: {', '.join(ROUTERS)}")
+    return ROUTERS[name]
+
+
+__all__ = ["ROUTERS", "HeadPaths", "Router", "register_router", "route_settings", "router_named"]

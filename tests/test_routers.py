@@ -1,0 +1,74 @@
+"""The routers behind one interface (issue 39): a router is a `Router` subclass plus its registration, the route
+settings are what the routers declare, and a registered router is selected, saved and checked like the built-in
+ones."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import make_model, randomize_new_weights, token_batch, upscaled_copy
+from scale_cl import scale_config_of
+from scale_cl.tuner.config import ScaleConfig
+from scale_cl.tuner.modes import live_settings, set_live_settings
+from scale_cl.tuner.routing import ROUTERS, HeadPaths, Router, register_router, route_settings
+from scale_cl.tuner.routing.cosine import CosineRouter
+from scale_cl.tuner.routing.likelihood import LikelihoodRouter
+
+
+class AdaptPathRouter(Router):
+    """A router as a user would add one: every token takes the adapt path, ``Z_a + alpha Z_a_up``."""
+
+    name = "adapt_path"
+    settings = ()
+
+    def combine(self, paths: HeadPaths, state) -> torch.Tensor:
+        x, x_up = (
+            (paths.x[paths.x.shape[0] // 2 :], paths.x_up[paths.x_up.shape[0] // 2 :])
+            if paths.stacked
+            else (
+                paths.x,
+                paths.x_up,
+            )
+        )
+        return torch.add(paths.original_logits(x), paths.up_logits(x_up), alpha=paths.alpha)
+
+
+@pytest.fixture
+def adapt_path_router():
+    router = register_router(AdaptPathRouter())
+    try:
+        yield router
+    finally:
+        del ROUTERS[router.name]
+
+
+def test_the_built_in_routers_are_registered_and_declare_the_route_settings():
+    assert isinstance(ROUTERS["cosine"], CosineRouter) and isinstance(ROUTERS["likelihood"], LikelihoodRouter)
+    assert route_settings() == ("router", "route_tau", "route_exact", "router_prior", "router_decay")
+    assert set(route_settings()) <= set(live_settings())
+
+
+def test_a_registered_router_is_one_class_and_selects_like_the_built_in_ones(adapt_path_router):
+    """Registered, it is a valid ScaleConfig.router and a live setting; it routes: every token on the adapt path
+    equals Eq. 5 with a tau no cosine exceeds."""
+    assert ScaleConfig(hidden_up=32, ffn_up=8, router="adapt_path").router == "adapt_path"
+    base = make_model("llama-gqa2-tied")
+    model = upscaled_copy(base, "route", preserve_layers=1)
+    randomize_new_weights(model, seed=3, w12_scale=0.1)
+    ids, mask = token_batch()
+    model.eval()
+    with torch.no_grad():
+        set_live_settings(model, route_tau=1.0)  # cos > 1 never holds: Eq. 5 sends every token to the adapt path
+        eq5 = model(input_ids=ids, attention_mask=mask).logits
+        set_live_settings(model, router="adapt_path")
+        ours = model(input_ids=ids, attention_mask=mask).logits
+    assert scale_config_of(model).router == "adapt_path"
+    torch.testing.assert_close(ours, eq5, rtol=0, atol=1e-6)
+    with pytest.raises(ValueError, match="registered already"):
+        register_router(AdaptPathRouter())
+
+
+def test_an_unregistered_router_is_refused_with_the_registered_ones():
+    with pytest.raises(ValueError, match=r"router must be one of \('cosine', 'likelihood'\)"):
+        ScaleConfig(hidden_up=32, ffn_up=8, router="adapt_path")
