@@ -159,7 +159,7 @@ def test_left_padded_generation_equals_each_row_alone_and_beam_search_runs():
 
 
 def test_auroc_is_the_share_of_pairs_ranked_right_with_ties_half():
-    from scale_cl.eval.router import auroc
+    from scale_cl.eval.route_separation import auroc
 
     gen = torch.Generator().manual_seed(8)
     pos = torch.randint(0, 5, (40,), generator=gen).float()  # few values: many ties
@@ -173,7 +173,7 @@ def test_auroc_is_the_share_of_pairs_ranked_right_with_ties_half():
 
 def test_the_base_weight_read_where_each_left_padded_prompt_ends_equals_the_prompt_alone():
     from scale_cl.eval.first_token import QAExample, first_token_accuracy
-    from scale_cl.eval.router import collect_base_weights
+    from scale_cl.eval.route_separation import collect_base_weights
 
     _, model = _route_model()
     gen = torch.Generator().manual_seed(9)

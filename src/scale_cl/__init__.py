@@ -27,7 +27,7 @@ from scale_cl.tuner.upscale import upscale
 
 __version__ = "0.1.0"
 
-# Modules that moved into the tuner's folder (issue 39): importing an old path says where it went.
+# Modules that moved (issue 39: the tuner into one folder): importing an old path says where it went.
 MOVED_MODULES = {
     **{
         f"scale_cl.{name}": f"scale_cl.tuner.{name}"
@@ -41,6 +41,7 @@ MOVED_MODULES = {
     "scale_cl.likelihood_router": "scale_cl.tuner.routing.likelihood",
     "scale_cl.arch": "scale_cl.tuner.arch",
     "scale_cl.vocab": "scale_cl.tuner.vocab",
+    "scale_cl.eval.router": "scale_cl.eval.route_separation",  # beside the tuner's routers, a name of its own
 }
 
 
@@ -52,8 +53,7 @@ class _MovedModuleFinder(importlib.abc.MetaPathFinder):
         if prefix is not None:
             new = MOVED_MODULES[prefix] + fullname[len(prefix) :]
             raise ModuleNotFoundError(
-                f"{fullname} moved to {new} (scale-cl's tuner is one folder now): import from {new}, or the public "
-                "names from scale_cl itself",
+                f"{fullname} moved to {new}: import it from there (the public names also from scale_cl itself)",
                 name=fullname,
             )
         return None

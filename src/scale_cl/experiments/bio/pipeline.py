@@ -58,7 +58,7 @@ from scale_cl.data.pseudo_replay import cached_blocks, generate_blocks
 from scale_cl.data.replay import ReplayMix, describe_share
 from scale_cl.eval.first_token import QAExample, first_token_accuracy
 from scale_cl.eval.readings import up_logit_frontier, wise_ft_frontier
-from scale_cl.eval.router import auroc, collect_base_weights, routes_by_likelihood
+from scale_cl.eval.route_separation import auroc, collect_base_weights, routes_by_likelihood
 from scale_cl.experiments.bio.config import BioConfig
 from scale_cl.experiments.bio.datasets import AnswerOnlyQA, PackedText, PadCollator
 from scale_cl.experiments.run_folder import claim_output_folder
@@ -226,7 +226,7 @@ def evaluate_tasks(model: torch.nn.Module, data: BioData) -> dict[str, dict[str,
 
     A SCALE-Route model with the likelihood router also records, under ``"likelihood_router"``, the base path's
     mean weight where each split's answers are predicted and the AUROC of Task-0 questions against Task-1
-    questions by that weight (`scale_cl.eval.router`): whether the router tells them apart (issue 28).
+    questions by that weight (`scale_cl.eval.route_separation`): whether the router tells them apart (issue 28).
     """
     pad = data.tokenizer.pad_token_id
     questions = data.test_splits()
