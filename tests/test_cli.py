@@ -470,3 +470,17 @@ def test_help_shows_the_named_presets_defaults(argv, shown, capsys):
         main([*argv, "--help"])
     assert exit_info.value.code == 0
     assert shown in " ".join(capsys.readouterr().out.split())  # help text wraps lines
+
+
+@pytest.mark.parametrize("name", ["bio", "cpt", "base"])
+def test_an_experiment_command_is_declared_one_way(name):
+    """Its usage line offers every preset its settings know (cpt's once left out clean-en), its description says
+    where settings come from and which preset the defaults are, and its settings share the experiment base."""
+    from scale_cl.cli import experiments
+    from scale_cl.experiments.experiment import ExperimentConfig
+
+    command = getattr(experiments, name.upper())
+    config = getattr(command.settings(), name)
+    assert isinstance(config, ExperimentConfig)
+    assert f"[--preset {'|'.join(type(config).presets)}]" in command.usage
+    assert command.description.endswith(f"else the {config.preset} preset's.")

@@ -3,12 +3,51 @@ then YAML, then options) and output folder, which live with the experiment (``ex
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from scale_cl.cli.command import Command
+from scale_cl.experiments.base.config import PRESETS as BASE_PRESETS
 from scale_cl.experiments.base.config import BaseCommand, base_settings
+from scale_cl.experiments.bio.config import PRESETS as BIO_PRESETS
 from scale_cl.experiments.bio.config import BioCommand, bio_settings
+from scale_cl.experiments.cpt.config import PRESETS as CPT_PRESETS
 from scale_cl.experiments.cpt.config import CptCommand, cpt_settings
+
+
+def experiment_command(
+    *,
+    name: str,
+    help: str,
+    what: str,
+    usage: str,
+    examples: str,
+    presets: tuple[str, ...],
+    settings: Callable[..., Any],
+    run: Callable[[Any], int],
+    config_example: str,
+) -> Command:
+    """An experiment's `Command`, declared one way: ``what`` it does, then where its settings come from; its usage
+    line lists every preset (``{presets}`` in ``usage``); the epilog its ``examples``. The default preset is the
+    one ``settings()`` gives."""
+    default = getattr(settings(), name).preset  # the command settings hold the experiment's under its name
+    description = (
+        f"{what} Settings come from --preset, then --config (YAML, the options' nesting), then the options below. "
+        f"Defaults shown are the preset's given with --help (scale-cl {name} --preset NAME --help), else the "
+        f"{default} preset's."
+    )
+    return Command(
+        name=name,
+        help=help,
+        description=description,
+        epilog=f"examples:\n{examples}",
+        usage=usage.format(presets="|".join(presets)),
+        settings=settings,
+        presets=True,
+        run=run,
+        config_example=config_example,
+    )
 
 
 def run_bio_command(settings: BioCommand) -> int:
@@ -25,27 +64,24 @@ def run_bio_command(settings: BioCommand) -> int:
     return 0 if results["methods"] else 1
 
 
-BIO = Command(
+BIO = experiment_command(
     name="bio",
     help="the biography continual-learning benchmark (paper Fig. 8): every method, figure and table",
-    description=(
+    what=(
         "Pre-train a GPT-NeoX model on synthetic biographies (stage 1), fine-tune QA of Task 0 (stage 2), "
         "then, for every method, fine-tune QA of Task 1 while measuring Task 0 and Task 1 with hard "
         "first-token accuracy (stage 3). Stages 1-2 are cached and shared by the methods; a re-run "
-        "resumes and skips what is done. Settings come from --preset, then --config (YAML, same nesting "
-        "as the options), then the options below. Defaults shown are the preset's given with --help "
-        "(scale-cl bio --preset micro --help), else the small preset's."
+        "resumes and skips what is done."
     ),
-    epilog=(
-        "examples:\n"
+    examples=(
         "  scale-cl bio                                   # small preset, all seven methods, one seed\n"
         "  scale-cl bio --seeds 0 1 2                     # mean and spread over seeds\n"
         "  scale-cl bio --methods fft scale_route --task1.scale_route_lr 3e-4 --out outputs/try\n"
         "  scale-cl bio --preset paper --config my.yaml   # Pythia-160M, 200k people (for a GPU)"
     ),
-    usage="scale-cl bio [--preset micro|small|medium|paper] [--methods M ...] [--seed S ...] [--out DIR] [options]",
+    usage="scale-cl bio [--preset {presets}] [--methods M ...] [--seed S ...] [--out DIR] [options]",
+    presets=BIO_PRESETS,
     settings=bio_settings,
-    presets=True,
     run=run_bio_command,
     config_example="{task1: {lr: 1e-4}, methods: [fft, scale_route]}",
 )
@@ -67,29 +103,26 @@ def run_cpt_command(settings: CptCommand) -> int:
     return 0 if results["methods"] else 1
 
 
-CPT = Command(
+CPT = experiment_command(
     name="cpt",
     help="continual pre-training of a causal LM on new-domain text with every method (paper Fig. 4, 9)",
-    description=(
+    what=(
         "Continually pre-train a base model (hub id, local folder, .gguf file, or 'smollm2') on new-domain "
         "text with each method, measuring learning perplexity (held-out new-domain split), forgetting "
         "perplexity (each old-domain set), representation drift and SCALE-Route's routing share every "
         "--eval.every steps. Writes metrics.jsonl per method, results.md/json and figures. Re-running the "
-        "same command resumes from the last checkpoint. Runs under torchrun / accelerate launch (DDP). "
-        "Settings come from --preset, then --config (YAML), then the options below. Defaults shown are "
-        "the preset's given with --help, else the smollm2 preset's."
+        "same command resumes from the last checkpoint. Runs under torchrun / accelerate launch (DDP)."
     ),
-    epilog=(
-        "examples:\n"
+    examples=(
         "  scale-cl cpt --data.train 'ko/*.jsonl' --data.old_eval en=en_eval.jsonl\n"
         "  scale-cl cpt --model meta-llama/Llama-3.2-1B --preset paper --data.train hf:user/korean-corpus \\\n"
         "               --data.old_eval en=hf:user/english-eval::validation --data.streaming --train.max_steps 2000\n"
         "  scale-cl cpt --model path/to/model.gguf --methods fft scale_route --train.scale_route_lr 3e-4"
     ),
-    usage="scale-cl cpt --data.train FILE... [--data.old_eval NAME=FILE...] [--preset smollm2|paper] "
+    usage="scale-cl cpt --data.train FILE... [--data.old_eval NAME=FILE...] [--preset {presets}] "
     "[--model M] [--methods M ...] [--out DIR] [options]",
+    presets=CPT_PRESETS,
     settings=cpt_settings,
-    presets=True,
     run=run_cpt_command,
     config_example="{data: {train: [ko/*.jsonl]}, train: {max_steps: 50}}",
 )
@@ -104,28 +137,26 @@ def run_base_command(settings: BaseCommand) -> int:
     return 0
 
 
-BASE = Command(
+BASE = experiment_command(
     name="base",
     help="build the clean English base model (a small Llama pre-trained here) that `cpt --model clean-en` uses",
-    description=(
+    what=(
         "Pre-train a small Llama-family model (GQA, RMSNorm, SwiGLU, RoPE, tied embeddings) from scratch on English "
         "text, with a byte-level BPE tokenizer trained on that text alone, and save it as an ordinary Hugging Face "
         "folder. It is the base of the clean CPT benchmark: unlike SmolLM2 (an instruct model de-quantised from "
         "Q4_1, which any update partly repairs), it has nothing to repair, so English perplexity rising during "
         "continual pre-training is forgetting. Built once: a re-run resumes an interrupted build and reuses a "
-        "finished one. Defaults shown are the preset's given with --help, else the clean-en preset's (~25 min on "
-        "2 CPU cores); its corpus comes from "
+        "finished one. The clean-en preset takes ~25 min on 2 CPU cores; its corpus comes from "
         "`python benchmarks/cpt_corpus.py --corpora english-base` (Debian documentation packages)."
     ),
-    epilog=(
-        "examples:\n"
+    examples=(
         "  scale-cl base                                   # outputs/clean-en/model, what --model clean-en names\n"
         "  scale-cl base --data.train 'my_english/*.jsonl' --train.max_steps 3000 --out outputs/my-base\n"
         "  scale-cl base --preset micro --data.train notes.txt --out /tmp/micro-base   # seconds: a smoke test"
     ),
-    usage="scale-cl base [--preset clean-en|micro] [--data.train FILE...] [--out DIR] [options]",
+    usage="scale-cl base [--preset {presets}] [--data.train FILE...] [--out DIR] [options]",
+    presets=BASE_PRESETS,
     settings=base_settings,
-    presets=True,
     run=run_base_command,
     config_example="{train: {max_steps: 3000}, model: {layers: 8}}",
 )

@@ -10,11 +10,12 @@ English-centric models.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-from typing import Any, ClassVar
+from dataclasses import dataclass, field
+from typing import ClassVar
 
 from scale_cl.bounds import check_fields
 from scale_cl.data.corpus import CorpusConfig
+from scale_cl.experiments.experiment import ExperimentConfig
 from scale_cl.train.config import StageConfig
 
 PRESETS = ("clean-en", "micro")
@@ -47,10 +48,10 @@ class ArchitectureConfig:
 
 
 @dataclass
-class BaseBuildConfig:
+class BaseBuildConfig(ExperimentConfig):
     """Every setting of one clean base model; a folder holds one (a different setting needs another --out)."""
 
-    section: ClassVar[str] = ""  # where its settings are given (messages name them so)
+    presets: ClassVar[tuple[str, ...]] = PRESETS
 
     preset: str = field(default="clean-en", metadata={"help": "starting point of every setting", "choices": PRESETS})
     seed: int = field(
@@ -77,14 +78,9 @@ class BaseBuildConfig:
     )
 
     def __post_init__(self) -> None:
-        if self.preset not in PRESETS:
-            raise ValueError(f"unknown preset {self.preset!r}; valid presets: {', '.join(PRESETS)}")
+        self.check_experiment()
         if self.train.max_steps <= 0:
             raise ValueError("train.max_steps must be positive: pre-training is budgeted in optimizer steps")
-        check_fields(self)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def preset(name: str) -> BaseBuildConfig:

@@ -6,15 +6,15 @@ its ``metadata["help"]`` is the option's help text.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, replace
-from typing import Any, ClassVar
+from dataclasses import dataclass, field, replace
+from typing import ClassVar
 
 from scale_cl.bounds import check_fields
 from scale_cl.data import ATTRIBUTES
+from scale_cl.experiments.experiment import ExperimentConfig
 from scale_cl.experiments.growth import GrowthSettings
 from scale_cl.experiments.settings import MethodSettings, MethodStageConfig
 from scale_cl.methods import METHOD_NAMES as ALL_METHODS
-from scale_cl.methods import check_methods
 from scale_cl.train.config import StageConfig
 from scale_cl.tuner.config import ScaleConfig
 
@@ -187,10 +187,10 @@ class SequenceConfig(GrowthSettings):
 
 
 @dataclass
-class BioConfig:
+class BioConfig(ExperimentConfig):
     """Every setting of one biography benchmark run."""
 
-    section: ClassVar[str] = ""  # where its settings are given (messages name them so)
+    presets: ClassVar[tuple[str, ...]] = PRESETS
 
     preset: str = field(default="small", metadata={"help": "starting point of every setting", "choices": PRESETS})
     methods: list[str] = field(default_factory=lambda: list(ALL_METHODS), metadata={"help": "methods to run"})
@@ -208,15 +208,7 @@ class BioConfig:
     options: MethodSettings = field(default_factory=MethodSettings)
 
     def __post_init__(self) -> None:
-        if self.preset not in PRESETS:
-            raise ValueError(f"unknown preset {self.preset!r}; valid presets: {', '.join(PRESETS)}")
-        check_methods(self.methods)
-        check_fields(self)
-        if not self.seeds:
-            raise ValueError("seeds must name at least one seed")
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        self.check_experiment()
 
 
 def _scale(hidden_up: int, ffn_up: int) -> ScaleConfig:

@@ -8,14 +8,15 @@ option's help text.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from scale_cl.bounds import check_fields
 from scale_cl.data.corpus import CorpusConfig
 from scale_cl.experiments.base.name import CLEAN_EN
+from scale_cl.experiments.experiment import ExperimentConfig
 from scale_cl.experiments.growth import GrowthSettings
 from scale_cl.experiments.settings import MethodSettings, MethodStageConfig
-from scale_cl.methods import METHOD_NAMES, check_methods
+from scale_cl.methods import METHOD_NAMES
 from scale_cl.models import SMOLLM2
 from scale_cl.tuner.config import ScaleConfig
 
@@ -178,10 +179,10 @@ class CptSequenceConfig(GrowthSettings):
 
 
 @dataclass
-class CptConfig:
+class CptConfig(ExperimentConfig):
     """Every setting of one continual pre-training run (all its methods)."""
 
-    section: ClassVar[str] = ""  # where its settings are given (messages name them so)
+    presets: ClassVar[tuple[str, ...]] = PRESETS
 
     preset: str = field(default="smollm2", metadata={"help": "starting point of every setting", "choices": PRESETS})
     model: str = field(
@@ -200,10 +201,7 @@ class CptConfig:
     options: MethodSettings = field(default_factory=MethodSettings)
 
     def __post_init__(self) -> None:
-        if self.preset not in PRESETS:
-            raise ValueError(f"unknown preset {self.preset!r}; valid presets: {', '.join(PRESETS)}")
-        check_methods(self.methods)
-        check_fields(self)
+        self.check_experiment()
         if not isinstance(self.data, CptDataConfig):  # a plain CorpusConfig: no vocabulary extension
             self.data = CptDataConfig(**asdict(self.data))
         if self.data.pseudo_replay_ratio and self.data.replay_ratio:
@@ -211,9 +209,6 @@ class CptConfig:
                 "data.pseudo_replay_ratio and data.replay_ratio share one schedule: set one of them (pseudo-replay is "
                 "for a run without old-domain text to replay)"
             )
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def preset(name: str) -> CptConfig:
