@@ -19,8 +19,6 @@ import torch
 from torch import nn
 from transformers.utils import ModelOutput
 
-from scale_cl.tuner.routing.likelihood import RouterMemory
-
 # The key of the routing share in a route model's output (left out of Trainer's evaluation outputs).
 ROUTE_SHARE_KEY = "route_preserve_share"
 
@@ -69,9 +67,10 @@ class RouteState:
         self.last_cosine: torch.Tensor | None = None
         self.capture_base = False
         self.base_logits: torch.Tensor | None = None
-        # the likelihood router (`scale_cl.tuner.routing.likelihood`): this call's tokens, the previous call's memory
+        # a router's view of the call and its memory across calls (the likelihood router's: this call's tokens and
+        # a `scale_cl.tuner.routing.likelihood.RouterMemory`, which has ``reorder(beam_idx)`` for beam search)
         self.inputs: dict[str, Any] = {}
-        self.memory: RouterMemory | None = None
+        self.memory: Any = None
         self.eos_ids: tuple[int, ...] = ()
 
     def keep_base(self, logits: torch.Tensor) -> None:
