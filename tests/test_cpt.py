@@ -146,7 +146,11 @@ def test_output_folder_of_another_run_is_refused_untouched(finished_run):
 
 @pytest.mark.slow
 def test_model_not_available_offline_is_a_clear_error(workspace, tmp_path, monkeypatch):
+    import huggingface_hub.constants
+
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    # the hub library read the variable when it was imported: offline now, not after ~20 s of retries
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     cfg = replace(tiny_config(workspace, ["fft"]), model="no-such-org/no-such-model")
     with pytest.raises(FileNotFoundError, match="cannot load the configuration of model 'no-such-org/no-such-model'"):
         run_cpt(cfg, tmp_path / "out")
