@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -269,6 +270,28 @@ def test_up_logit_frontier_reevaluates_the_trained_model_at_each_alpha(workspace
     model, _, _ = load_trained(tmp_path / "run" / "scale_route" / "model")
     assert model.scale_config.route_exact is False and model.scale_config.up_logit_scale == 1.0
     assert model.scale_config.router == "cosine"
+
+
+@pytest.mark.slow
+def test_the_two_model_control_reads_fft_with_its_base(workspace, tmp_path):
+    """--eval.likelihood_control: FFT's trained model mixed with the base by the likelihood router, evaluated as
+    one model (scale_cl.eval.mixture) and shown in results.md; a routing method reads its own router instead."""
+    cfg = tiny_config(workspace, ["fft", "scale_route"])
+    cfg = replace(cfg, eval=replace(cfg.eval, likelihood_control=True))
+    results = run_cpt(cfg, tmp_path / "run")
+    fft = results["methods"]["fft"]
+    (control,) = fft["likelihood_control"]
+    assert control["router"] == "likelihood" and control["control"] == "two models"
+    assert control["trainable"] == fft["curve"][-1]["trainable"]  # the base beside it trains nothing
+    first, last = fft["curve"][0], fft["curve"][-1]
+    for value in (control["learning_ppl"], control["forgetting_ppl"]["toy"]):
+        assert math.isfinite(value) and value > 1
+    assert control["learning_ppl"] not in (first["learning_ppl"], last["learning_ppl"])  # neither model alone
+    assert "likelihood_control" not in results["methods"]["scale_route"]
+    assert (
+        "| fft + its base (two-model control) (likelihood router) | 1 |"
+        in (tmp_path / "run" / "results.md").read_text()
+    )
 
 
 @pytest.mark.slow

@@ -92,6 +92,7 @@ def test_sequence_refusals_before_anything_is_written(workspace, tmp_path):
             "replay_ratio",
         ),
         (replace(base, eval=replace(base.eval, wise_ft_alphas=(0.5,))), "eval.wise_ft_alphas"),
+        (replace(base, eval=replace(base.eval, likelihood_control=True)), "eval.likelihood_control"),
         (replace(base, data=replace(base.data, old_eval=[])), "give data.old_eval"),
         (replace(base, sequence=replace(base.sequence, first="toy")), r"\['toy'\] are also old-domain set names"),
     )

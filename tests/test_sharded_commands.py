@@ -178,6 +178,10 @@ def test_commands_that_do_not_shard_refuse_before_writing(workspace, tmp_path, m
     assert main([*argv[argv.index("cpt") :], "--options.base_quant", "nf4"]) == 2
     assert "options.base_quant: not supported with sharded weights (fsdp" in capsys.readouterr().err
     assert not (tmp_path / "quant").exists()
+    argv = cpt_argv(tiny_config(workspace, ["fft"]), tmp_path / "control")
+    assert main([*argv[argv.index("cpt") :], "--eval.likelihood_control"]) == 2
+    assert "eval.likelihood_control: not supported with sharded weights (fsdp" in capsys.readouterr().err
+    assert not (tmp_path / "control").exists()
 
 
 def test_zero3_is_sharding_and_zero2_is_not(monkeypatch):

@@ -26,8 +26,8 @@ REPORTING_SETTINGS = frozenset({"report_to"})
 # Where a stage runs (`scale_cl.train.config.StageConfig.device`): left out of every run's identity too.
 PLACEMENT_SETTINGS = frozenset({"device"})
 # Settings left out of a run's identity at these values only: their defaults, which runs made before the setting
-# existed ran with (``precision: auto``).
-IDENTITY_DEFAULTS = {"precision": "auto"}
+# existed ran with (``precision: auto``; ``eval.likelihood_control: false``, a reading added later).
+IDENTITY_DEFAULTS = {"precision": "auto", "likelihood_control": False}
 # Backends whose module or package is not named as the backend: (modules, any of which will do; what
 # `pip install` needs). Every other backend is its own module and package.
 _PACKAGES = {

@@ -91,6 +91,15 @@ class EvalConfig:
         },
     )
 
+    likelihood_control: bool = field(
+        default=False,
+        metadata={
+            "help": "methods that do not route: after training, evaluate the trained model mixed with its base by "
+            "SCALE-Route's likelihood router (options.scale.router_prior / router_decay; two forward passes): the "
+            "two-model control of Route's likelihood reading (scale_cl.eval.mixture)",
+        },
+    )
+
     nll_split: bool = field(
         default=False,
         metadata={

@@ -47,6 +47,7 @@ from transformers import AutoConfig, PreTrainedModel, PreTrainedTokenizerBase, T
 from scale_cl.data.corpus import Corpus, PackedStream, build_corpus, check_corpus, split_documents
 from scale_cl.data.pseudo_replay import cached_blocks, generate_blocks
 from scale_cl.data.replay import ReplayMix, ReplayStream, describe_share
+from scale_cl.eval.mixture import TwoModelMixture
 from scale_cl.eval.perplexity import final_hidden_original, mean_cosine_similarity, new_domain_tokens, perplexity
 from scale_cl.eval.readings import up_logit_frontier, wise_ft_frontier
 from scale_cl.experiments.base.name import resolve_model_name
@@ -127,13 +128,14 @@ def validate(cfg: CptConfig, base_config: Any) -> None:
             ("options.base_quant", cfg.options.base_quant != "none"),
             ("options.auto_layers", any(cfg.options.chooses_layers(m) for m in cfg.methods)),
             ("eval.wise_ft_alphas", bool(cfg.eval.wise_ft_alphas)),
+            ("eval.likelihood_control", cfg.eval.likelihood_control),
         ]
         named = [name for name, used in unsupported if used]
         if named:
             raise ValueError(
                 f"{', '.join(named)}: not supported with sharded weights ({sharding}, from the accelerate config; "
-                "untested there: the quantized base and the weight interpolation need whole weights, the layer probes "
-                "evaluate on one process). Drop them, or launch without FSDP / ZeRO-3."
+                "untested there: the quantized base, the weight interpolation and the two-model control need whole "
+                "weights, the layer probes evaluate on one process). Drop them, or launch without FSDP / ZeRO-3."
             )
 
 
@@ -287,6 +289,16 @@ def evaluate_method(cfg: CptConfig, corpus: Corpus, reference: torch.Tensor, ori
     return evaluate
 
 
+def likelihood_control(cfg: CptConfig, trained: torch.nn.Module, base: torch.nn.Module, evaluate: Any) -> dict:
+    """The trained model and its base mixed by SCALE-Route's likelihood router (its prior and decay from
+    ``options.scale``), evaluated as one model: the two-model control of Route's likelihood reading
+    (`scale_cl.eval.mixture`)."""
+    device = next(trained.parameters()).device
+    base = base.to(device).requires_grad_(False)
+    mixture = TwoModelMixture(trained, base, cfg.options.scale.router_prior, cfg.options.scale.router_decay)
+    return {"alpha": 1.0, "router": "likelihood", "control": "two models", **evaluate(mixture)}
+
+
 def run_method(
     cfg: CptConfig,
     ref: BaseModelRef,
@@ -401,6 +413,10 @@ def run_method(
         start = grown_base(*load_base(ref), corpus)[0]
         summary["wise_ft_frontier"] = wise_ft_frontier(trainer.model, start, tracker.evaluate, cfg.eval.wise_ft_alphas)
         del start
+    if state.is_main_process and cfg.eval.likelihood_control and not method_spec(method).routes:
+        summary["likelihood_control"] = [
+            likelihood_control(cfg, trainer.model, grown_base(*load_base(ref), corpus)[0], tracker.evaluate)
+        ]
     if state.is_main_process:
         if save_model:
             save_trained(trainer.model, tokenizer, method, ref, method_dir / "model", state_dict=weights)

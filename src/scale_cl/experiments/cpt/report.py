@@ -99,6 +99,7 @@ def frontier_markdown(methods: dict[str, Any], old_sets: list[str]) -> list[str]
     for method, point in rows:
         forgetting = [_fmt(point["forgetting_ppl"].get(name)) for name in old_sets]
         reading = " (route_exact)" if point.get("route_exact") else ""
+        reading += " + its base (two-model control)" if point.get("control") else ""
         reading += f" ({point['router']} router)" if point.get("router") else ""
         lines.append(
             f"| {method}{reading} | {point['alpha']:g} | {_fmt(point.get('learning_ppl'))} | {' | '.join(forgetting)} |"
@@ -107,12 +108,15 @@ def frontier_markdown(methods: dict[str, Any], old_sets: list[str]) -> list[str]
         "",
         "Each trained model once, evaluated again: a SCALE model with its new stream's logits weighted by alpha "
         "(--eval.up_logit_scales), FFT or Freeze with its weights interpolated towards the base model's "
-        "(--eval.wise_ft_alphas); alpha 1 is the model as trained.",
+        "(--eval.wise_ft_alphas); alpha 1 is the model as trained. A method read with its base by the likelihood "
+        "router (--eval.likelihood_control) runs both models' forward passes: SCALE-Route's reading is the same "
+        "mixture of its own two paths in one pass.",
     ]
     return lines
 
 
-FRONTIERS = ("up_logit_frontier", "wise_ft_frontier")  # the re-evaluations a run's result may hold
+# the re-evaluations a run's result may hold (the two-model control: one point, alpha 1)
+FRONTIERS = ("up_logit_frontier", "wise_ft_frontier", "likelihood_control")
 
 
 def plot(results: dict[str, Any], out: Path) -> list[Path]:

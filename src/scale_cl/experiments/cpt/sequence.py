@@ -56,6 +56,7 @@ def validate_sequence(cfg: CptConfig) -> None:
         "options.route_share": cfg.options.route_share,
         "eval.up_logit_scales": e.up_logit_scales,
         "eval.wise_ft_alphas": e.wise_ft_alphas,
+        "eval.likelihood_control": e.likelihood_control,
         "eval.nll_split": e.nll_split,
     }
     given = [name for name, value in unsupported.items() if value]
