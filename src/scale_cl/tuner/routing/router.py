@@ -86,6 +86,7 @@ def route_settings() -> tuple[str, ...]:
 
 
 def router_named(name: str) -> Router:
+    """The registered router ``name`` (a model's ``ScaleConfig.router``), or a ValueError naming the registered."""
     if name not in ROUTERS:
         raise ValueError(f"unknown router {name!r}; registered: {', '.join(ROUTERS)}")
     return ROUTERS[name]
