@@ -40,7 +40,7 @@ def test_bf16_keeps_the_original_stream_bitwise(arch, method, mode):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method", ["preserve", "adapt", "route"])
+@pytest.mark.parametrize("method", ["preserve", "route"])  # route's adapt half runs SCALE-Adapt's W12 products
 def test_torch_compile_matches_eager(method):
     base = make_model("llama-gqa2-tied")
     cfg = ScaleConfig(hidden_up=hidden_up_for(base), ffn_up=16, method=method, preserve_layers=1, w21_init="random")

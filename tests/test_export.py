@@ -704,7 +704,7 @@ def test_export_source_settings_are_options():
 @pytest.mark.slow
 @pytest.mark.smollm2
 @pytest.mark.skipif(smollm2_gguf() is None, reason=f"SmolLM2-135M not installed ({INSTALL_HINT})")
-@pytest.mark.parametrize("method", ["adapt", "route"])
+@pytest.mark.parametrize("method", ["route"])  # its adapt path is SCALE-Adapt's (every method: the tiny models')
 def test_smollm2_export_matches(tmp_path, method):
     """SmolLM2-135M (tied embeddings, 9 query / 3 kv heads, 30 layers) upscaled, exported and loaded clean."""
     base, tokenizer = load_smollm2()
