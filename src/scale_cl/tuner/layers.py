@@ -19,7 +19,7 @@ from torch import nn
 
 from scale_cl.tuner.config import UP_NORMS
 from scale_cl.tuner.quant import is_quantized
-from scale_cl.tuner.routing.router import HeadPaths, router_named
+from scale_cl.tuner.routing.router import HeadPaths, original_logits, router_named
 from scale_cl.tuner.routing.state import RouteState
 
 # The names of what SCALE adds to a module (everything else keeps the base model's names and stays frozen).
@@ -464,8 +464,9 @@ class ScaleHead(SplitInput):
 
     def parts(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The original-part logits ``Z`` and the added part ``Z_up``."""
-        paths = self._paths(hidden, stacked=False, alpha=1.0)
-        return paths.original_logits(paths.x), paths.up_logits(paths.x_up)
+        x, x_up = hidden.split((self.hidden_size, self.hidden_up), dim=-1)
+        z = original_logits(self.original(x), self.weight, self.bias, self.weight_new)
+        return z, F.linear(x_up, self.weight_up)
 
     def setting(self, name: str, default: Any) -> Any:
         """A `ScaleConfig` field as the model holds it now (``config.scale_cl``: its one home, saved and exported)."""
@@ -474,11 +475,11 @@ class ScaleHead(SplitInput):
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         route, alpha = self.route, self.setting("up_logit_scale", 1.0)  # Z + alpha Z_up
         if route is None or not route.active:
-            paths = self._paths(hidden, stacked=False, alpha=alpha)
-            z = paths.original_logits(paths.x)
+            x, x_up = hidden.split((self.hidden_size, self.hidden_up), dim=-1)
+            z = original_logits(self.original(x), self.weight, self.bias, self.weight_new)
             if route is not None:
                 route.keep_base(z[..., : self.out_features])  # the base's logits in SCALE-Preserve
-            return self._plus_up(z, paths.x_up, alpha)
+            return self._plus_up(z, x_up, alpha)
         paths = self._paths(hidden, stacked=route.stacked, alpha=alpha)
         return router_named(route.setting("router")).combine(paths, route)
 

@@ -9,6 +9,7 @@ settings it reads (``settings``) join the route settings that are saved, reloade
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
@@ -17,6 +18,14 @@ import torch.nn.functional as F
 
 if TYPE_CHECKING:
     from scale_cl.tuner.routing.state import RouteState
+
+
+def original_logits(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, weight_new: torch.Tensor | None
+) -> torch.Tensor:
+    """``Z = W_out x`` (+ bias), with an extended vocabulary's new rows (``weight_new``) appended."""
+    z = F.linear(x, weight, bias)
+    return z if weight_new is None else torch.cat((z, F.linear(x, weight_new)), dim=-1)
 
 
 @dataclass(frozen=True)
@@ -42,15 +51,14 @@ class HeadPaths:
 
     def original_logits(self, x: torch.Tensor) -> torch.Tensor:
         """``Z = W_out x`` (+ bias), with an extended vocabulary's new rows appended."""
-        z = F.linear(x, self.weight, self.bias)
-        return z if self.weight_new is None else torch.cat((z, F.linear(x, self.weight_new)), dim=-1)
+        return original_logits(x, self.weight, self.bias, self.weight_new)
 
     def up_logits(self, x_up: torch.Tensor) -> torch.Tensor:
         """``Z_up = W_out_up x_up``."""
         return F.linear(x_up, self.weight_up)
 
 
-class Router:
+class Router(ABC):
     """Combines SCALE-Route's two paths into the model's logits (module doc).
 
     Attributes:
@@ -62,8 +70,9 @@ class Router:
     name: ClassVar[str]
     settings: ClassVar[tuple[str, ...]] = ()
 
+    @abstractmethod
     def combine(self, paths: HeadPaths, state: RouteState) -> torch.Tensor:
-        raise NotImplementedError
+        """The logits of the model: ``paths`` combined, the decision recorded in ``state`` (``last_mask``)."""
 
 
 ROUTERS: dict[str, Router] = {}
@@ -92,4 +101,4 @@ def router_named(name: str) -> Router:
     return ROUTERS[name]
 
 
-__all__ = ["ROUTERS", "HeadPaths", "Router", "register_router", "route_settings", "router_named"]
+__all__ = ["ROUTERS", "HeadPaths", "Router", "original_logits", "register_router", "route_settings", "router_named"]
