@@ -5,9 +5,9 @@ target (90%), linearly interpolated between the two evaluations around it, and h
 point. Loss = the Task-0 model's held-out Task-0 accuracy - that value; each run's loss is divided by FFT's (its
 preset rate, nothing added) for the same seed. Mean ± population std over the seeds; 'k/n' where only k seeds reach
 the target. An FFT/Freeze run with WiSE-FT readings (task1.wise_ft_alphas) is also read at the alpha where its
-interpolation towards the Task-0 model reaches the target. Then, for SCALE-Route: the readings of each trained model
-at the end (as trained, with route_exact, with the likelihood router) and the likelihood router's base weight and
-AUROC of Task-0 against Task-1 questions at the position that predicts the answer.
+interpolation towards the Task-0 model reaches the target. Then, for SCALE-Route and SCALE-Preserve: the readings of
+each trained model at the end (as trained; Route with route_exact; both with the likelihood router) and the
+likelihood router's base weight and AUROC of Task-0 against Task-1 questions at the position that predicts the answer.
 
 Usage: python benchmarks/bio_teacher_table.py ROOT [--target 0.9]   (ROOT: BIO_TEACHER_OUT of bio_teacher.sh)
 """
@@ -19,6 +19,8 @@ import itertools
 import json
 import statistics
 from pathlib import Path
+
+from scale_cl.methods import method_spec
 
 REFERENCE = ("no-old-data", "fft__lr=")  # FFT at its preset rate, nothing added
 
@@ -40,7 +42,9 @@ def wise_ft_at_target(run: dict, target: float) -> tuple[float, float] | None:
     """(alpha, held-out Task-0 accuracy) where WiSE-FT's interpolation of an FFT/Freeze run towards the Task-0
     model first reaches ``target`` on Task 1, linear in alpha between the readings (alpha 0 is the Task-0 model,
     1 the trained one); None without readings or if even alpha 1 stays below."""
-    readings = [r for r in run.get("readings", []) if "alpha" in r and "router" not in r]
+    if not method_spec(run["method"]).wise_ft:  # SCALE's readings are its routers', not an interpolation
+        return None
+    readings = [r for r in run.get("readings", []) if "alpha" in r]
     if not readings:
         return None
     points = [{**run["curve"][0], "step": 0.0}, *({**r, "step": r["alpha"]} for r in readings)]
@@ -98,12 +102,13 @@ def main() -> None:
                 f"| {spread(shares)} | | |"
             )
     print()
-    print("SCALE-Route at the end of training, read three ways (training nothing); the likelihood router's base")
-    print("weight where the answer is predicted, and its AUROC of Task-0 (held-out / QA-trained) vs Task-1 questions")
+    print("SCALE-Route and SCALE-Preserve at the end of training, read each way (training nothing); the likelihood")
+    print("router's base weight where the answer is predicted, and its AUROC of Task-0 (held-out / QA-trained) vs")
+    print("Task-1 questions")
     print()
     print("| sweep | point | reading | Task 1 % | Task 0 % | w Task 0 | w Task 1 | AUROC | AUROC QA-trained |")
     print("|---|---|---|---|---|---|---|---|---|")
-    for point in (p for p in points if p.name.startswith("scale_route")):
+    for point in (p for p in points if p.name.startswith(("scale_route", "scale_preserve"))):
         by_seed = {s: r for s, r in runs(point).items() if r.get("readings")}
         if not by_seed:
             continue

@@ -77,6 +77,10 @@ def test_micro_run_writes_figure_tables_and_curves_for_every_method(finished):
     ]
     assert {k: readings[0][k] for k in ("task0", "task1")} == {k: route["curve"][-1][k] for k in ("task0", "task1")}
     assert "likelihood_router" in readings[2] and "likelihood_router" not in readings[0]
+    # SCALE-Preserve is read with the likelihood router too (its Z is the base's logits exactly)
+    preserve = json.loads((out / "seed-0" / "scale_preserve.json").read_text())
+    assert [r.get("router", "cosine") for r in preserve["readings"]] == ["cosine", "likelihood"]
+    assert 0 <= preserve["readings"][1]["likelihood_router"]["auroc"] <= 1
 
 
 @pytest.mark.slow

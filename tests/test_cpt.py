@@ -244,9 +244,16 @@ def test_up_logit_frontier_reevaluates_the_trained_model_at_each_alpha(workspace
     cfg = replace(cfg, eval=replace(cfg.eval, up_logit_scales=(0.0, 0.5, 1.0)))
     results = run_cpt(cfg, tmp_path / "run")
     preserve = results["methods"]["scale_preserve"]
-    frontier = {point["alpha"]: point for point in preserve["up_logit_frontier"]}
+    frontier = {point["alpha"]: point for point in preserve["up_logit_frontier"] if "router" not in point}
     first, last = preserve["curve"][0], preserve["curve"][-1]
     assert sorted(frontier) == [0.0, 0.5, 1.0]
+    # SCALE-Preserve is also read with the likelihood router (its Z is the base's logits exactly): at alpha 0 its
+    # two distributions are one, the base's
+    routed = {p["alpha"]: p for p in preserve["up_logit_frontier"] if p.get("router") == "likelihood"}
+    assert sorted(routed) == [0.0, 0.5, 1.0]
+    assert routed[0.0]["learning_ppl"] == pytest.approx(first["learning_ppl"], rel=1e-5)
+    assert routed[1.0]["learning_ppl"] != pytest.approx(frontier[1.0]["learning_ppl"], rel=1e-6)
+    assert 0 < routed[1.0]["route_preserve_share"]["heldout"] < 1
     assert frontier[1.0]["learning_ppl"] == pytest.approx(last["learning_ppl"], rel=1e-6)
     assert frontier[0.0]["learning_ppl"] == pytest.approx(first["learning_ppl"], rel=1e-5)
     assert frontier[0.0]["forgetting_ppl"]["toy"] == pytest.approx(first["forgetting_ppl"]["toy"], rel=1e-5)

@@ -74,10 +74,11 @@ GROWN_CASES = {
 }
 # The likelihood router (issue 28): the two paths' mixture by the running likelihood ratio, with a KV cache and beams.
 LIKELIHOOD = {"router": "likelihood", "router_prior": 0.3, "router_decay": 0.9}
-LIKELIHOOD_CASES = {
-    "likelihood-route-llama": ("llama-gqa2-tied", 1),
-    "likelihood-route-neox": ("neox-parallel-rot0.25", 1),
-    "likelihood-route-no-collaborative-layer": ("llama-mqa", 3),
+LIKELIHOOD_CASES = {  # name: (architecture, method, preserve_layers)
+    "likelihood-route-llama": ("llama-gqa2-tied", "route", 1),
+    "likelihood-route-neox": ("neox-parallel-rot0.25", "route", 1),
+    "likelihood-route-no-collaborative-layer": ("llama-mqa", "route", 3),
+    "likelihood-preserve": ("llama-gqa4-untied", "preserve", 1),  # its Z is the base's: one path
 }
 NEW_TOKENS = 8
 SRC = Path(scale_cl.__file__).resolve().parents[1]
@@ -283,8 +284,8 @@ def scale_exports(tmp_path_factory):
         expected[name] = reference(model, ids, mask)
         export_model(model, root / name)
         jobs.append(job(name, root / name, True, ids, mask))
-    for name, (arch, preserve_layers) in LIKELIHOOD_CASES.items():
-        model = lively_scale_model(arch, "route", preserve_layers, **LIKELIHOOD)
+    for name, (arch, method, preserve_layers) in LIKELIHOOD_CASES.items():
+        model = lively_scale_model(arch, method, preserve_layers, **LIKELIHOOD)
         expected[name] = reference(model, ids, mask, beams=True)
         export_model(model, root / name)
         jobs.append(job(name, root / name, True, ids, mask, beams=True))

@@ -62,3 +62,82 @@ def test_the_loss_is_the_mixture_s_next_token_loss_and_new_rows_get_no_mass_from
     expected = -logp[:, :-1].gather(-1, ids[:, 1:, None]).mean()
     torch.testing.assert_close(out.loss, expected, rtol=1e-6, atol=1e-6)
     assert logp[:, 0, -3:].exp().max() < 1e-6  # the base's weight ~ 1 and it gives the new rows nothing
+
+
+def _preserve_and_its_base():
+    """A trained-looking SCALE-Preserve model (new weights random, the head's new columns speaking) and its base."""
+    base = make_model("llama-gqa2-tied").eval()
+    preserve = upscaled_copy(base, "preserve", w21_init="random", w22_init="random")
+    randomize_new_weights(preserve, seed=6, w12_scale=0.3, head_scale=0.3)
+    return base, preserve.eval()
+
+
+def test_preserve_read_by_the_likelihood_router_is_its_own_two_model_control_in_one_pass():
+    """SCALE-Preserve's Z is the base's logits exactly, so its one-pass reading with the likelihood router equals
+    the control (the same trained model and its base as two models), and switching the router off gives the
+    paper's Preserve back bitwise."""
+    base, preserve = _preserve_and_its_base()
+    ids, mask = token_batch()
+    real = mask.bool()
+    with torch.no_grad():
+        plain = preserve(input_ids=ids, attention_mask=mask).logits
+        control = TwoModelMixture(preserve, base, prior=0.5, decay=0.9)(input_ids=ids, attention_mask=mask)
+        set_live_settings(preserve, router="likelihood", router_prior=0.5, router_decay=0.9)
+        assert preserve.scale_route.active and not preserve.scale_route.stacked
+        routed = preserve(input_ids=ids, attention_mask=mask)
+        set_live_settings(preserve, router="cosine")
+        again = preserve(input_ids=ids, attention_mask=mask).logits
+    torch.testing.assert_close(routed.logits[real], control.logits[real], rtol=0, atol=2e-5)
+    assert (routed.logits - plain).abs().max() > 1e-2, "the router changes the reading"
+    weight = routed["route_preserve_share"]
+    assert 0 < float(weight) < 1, "both the base and the new logits carry weight"
+    assert not preserve.scale_route.active and torch.equal(again, plain)
+
+
+def test_preserve_with_the_likelihood_router_is_saved_reloaded_and_trains_the_new_weights_only(tmp_path):
+    from scale_cl import load
+
+    base, preserve = _preserve_and_its_base()
+    set_live_settings(preserve, router="likelihood")
+    ids, _ = token_batch(padded=False)
+    preserve.save_pretrained(tmp_path / "saved")
+    reloaded = load(tmp_path / "saved", base_model=copy.deepcopy(base)).eval()
+    assert reloaded.scale_config.router == "likelihood" and reloaded.scale_route.active
+    with torch.no_grad():
+        torch.testing.assert_close(reloaded(input_ids=ids).logits, preserve(input_ids=ids).logits, rtol=0, atol=0)
+    frozen = {name: p.detach().clone() for name, p in preserve.named_parameters() if not p.requires_grad}
+    preserve.train()
+    optimizer = torch.optim.SGD([p for p in preserve.parameters() if p.requires_grad], lr=0.1)
+    for _ in range(2):
+        optimizer.zero_grad()
+        preserve(input_ids=ids, labels=ids).loss.backward()
+        optimizer.step()
+    assert preserve.get_output_embeddings().weight_up.grad.abs().sum() > 0
+    assert all(torch.equal(p, frozen[name]) for name, p in preserve.named_parameters() if name in frozen)
+
+
+def test_the_control_generates_with_both_caches_as_recomputing_the_whole_sequence_would():
+    """Greedy generate() with each model's KV cache and the router's memory carried over equals the argmax of the
+    mixture recomputed on the whole sequence at every step; a left-padded row generates what it does alone."""
+    base, _, adapt = _route_and_its_paths(prior=0.5, decay=0.9)
+    mixture = TwoModelMixture(adapt, base, prior=0.5, decay=0.9)
+    mixture.eos_ids = ()  # no early stop: every row runs the whole length
+    ids, mask = token_batch()
+    with torch.no_grad():
+        out = mixture.generate(ids, attention_mask=mask, max_new_tokens=5)
+        full_mask = torch.cat((mask, torch.ones(mask.shape[0], 5, dtype=mask.dtype)), 1)
+        positions = (full_mask.cumsum(-1) - 1).clamp_min(0)
+        logits = mixture(input_ids=out, attention_mask=full_mask, position_ids=positions).logits
+        alone = mixture.generate(ids[2:][:, mask[2].bool()], max_new_tokens=5)
+    assert torch.equal(logits[:, ids.shape[1] - 1 : -1].argmax(-1), out[:, ids.shape[1] :])
+    assert torch.equal(alone[0, -5:], out[2, -5:])
+    assert len(set(out[:, ids.shape[1] :].flatten().tolist())) > 1, "not one token repeated"
+    # the same model twice is that model whatever w is, so a row's tokens do not depend on where documents start:
+    # made an EOS token, row 0's first new token ends it there, and it pads after it
+    same = TwoModelMixture(adapt, adapt)
+    same.eos_ids = ()
+    with torch.no_grad():
+        free = same.generate(ids, attention_mask=mask, max_new_tokens=4)[:, ids.shape[1] :]
+        same.eos_ids = (int(free[0, 0]),)
+        stopped = same.generate(ids, attention_mask=mask, max_new_tokens=4, pad_token_id=0)[:, ids.shape[1] :]
+    assert stopped[0].tolist() == [int(free[0, 0]), 0, 0, 0]

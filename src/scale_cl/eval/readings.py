@@ -1,5 +1,6 @@
 """Readings of one trained model along a frontier, training nothing (docs/design.md §2): SCALE's new-stream logits
-weighted by alpha (with SCALE-Route also read with ``route_exact`` and with the likelihood router), and WiSE-FT's
+weighted by alpha (with SCALE-Route also read with ``route_exact`` and with the likelihood router, SCALE-Preserve
+with the likelihood router), and WiSE-FT's
 interpolation of FFT's weights towards the base model's. `cpt` and `bio` record them beside each run's curve."""
 
 from __future__ import annotations
@@ -17,14 +18,18 @@ def up_logit_frontier(model: torch.nn.Module, evaluate: Any, scales: tuple[float
     with ``"route_exact": true``): trained with it from the start, Route cannot learn (at W12 = 0 both paths
     agree, every token routes to the exact base logits, and no gradient flows), so it is an evaluation option;
     and with the likelihood router (``"router": "likelihood"``, its prior and decay as the model holds them).
+    SCALE-Preserve trained without a router is read with the likelihood router too (its ``Z`` is the base's logits
+    exactly, `ScaleConfig.routed`).
     """
     from scale_cl import scale_config_of
     from scale_cl.tuner.modes import set_live_settings
 
     own = scale_config_of(model)
-    variants = [{}]  # the model's own settings, then (SCALE-Route trained with Eq. 5) the other two readings
-    if model.scale_route.active and own.router == "cosine" and not own.route_exact:
+    variants = [{}]  # the model's own settings, then the readings it was not trained with
+    if own.method == "route" and own.router == "cosine" and not own.route_exact:
         variants += [{"route_exact": True}, {"router": "likelihood"}]
+    elif own.method == "preserve" and not own.routed:
+        variants += [{"router": "likelihood"}]
     frontier = []
     try:
         for changes in variants:

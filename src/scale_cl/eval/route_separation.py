@@ -16,7 +16,8 @@ from torch import nn
 
 
 def routes_by_likelihood(model: nn.Module) -> bool:
-    """Whether ``model`` is a SCALE-Route model whose head mixes its paths with the likelihood router."""
+    """Whether ``model``'s head mixes the base's and its own logits with the likelihood router (SCALE-Route's two
+    paths, or SCALE-Preserve's ``Z`` and ``Z + alpha Z_up``)."""
     state = getattr(model, "scale_route", None)
     return bool(state is not None and state.active and state.settings["config"].get("router") == "likelihood")
 
@@ -26,7 +27,9 @@ def collect_base_weights(model: nn.Module) -> Iterator[list[torch.Tensor]]:
     """While open, each forward pass of ``model`` appends the base path's weight at every row's last position
     (left-padded prompts: the position that predicts the answer) to the list it yields."""
     if not routes_by_likelihood(model):
-        raise ValueError("the base path's weight exists only for a SCALE-Route model with router='likelihood'")
+        raise ValueError(
+            "the base path's weight exists only for a SCALE-Route or SCALE-Preserve model with router='likelihood'"
+        )
     state, collected = model.scale_route, []
 
     def keep(module: nn.Module, args: tuple, output: object) -> None:

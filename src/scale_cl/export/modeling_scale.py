@@ -21,6 +21,8 @@ model once two things are swapped in:
   Hidden states asked for with ``output_hidden_states`` hold both paths (2B rows) from that layer on.
   With ``scale_router == "likelihood"`` the head mixes the two paths' distributions by the document's running
   likelihood ratio instead (`likelihood_mix`); a model pre-hook hands it the token ids (`capture_router_inputs`).
+  SCALE-Preserve with ``scale_router == "likelihood"`` mixes its one path's ``Z`` (the base's logits) and
+  ``Z + Z_up`` the same way (`RouteHead` with ``stacked=False``).
 """
 
 from __future__ import annotations
@@ -266,8 +268,9 @@ class RouteHead(nn.Linear):
     ``route_logits`` (this file must import nothing but torch and transformers), tested equal to it.
 
     With ``scale_router == "likelihood"``: ``likelihood_mix`` of ``Z_p`` (the base model's logits) and
-    ``Z_a + Z_a_up``; ``last_weight`` keeps the base path's weight per token. ``stacked=False`` (no collaborative
-    layer, likelihood router only): one path, whose ``Z`` is the base's and ``Z + Z_up`` the new.
+    ``Z_a + Z_a_up``; ``last_weight`` keeps the base path's weight per token. ``stacked=False`` (SCALE-Preserve, or
+    Route without a collaborative layer; likelihood router only): one path, whose ``Z`` is the base's and ``Z +
+    Z_up`` the new.
     """
 
     def __init__(self, in_features: int, out_features: int, config: Any, stacked: bool = True) -> None:
@@ -419,7 +422,8 @@ class ScaleMixin:
             for name in self.layer_norms:
                 setattr(layer, name, norm())
         self.route_from = None  # the first layer that runs both paths, None when nothing is stacked
-        likelihood = config.scale_method == "route" and config.scale_router == "likelihood"
+        # SCALE-Route, and SCALE-Preserve with the likelihood router (its Z is the base's logits exactly)
+        likelihood = config.scale_method in ("route", "preserve") and config.scale_router == "likelihood"
         if config.scale_method == "route" and config.scale_preserve_layers < len(decoder.layers):
             self.route_from = config.scale_preserve_layers
             self.add_route_paths(decoder.layers, config)

@@ -54,7 +54,10 @@ class ScaleConfig:
             exactly, instead of Eq. 5's ``(Z_p + Z_a) / 2 + Z_p_up``.
         router: SCALE-Route's router: ``"cosine"`` (Eq. 5, the paper's) or ``"likelihood"`` (``p = w p_base +
             (1 - w) p_new``, ``w`` from the running log-likelihood ratio of the document so far under the two
-            paths: `scale_cl.tuner.routing.likelihood`).
+            paths: `scale_cl.tuner.routing.likelihood`). SCALE-Preserve reads it too when it is
+            ``"likelihood"``: its ``Z`` is the base model's logits exactly, so ``p_base`` is the base's and
+            ``p_new`` the model's own ``Z + alpha Z_up``, from one forward pass (the paper's Preserve has no
+            router: with ``"cosine"`` it is not routed, `routed`).
         router_prior: the likelihood router's prior log-odds for the base path (``w = sigmoid(prior)`` at a
             document start).
         router_decay: the likelihood router's decay of past evidence per token, in (0, 1] (1: the whole document
@@ -108,7 +111,8 @@ class ScaleConfig:
         default="cosine",
         metadata={
             "help": f"SCALE-Route's router, one of {tuple(ROUTERS)}: Eq. 5's cosine, or p = w p_base + (1 - w) "
-            "p_new with w from the document's running log-likelihood ratio under the two paths"
+            "p_new with w from the document's running log-likelihood ratio under the two paths (SCALE-Preserve "
+            "reads it too when it is likelihood: its base logits are exact)"
         },
     )
     router_prior: float = field(
@@ -147,6 +151,12 @@ class ScaleConfig:
             raise ValueError(f"ScaleConfig.collab_modules has duplicates: {self.collab_modules!r}")
         self.route_tau, self.up_logit_scale = float(self.route_tau), float(self.up_logit_scale)
         self.router_prior, self.router_decay = float(self.router_prior), float(self.router_decay)
+
+    @property
+    def routed(self) -> bool:
+        """Whether a router makes the logits: SCALE-Route's always; SCALE-Preserve's with the likelihood router (its
+        base logits are exact, so it mixes them with its own; Eq. 5 is Route's alone)."""
+        return self.method == "route" or (self.method == "preserve" and self.router == "likelihood")
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)

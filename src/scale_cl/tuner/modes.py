@@ -67,7 +67,7 @@ def set_method(model: nn.Module, method: str, tau: float | None = None) -> nn.Mo
                 module.scale_heads.constant = heads_constant
                 module.scale_heads.constant_half = stacked_half
     model.config.scale_cl["config"] = cfg.to_dict()  # the method and tau, read by save, export and route
-    model.scale_route.switch(method == "route", stacked_from)  # created by `upscale`
+    _switch_routing(model, stacked_from)
 
     for param in model.parameters():
         param.requires_grad_(False)
@@ -80,6 +80,13 @@ def set_method(model: nn.Module, method: str, tau: float | None = None) -> nn.Mo
                 elif name not in ("weight", "bias"):
                     param.requires_grad_(True)
     return model
+
+
+def _switch_routing(model: nn.Module, stacked_from: int | None) -> None:
+    """Turn the model's route state (created by `upscale`) on where a router makes the logits
+    (`ScaleConfig.routed`); only SCALE-Route stacks its two paths (SCALE-Preserve's base logits are its own ``Z``)."""
+    cfg = scale_config_of(model)
+    model.scale_route.switch(cfg.routed, stacked_from if cfg.method == "route" else None)
 
 
 def _first_w12_layer(layer: nn.Module, spec: ArchSpec, parallel: bool) -> bool:
@@ -121,6 +128,8 @@ def set_live_settings(model: nn.Module, **changes: Any) -> nn.Module:
     if fixed:
         raise ValueError(f"{fixed} cannot change on a live model (fixed by upscale); live settings: {live}")
     model.config.scale_cl["config"] = replace(scale_config_of(model), **changes).to_dict()
+    if "router" in changes:  # SCALE-Preserve is routed by the likelihood router alone
+        _switch_routing(model, model.scale_route.first_stacked)
     return model
 
 

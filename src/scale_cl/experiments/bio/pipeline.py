@@ -453,8 +453,8 @@ def run_method(
         "curve": tracker.records,
         **used_placement(args),  # device, precision (and the GPU) Task 1 trained on
     }
-    if method_spec(method).routes:
-        result["readings"] = route_readings(model, data)
+    if method_spec(method).base_logits_exact:
+        result["readings"] = router_readings(model, data)
     elif cfg.task1.wise_ft_alphas and method_spec(method).wise_ft:
         task0 = GPTNeoXForCausalLM.from_pretrained(task0_dir)
         result["readings"] = wise_ft_frontier(model, task0, lambda m: evaluate_tasks(m, data), cfg.task1.wise_ft_alphas)
@@ -463,9 +463,10 @@ def run_method(
     return result
 
 
-def route_readings(model: torch.nn.Module, data: BioData) -> list[dict[str, Any]]:
-    """The trained SCALE-Route model evaluated as it is and, trained with Eq. 5, read with ``route_exact`` and with
-    the likelihood router (training nothing; `scale_cl.eval.readings.up_logit_frontier` at alpha 1)."""
+def router_readings(model: torch.nn.Module, data: BioData) -> list[dict[str, Any]]:
+    """The trained SCALE model whose base logits are exact (Route, Preserve) evaluated as it is and with the readings
+    it was not trained with: Route's Eq.-5-trained model with ``route_exact`` and the likelihood router, Preserve's
+    with the likelihood router (training nothing; `scale_cl.eval.readings.up_logit_frontier` at alpha 1)."""
     return up_logit_frontier(model, lambda m: evaluate_tasks(m, data), (1.0,))
 
 

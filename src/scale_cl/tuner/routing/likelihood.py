@@ -1,8 +1,9 @@
 """The likelihood router (issue 28, beside Eq. 5's cosine router): route by which path explains the document so far.
 
 The output mixes the two paths' next-token distributions, ``p = w p_base + (1 - w) p_new``, where ``p_base`` is
-the base model's (SCALE-Route's preserve path ``Z_p``; the base logits ``Z`` without a collaborative layer) and
-``p_new`` the model's own (the adapt path ``Z_a + alpha Z_a_up``). ``w`` is the posterior that the document is
+the base model's (SCALE-Route's preserve path ``Z_p``; SCALE-Preserve's ``Z``, and Route's without a collaborative
+layer: the base's logits exactly, from the same pass) and ``p_new`` the model's own (the adapt path ``Z_a + alpha
+Z_a_up``; ``Z + alpha Z_up`` on one path). ``w`` is the posterior that the document is
 the base's, from the running log-likelihood ratio of the tokens read so far::
 
     r_t = decay * r_{t-1} + ln p_base(x_t | x_<t) - ln p_new(x_t | x_<t)     (r = 0 at a document start)
@@ -112,8 +113,9 @@ def likelihood_mix(
 
 
 class LikelihoodRouter(Router):
-    """The module doc's mixture: the preserve path's ``Z_p`` (the base's logits; ``Z`` without a collaborative
-    layer) and the adapt path's ``Z_a + alpha Z_a_up``, weighed by the document's running likelihood ratio. Its
+    """The module doc's mixture: the preserve path's ``Z_p`` (the base's logits; ``Z`` on one path: SCALE-Preserve,
+    or Route without a collaborative layer) and the adapt path's ``Z_a + alpha Z_a_up`` (``Z + alpha Z_up``),
+    weighed by the document's running likelihood ratio. Its
     memory across ``generate()`` calls and the base path's weight per token (``last_mask``, a float) live in the
     model's `RouteState`."""
 
@@ -127,7 +129,7 @@ class LikelihoodRouter(Router):
                 base = paths.original_logits(paths.x[:half])
             adapt = paths.original_logits(paths.x[half:])
             new = torch.add(adapt, paths.up_logits(paths.x_up[half:]), alpha=paths.alpha)
-        else:  # no collaborative layer: the original stream is the base's on both paths
+        else:  # one path (SCALE-Preserve, or no collaborative layer): its original stream is the base's
             base = paths.original_logits(paths.x)
             new = torch.add(base, paths.up_logits(paths.x_up), alpha=paths.alpha)
         state.keep_base(base[..., : paths.vocab])
