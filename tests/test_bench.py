@@ -13,6 +13,7 @@ from conftest import hidden_up_for, make_model, tiny_llama_config
 from scale_cl import ScaleConfig, upscale
 from scale_cl.bench import BenchConfig
 from scale_cl.bench.floor import fft_floor, scale_floor
+from scale_cl.bench.readings import READINGS
 from scale_cl.bench.report import RATIO_METRICS, evaluate_targets
 from scale_cl.bench.setup import scale_configs
 from scale_cl.bench.shapes import SHAPES
@@ -21,6 +22,7 @@ from scale_cl.eval.cost import forward_flops_per_token, train_flops_per_token
 from scale_cl.methods import METHOD_NAMES
 from scale_cl.tuner.layers import ScaleLinear
 
+READING_NAMES = tuple(READINGS)
 SMOKE = ["--shapes", "tiny", "--batch", "2", "--seq", "16", "--warmup", "1", "--rounds", "1", "--threads", "1"]
 SMOKE += ["--infer-rounds", "1", "--gen-prompt", "4", "--gen-tokens", "2", "--no-progress"]
 
@@ -53,7 +55,7 @@ def test_smoke_has_every_method_with_ratios_against_fft(smoke):
     fft = entry["methods"]["fft"]
     for method, record in entry["methods"].items():
         for metric in RATIO_METRICS:
-            if metric == "peak_train_mib":  # skipped in this run
+            if metric in ("peak_train_mib", "peak_forward_mib"):  # skipped in this run (the second: readings')
                 assert record.get(metric) is None and record["vs_fft"][metric] is None
                 continue
             if metric == "train_floor_flops_per_token" and method in ("lora", "freeze", "llama_pro"):
@@ -128,6 +130,33 @@ def test_quantized_rows_beside_dense_ones(tmp_path):
     assert methods["scale_route+nf4"]["state_mib"] < methods["scale_route+int8"]["state_mib"]  # 4 bits < 8 bits
 
 
+def test_readings_are_inference_rows_of_the_methods_models(tmp_path):
+    """--readings: each router reading of a method's model (and the two-model control) is timed with the methods,
+    its forward FLOPs counted (the control's are FFT's twice), in a table of its own; the forward memory task
+    measures the control with the base resident beside FFT's model."""
+    from scale_cl.bench.child import forward_memory
+
+    out = tmp_path / "readings"
+    rows = ["--methods", "fft", "scale_preserve", "scale_route", "--readings", *READING_NAMES]
+    assert main(["bench", *SMOKE, *rows, "--skip-memory", "--skip-upscale", "--skip-training", "--out", str(out)]) == 0
+    entry = json.loads((out / "results.json").read_text())["shapes"]["tiny"]
+    readings, methods = entry["readings"], entry["methods"]
+    assert list(readings) == list(READING_NAMES)
+    for name, record in readings.items():
+        assert record["forward_tokens_per_s"] > 0 and record["generate_tokens_per_s"] > 0, name
+        assert record["vs_fft"]["forward_tokens_per_s"] > 0, name
+    # the models' own products; each router adds a few small ones of its own (the running ratio's 64 x 64 chunks,
+    # Eq. 5's cosine), under 0.1% here
+    fft = methods["fft"]["fwd_flops_per_token"]
+    assert readings["control"]["fwd_flops_per_token"] == pytest.approx(2 * fft, rel=1e-3)
+    for name, method in (("route-likelihood", "scale_route"), ("preserve-likelihood", "scale_preserve")):
+        assert readings[name]["fwd_flops_per_token"] == pytest.approx(methods[method]["fwd_flops_per_token"], rel=1e-3)
+    assert "Inference read with the likelihood router" in (out / "results.md").read_text()
+    cfg = BenchConfig(shapes=("tiny",), batch=2, seq=16, methods=("fft",), readings=("control",))
+    alone, control = forward_memory(cfg, "tiny", "fft"), forward_memory(cfg, "tiny", "control")
+    assert control["resident_before_mib"] > alone["resident_before_mib"] > 0
+
+
 def test_options_and_yaml_reach_the_config(tmp_path):
     """The SMOKE options (dashed, as written in the docs) and a YAML file, before the options, give the BenchConfig."""
     config = tmp_path / "bench.yaml"
@@ -166,6 +195,14 @@ def test_config_refuses_bad_settings():
     assert (BenchConfig(device="cpu", batch=2, seq=8).batch, BenchConfig(device="cpu", seq=8).seq) == (2, 8)
     with pytest.raises(ValueError, match="compile must be one of"):
         BenchConfig(compile="fast")
+    with pytest.raises(ValueError, match=r"route-likelihood \(needs scale_route\)"):
+        BenchConfig(methods=("fft", "scale_preserve"), readings=("route-likelihood",))
+    with pytest.raises(ValueError, match="keep fft in --methods"):
+        BenchConfig(methods=("scale_route",), readings=("route-likelihood",))
+    with pytest.raises(ValueError, match="drop --skip_inference"):
+        BenchConfig(methods=("fft",), readings=("control",), skip_inference=True)
+    with pytest.raises(ValueError, match="unknown readings"):
+        BenchConfig(readings=("nested",))
     assert BenchConfig(device="cpu").is_upscale_only("llama-1b")
     assert not BenchConfig(device="cpu", upscale_only=()).is_upscale_only("llama-1b")
 

@@ -1,7 +1,9 @@
-"""The measurements that need a fresh process: peak training memory of one method, and upscale's cost.
+"""The measurements that need a fresh process: peak training memory of one method, peak forward memory of a method or
+a reading, and upscale's cost.
 
 ``python -m scale_cl.bench.child '<task JSON>'`` prints one line ``SCALE_BENCH_RESULT {json}``.
-Tasks: ``{"task": "train_memory", "config": {...}, "shape": NAME, "method": METHOD}`` and
+Tasks: ``{"task": "train_memory", "config": {...}, "shape": NAME, "method": METHOD}``, ``{"task": "forward_memory",
+..., "row": METHOD or READING}`` and
 ``{"task": "upscale", "config": {...}, "shape": NAME}`` (``config`` is a `BenchConfig` as a dict).
 """
 
@@ -17,6 +19,7 @@ import torch
 from scale_cl.bench.config import BenchConfig
 from scale_cl.bench.measure import make_optimizer, synchronize, train_step
 from scale_cl.bench.memory import MIB, RESULT_PREFIX, PeakMemory
+from scale_cl.bench.readings import READINGS, reading_model
 from scale_cl.bench.setup import build_method, method_options, scale_configs
 from scale_cl.bench.shapes import SHAPES, build_base
 from scale_cl.tuner.upscale import upscale
@@ -44,6 +47,31 @@ def train_memory(cfg: BenchConfig, shape_name: str, method: str) -> dict[str, An
     return {
         "peak_train_mib": memory.peak() / MIB,
         "resident_before_training_mib": resident / MIB,
+        "peak_includes_build": memory.includes_setup,
+    }
+
+
+def forward_memory(cfg: BenchConfig, shape_name: str, row: str) -> dict[str, Any]:
+    """Peak memory of one forward pass (no gradient) of a method's model or a reading's (`scale_cl.bench.readings`:
+    the control holds the base beside its model), model resident."""
+    device, shape = cfg.torch_device, SHAPES[shape_name]
+    memory = PeakMemory(device)
+    base = build_base(shape, cfg.seed)
+    method = READINGS[row].method if row in READINGS else row
+    model = build_method(base, method, method_options(shape, cfg)[method], device, cfg.torch_dtype)
+    if row in READINGS:
+        model = reading_model(row, model, base)
+    del base
+    model.eval()
+    ids = torch.randint(0, shape.make_config().vocab_size, (cfg.batch, cfg.seq), device=device)
+    memory.reset()
+    resident = memory.above_baseline()
+    with torch.no_grad():
+        model(input_ids=ids)
+    synchronize(device)
+    return {
+        "peak_forward_mib": memory.peak() / MIB,
+        "resident_before_mib": resident / MIB,
         "peak_includes_build": memory.includes_setup,
     }
 
@@ -83,6 +111,8 @@ def run_task(task: dict[str, Any]) -> dict[str, Any]:
     cfg.use_training_kernels()
     if task["task"] == "train_memory":
         return train_memory(cfg, task["shape"], task["method"])
+    if task["task"] == "forward_memory":
+        return forward_memory(cfg, task["shape"], task["row"])
     if task["task"] == "upscale":
         return upscale_cost(cfg, task["shape"])
     raise ValueError(f"unknown task {task['task']!r}")

@@ -7,6 +7,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from scale_cl.bench.readings import READINGS
 from scale_cl.bench.shapes import SHAPES
 from scale_cl.bounds import check_fields
 from scale_cl.methods import METHOD_NAMES, QUANTIZABLE_METHODS, check_quantizable
@@ -17,6 +18,8 @@ COMPILE_MODES = ("none", "default", "reduce-overhead", "max-autotune")
 # The batch when --batch / --seq are 0: a CPU's is the one issue 5's targets were measured at; a GPU's gives about
 # 16k tokens a step, which keeps an H100 busy at Llama-3.2-1B's shape (at 1k tokens it waits on launches).
 AUTO_BATCH = {"cpu": (4, 256), "cuda": (16, 1024)}
+# the row every ratio is against: full fine-tuning of the same base
+REFERENCE = "fft"
 # a row of a method on a quantized base: METHOD+KIND (lora+nf4 is QLoRA)
 QUANTIZED_ROWS = tuple(f"{method}+{kind}" for method in QUANTIZABLE_METHODS for kind in ("int8", "nf4"))
 
@@ -127,6 +130,16 @@ class BenchConfig:
             "metavar": "SHAPE",
         },
     )
+    readings: tuple[str, ...] = field(
+        default=(),
+        metadata={
+            "help": "inference-only rows, each a method's model read with the likelihood router: route-likelihood "
+            "(SCALE-Route), preserve-likelihood (SCALE-Preserve: its Z is the base's), control (FFT's model and the "
+            "base, two models mixed the same way); each needs its method in --methods",
+            "choices": list(READINGS),
+            "metavar": "READING",
+        },
+    )
     infer_rounds: int = field(default=3, metadata={"ge": 0, "help": "timed inference rounds (after one warm-up round)"})
     gen_batch: int = field(default=1, metadata={"ge": 1, "help": "generate(): prompts per call"})
     gen_prompt: int = field(default=32, metadata={"ge": 1, "help": "generate(): prompt length in tokens"})
@@ -153,6 +166,17 @@ class BenchConfig:
         for name in self.methods:
             method, kind = split_method(name)
             check_quantizable(method, kind)  # e.g. fft+nf4: FFT trains the weights a quantized base keeps frozen
+        self.readings = tuple(dict.fromkeys(self.readings))
+        unknown = [r for r in self.readings if r not in READINGS]
+        if unknown:
+            raise ValueError(f"unknown readings {unknown}; choose from {list(READINGS)}")
+        missing = [f"{r} (needs {READINGS[r].method})" for r in self.readings if READINGS[r].method not in self.methods]
+        if missing:
+            raise ValueError(f"readings {missing} read a method's model: add the method to --methods")
+        if self.readings and REFERENCE not in self.methods:
+            raise ValueError("--readings are compared with fft's model alone: keep fft in --methods")
+        if self.readings and self.skip_inference:
+            raise ValueError("--readings are inference rows: drop --skip_inference, or the readings")
         if self.upscale_only is not None:
             self.upscale_only = tuple(self.upscale_only)
             unknown = [s for s in self.upscale_only if s not in SHAPES]
@@ -202,7 +226,7 @@ class BenchConfig:
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
-        for name in ("shapes", "methods", "upscale_only"):
+        for name in ("shapes", "methods", "readings", "upscale_only"):
             if data[name] is not None:
                 data[name] = list(data[name])
         return data

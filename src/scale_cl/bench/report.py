@@ -27,6 +27,7 @@ RATIO_METRICS = (
     "state_mib",
     "forward_tokens_per_s",
     "generate_tokens_per_s",
+    "peak_forward_mib",
 )
 
 
@@ -102,9 +103,10 @@ def machine_info(device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
     return info
 
 
-def add_ratios(methods: dict[str, dict[str, Any]]) -> None:
-    """Give every method ``vs_fft[metric] = value / fft's value`` (None where either is missing)."""
-    fft = methods.get("fft", {})
+def add_ratios(methods: dict[str, dict[str, Any]], fft: dict[str, Any] | None = None) -> None:
+    """Give every method (or reading) ``vs_fft[metric] = value / fft's value`` (None where either is missing); ``fft``:
+    FFT's record, by default the one among ``methods``."""
+    fft = methods.get("fft", {}) if fft is None else fft
     for record in methods.values():
         record["vs_fft"] = {
             metric: (record[metric] / fft[metric])
@@ -253,6 +255,7 @@ def shape_markdown(name: str, entry: dict[str, Any]) -> str:
             ]
             for method, r in methods.items():
                 lines.append(f"| {method} | {_cell(r, 'forward_tokens_per_s')} | {_cell(r, 'generate_tokens_per_s')} |")
+        lines += _readings_markdown(entry)
         errors = [f"{m}: {r['memory_error']}" for m, r in methods.items() if r.get("memory_error")]
         if errors:
             lines += ["", *[f"* memory measurement failed for {e}" for e in errors]]
@@ -287,6 +290,29 @@ def shape_markdown(name: str, entry: dict[str, Any]) -> str:
             lines.append(f"| {t.get('issue', 5)} | {t['target']}{detail} | {t['value']:.3f} | {bound} | {met} |")
         lines.append("")
     return "\n".join(lines)
+
+
+def _readings_markdown(entry: dict[str, Any]) -> list[str]:
+    """The readings' table (`scale_cl.bench.readings`), FFT's row first: what each costs at inference."""
+    readings = entry.get("readings") or {}
+    if not readings:
+        return []
+    fft = entry["methods"].get("fft", {})
+    lines = [
+        "",
+        "Inference read with the likelihood router (ratios against fft's model alone):",
+        "",
+        "| reading | setting | fwd MFLOP/token | forward tokens/s | generate() tokens/s | peak forward MiB |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, r in [("fft", {**fft, "setting": "the model alone"}), *readings.items()]:
+        lines.append(
+            f"| {name} | {r['setting']} | {_cell(r, 'fwd_flops_per_token', 1e-6)} "
+            f"| {_cell(r, 'forward_tokens_per_s')} | {_cell(r, 'generate_tokens_per_s')} "
+            f"| {_cell(r, 'peak_forward_mib')} |"
+        )
+    errors = [f"{n}: {r['memory_error']}" for n, r in readings.items() if r.get("memory_error")]
+    return lines + [f"* forward memory measurement failed for {e}" for e in errors]
 
 
 def _compiled(cfg: dict[str, Any]) -> str:

@@ -9,10 +9,11 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from scale_cl.bench.config import BenchConfig, split_method
+from scale_cl.bench.config import REFERENCE, BenchConfig, split_method
 from scale_cl.bench.floor import method_floor
 from scale_cl.bench.measure import interleaved_inference, interleaved_training, median, state_bytes
 from scale_cl.bench.memory import MIB, release_memory, run_child
+from scale_cl.bench.readings import READINGS, reading_model
 from scale_cl.bench.report import add_ratios, evaluate_targets, machine_info, peak_tflops, write_results
 from scale_cl.bench.setup import build_method, describe, method_options, scale_configs
 from scale_cl.bench.shapes import SHAPES, Shape, build_base, parameter_count
@@ -35,6 +36,7 @@ def _shape_entry(shape: Shape, cfg: BenchConfig) -> dict[str, Any]:
         "preserve_layers": {method: sc.preserve_layers for method, sc in scale.items()},
         "upscale_only": cfg.is_upscale_only(shape.name),
         "methods": {},
+        "readings": {},
         "notes": [],
     }
 
@@ -97,17 +99,30 @@ def _measure_methods(shape: Shape, cfg: BenchConfig, entry: dict[str, Any], peak
         gc.collect()
 
     if not cfg.skip_inference:
-        _log(f"{shape.name}: inference")
+        readers = _reading_models(shape, cfg, entry, models, ids)
+        _log(f"{shape.name}: inference" + (f", {len(readers)} readings" if readers else ""))
         times = interleaved_inference(
-            models, ids, prompt, new_tokens=cfg.gen_tokens, rounds=cfg.infer_rounds, progress=cfg.progress
-        )
-        for method, t in times.items():
-            record = entry["methods"][method]
+            {**models, **readers}, ids, prompt, new_tokens=cfg.gen_tokens, rounds=cfg.infer_rounds,
+            progress=cfg.progress,
+        )  # fmt: skip
+        for row, t in times.items():
+            record = entry["readings" if row in readers else "methods"][row]
             forward, generate = median(t["forward"]), median(t["generate"])
             record["forward_tokens_per_s"] = cfg.batch * cfg.seq / forward if forward else None
             record["generate_tokens_per_s"] = cfg.gen_batch * cfg.gen_tokens / generate if generate else None
+        del readers
     del models
     release_memory()  # the memory children and the next shape get the memory back
+    if cfg.readings and not cfg.skip_memory:
+        for row in tqdm((REFERENCE, *cfg.readings), desc="peak forward memory", disable=not cfg.progress, leave=False):
+            task = {"task": "forward_memory", "config": cfg.to_dict(), "shape": shape.name, "row": row}
+            result = run_child(task)
+            record = entry["readings" if row in READINGS else "methods"][row]
+            if "error" in result:
+                record["memory_error"] = result["error"]
+                _log(f"{shape.name} {row}: forward memory measurement failed: {result['error']}")
+            else:
+                record["peak_forward_mib"] = result["peak_forward_mib"]
 
     if not cfg.skip_memory:
         for method in tqdm(cfg.methods, desc="peak memory (a process each)", disable=not cfg.progress, leave=False):
@@ -121,6 +136,22 @@ def _measure_methods(shape: Shape, cfg: BenchConfig, entry: dict[str, Any], peak
             record["resident_before_training_mib"] = result["resident_before_training_mib"]
             if result["peak_includes_build"]:
                 entry["notes"].append(f"{method}: the peak could not be reset after the build and includes it")
+
+
+def _reading_models(
+    shape: Shape, cfg: BenchConfig, entry: dict[str, Any], models: dict[str, torch.nn.Module], ids: torch.Tensor
+) -> dict[str, torch.nn.Module]:
+    """The models of ``cfg.readings`` (`scale_cl.bench.readings`), read from the (trained) method models, each
+    recorded in ``entry["readings"]`` with its forward FLOPs counted."""
+    base = build_base(shape, cfg.seed) if any(READINGS[r].two_models for r in cfg.readings) else None
+    readers = {}
+    for name in cfg.readings:
+        reading = READINGS[name]
+        readers[name] = model = reading_model(name, models[reading.method], base)
+        record = entry["readings"][name] = {"setting": reading.setting, "reads": reading.method}
+        if not cfg.skip_flops:
+            record["fwd_flops_per_token"] = forward_flops_per_token(model, ids[:1])
+    return readers
 
 
 def run_bench(cfg: BenchConfig, out: Path | None = None, command: str = "scale-cl bench") -> dict[str, Any]:
@@ -150,6 +181,7 @@ def run_bench(cfg: BenchConfig, out: Path | None = None, command: str = "scale-c
             _log(f"{name}: upscale cost (fresh process)")
             entry["upscale"] = run_child({"task": "upscale", "config": cfg.to_dict(), "shape": name})
         add_ratios(entry["methods"])
+        add_ratios(entry["readings"], entry["methods"].get(REFERENCE, {}))
         entry["targets"] = evaluate_targets(entry)
         if out is not None:
             write_results(results, out)

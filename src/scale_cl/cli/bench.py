@@ -22,7 +22,9 @@ EPILOG = (
     "examples:\n"
     "  scale-cl bench --shapes smollm2 llama-1b --out outputs/bench\n"
     "  scale-cl bench --shapes tiny --seq 64 --rounds 2 --skip_memory          # a smoke run, seconds\n"
-    "  scale-cl bench --shapes smollm2 --methods fft lora scale_adapt --skip_inference --skip_upscale"
+    "  scale-cl bench --shapes smollm2 --methods fft lora scale_adapt --skip_inference --skip_upscale\n"
+    "  scale-cl bench --shapes smollm2 --methods fft scale_preserve scale_route --skip_training \\\n"
+    "      --readings route-likelihood preserve-likelihood control   # inference read with the likelihood router"
 )
 
 
