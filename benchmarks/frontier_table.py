@@ -6,7 +6,9 @@ ppl) - ln(base's), each divided by FFT's at its preset rate (x1) in the same see
 seeds. The target (no old-domain data): a loss <= 50% of FFT's at a gain >= 90% of FFT's. Each SCALE point's
 best alpha is the one with the least mean `en` loss among those whose mean gain is >= 90%.
 
-FFT's points with ``--eval.wise_ft_alphas`` show their WiSE-FT frontier (weights interpolated towards the base's).
+FFT's points with ``--eval.wise_ft_alphas`` show their WiSE-FT frontier (weights interpolated towards the base's);
+a point run with ``--eval.likelihood_control`` also shows its two-model control (the trained model and the base mixed
+by the likelihood router: alpha "1 control").
 
 Usage: python benchmarks/frontier_table.py SWEEP_DIR [MORE_SWEEP_DIRS]  (the first holds FFT's x1 point, the
 reference; every folder's points are read, labelled with the folder's name, e.g. FFT's lower rates in
@@ -24,10 +26,12 @@ from pathlib import Path
 from target_table import reference, share, spread
 
 
-def frontiers(point_dir: Path, point: dict, seeds: list[str]) -> dict[str, list[dict]] | None:
-    """The SCALE alpha frontier (--eval.up_logit_scales) or FFT's WiSE-FT one (--eval.wise_ft_alphas): see below."""
+def frontiers(point_dir: Path, point: dict, seeds: list[str]) -> tuple[dict[str, list[dict]] | None, dict]:
+    """The SCALE alpha frontier (--eval.up_logit_scales) or FFT's WiSE-FT one (--eval.wise_ft_alphas), see below,
+    and the two-model control (--eval.likelihood_control: alpha "1 control"; {} without it)."""
     key = "wise_ft_frontier" if point["method"] == "fft" else "up_logit_frontier"
-    return _frontiers(point_dir, point, seeds, key)
+    control = _frontiers(point_dir, point, seeds, "likelihood_control") or {}
+    return _frontiers(point_dir, point, seeds, key), {f"{a.split()[0]} control": r for a, r in control.items()}
 
 
 def _frontiers(point_dir: Path, point: dict, seeds: list[str], frontier_key: str) -> dict[str, list[dict]] | None:
@@ -89,17 +93,18 @@ def main(folders: list[Path]) -> None:
             label = point["method"] + (f" ({point['label']})" if point["label"] else "")
             if folder != folders[0] and point["method"] != "fft":
                 label += f" [{folder.name}]"
-            by_alpha = frontiers(path.parent, point, seeds)
+            by_alpha, control = frontiers(path.parent, point, seeds)
+            trained = [point["seeds"][s] for s in seeds]
             if point["method"] == "fft":
                 label = f"{label} [{folder.name}, lr {point['lr']:g}]"
-                if by_alpha is None:
-                    row(label, point["lr"], "—", [point["seeds"][s] for s in seeds])
-                    continue
-                label += " WiSE-FT"
-                by_alpha["1"] = [point["seeds"][s] for s in seeds]  # the trained model itself
-            if by_alpha is None:
-                row(label, point["lr"], "1", [point["seeds"][s] for s in seeds])
+                if by_alpha is not None:
+                    label += " WiSE-FT"
+            if by_alpha is None and not control:
+                row(label, point["lr"], "—" if point["method"] == "fft" else "1", trained)
                 continue
+            by_alpha = {**(by_alpha or {}), **control}
+            if point["method"] == "fft":
+                by_alpha["1"] = trained  # the trained model itself
             for alpha, records in by_alpha.items():
                 row(label, point["lr"], alpha, records)
             enough = {a: r for a, r in by_alpha.items() if statistics.fmean(gain(r)) >= 0.9}

@@ -14,6 +14,7 @@ from scale_cl.tuner.modes import live_settings, set_live_settings
 from scale_cl.tuner.routing import ROUTERS, HeadPaths, Router, register_router, route_settings
 from scale_cl.tuner.routing.cosine import CosineRouter
 from scale_cl.tuner.routing.likelihood import LikelihoodRouter
+from scale_cl.tuner.routing.nested import NestedRouter
 
 
 class AdaptPathRouter(Router):
@@ -45,6 +46,7 @@ def adapt_path_router():
 
 def test_the_built_in_routers_are_registered_and_declare_the_route_settings():
     assert isinstance(ROUTERS["cosine"], CosineRouter) and isinstance(ROUTERS["likelihood"], LikelihoodRouter)
+    assert isinstance(ROUTERS["nested"], NestedRouter)
     assert route_settings() == ("router", "route_tau", "route_exact", "router_prior", "router_decay")
     assert set(route_settings()) <= set(live_settings())
 
@@ -70,5 +72,5 @@ def test_a_registered_router_is_one_class_and_selects_like_the_built_in_ones(ada
 
 
 def test_an_unregistered_router_is_refused_with_the_registered_ones():
-    with pytest.raises(ValueError, match=r"router must be one of \('cosine', 'likelihood'\)"):
+    with pytest.raises(ValueError, match=r"router must be one of \('cosine', 'likelihood', 'nested'\)"):
         ScaleConfig(hidden_up=32, ffn_up=8, router="adapt_path")

@@ -44,6 +44,10 @@ _DROPPED = (
 )
 
 
+# The routers the exported modeling file carries (`scale_cl.export.modeling_scale.RouteHead`).
+EXPORTED_ROUTERS = ("cosine", "likelihood")
+
+
 def _family(model: nn.Module) -> tuple[type[PreTrainedConfig], type[PreTrainedModel]]:
     base = model.config.scale_cl["base"]["class"]
     if base not in FAMILIES:
@@ -107,6 +111,12 @@ def export_config(model: nn.Module) -> PreTrainedConfig:
     state = model.config.scale_cl
     cfg, dims = scale_config_of(model), state.get("dims", state["base"]["dims"])  # the sizes the last stage grew
     earlier = [[stage["config"]["hidden_up"], stage["config"]["up_norm"]] for stage in state.get(STAGES_KEY, [])]
+    if cfg.routed and cfg.router not in EXPORTED_ROUTERS:
+        raise ValueError(
+            f"cannot export the {cfg.router} router yet (the exported model carries {', '.join(EXPORTED_ROUTERS)}): "
+            "export the model without it (set_live_settings(model, router='likelihood') or 'cosine'), or use it "
+            "through scale-cl"
+        )
     if cfg.method == "route" and cfg.route_exact and cfg.preserve_layers >= model.config.num_hidden_layers:
         raise ValueError(
             "cannot export SCALE-Route with route_exact and no collaborative layer: every token would route to the "

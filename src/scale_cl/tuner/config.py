@@ -57,7 +57,9 @@ class ScaleConfig:
             paths: `scale_cl.tuner.routing.likelihood`). SCALE-Preserve reads it too when it is
             ``"likelihood"``: its ``Z`` is the base model's logits exactly, so ``p_base`` is the base's and
             ``p_new`` the model's own ``Z + alpha Z_up``, from one forward pass (the paper's Preserve has no
-            router: with ``"cosine"`` it is not routed, `routed`).
+            router: with ``"cosine"`` it is not routed, `routed`). ``"nested"`` (SCALE-Preserve grown per task):
+            the same rule over the base and every stage's model, nested experts of one pass
+            (`scale_cl.tuner.routing.nested`).
         router_prior: the likelihood router's prior log-odds for the base path (``w = sigmoid(prior)`` at a
             document start).
         router_decay: the likelihood router's decay of past evidence per token, in (0, 1] (1: the whole document
@@ -154,9 +156,10 @@ class ScaleConfig:
 
     @property
     def routed(self) -> bool:
-        """Whether a router makes the logits: SCALE-Route's always; SCALE-Preserve's with the likelihood router (its
-        base logits are exact, so it mixes them with its own; Eq. 5 is Route's alone)."""
-        return self.method == "route" or (self.method == "preserve" and self.router == "likelihood")
+        """Whether a router makes the logits: SCALE-Route's always; SCALE-Preserve's with a router that reads one path
+        (the likelihood or the nested router: its base logits are exact, so it mixes them with its own; Eq. 5
+        compares two paths and is Route's alone)."""
+        return self.method == "route" or (self.method == "preserve" and ROUTERS[self.router].one_path)
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)

@@ -121,6 +121,8 @@ class LikelihoodRouter(Router):
 
     name = "likelihood"
     settings = ("router_prior", "router_decay")
+    reads_tokens = True
+    one_path = True
 
     def combine(self, paths: HeadPaths, state: RouteState) -> torch.Tensor:
         if paths.stacked:

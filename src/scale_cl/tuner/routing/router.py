@@ -65,10 +65,15 @@ class Router(ABC):
         name: its ``ScaleConfig.router`` value.
         settings: the `ScaleConfig` fields it reads at every forward (besides ``router``): live settings of the
             model, saved, reloaded and exported with it.
+        reads_tokens: it weighs the paths by the input token ids (a model pre-hook hands them over).
+        one_path: it also reads SCALE-Preserve's one path, whose ``Z`` is the base's logits exactly
+            (`ScaleConfig.routed`); Eq. 5 compares two paths and reads Route's alone.
     """
 
     name: ClassVar[str]
     settings: ClassVar[tuple[str, ...]] = ()
+    reads_tokens: ClassVar[bool] = False
+    one_path: ClassVar[bool] = False
 
     @abstractmethod
     def combine(self, paths: HeadPaths, state: RouteState) -> torch.Tensor:

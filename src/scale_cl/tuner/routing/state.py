@@ -19,6 +19,8 @@ import torch
 from torch import nn
 from transformers.utils import ModelOutput
 
+from scale_cl.tuner.routing.router import router_named
+
 # The key of the routing share in a route model's output (left out of Trainer's evaluation outputs).
 ROUTE_SHARE_KEY = "route_preserve_share"
 
@@ -65,6 +67,7 @@ class RouteState:
         self.first_stacked: int | None = None
         self.last_mask: torch.Tensor | None = None
         self.last_cosine: torch.Tensor | None = None
+        self.last_weights: torch.Tensor | None = None  # the nested router's: every expert's weight (E, B, T)
         self.capture_base = False
         self.base_logits: torch.Tensor | None = None
         # a router's view of the call and its memory across calls (the likelihood router's: this call's tokens and
@@ -98,7 +101,13 @@ class RouteState:
     def switch(self, active: bool, first_stacked: int | None) -> None:
         self.active = active
         self.first_stacked = first_stacked if active else None
-        self.last_mask = self.last_cosine = None
+        self.last_mask = self.last_cosine = self.last_weights = None
+
+    def stage_widths(self) -> tuple[int, ...]:
+        """The widths of the head's original input by stage: the base's hidden size, then what each earlier stage
+        added (one entry for a model upscaled once; `scale_cl.tuner.stages`)."""
+        earlier = self.settings.get("stages", [])  # scale_cl.tuner.stages.STAGES_KEY (which imports this module)
+        return (self.settings["base"]["dims"]["hidden"], *(stage["config"]["hidden_up"] for stage in earlier))
 
     def record(self, cosine: torch.Tensor) -> torch.Tensor:
         """Keep a forward pass's cosines and its routing decision (``cosine > tau``); returns the decision."""
@@ -143,7 +152,7 @@ def capture_inputs_hook(model: nn.Module, args: tuple, kwargs: dict, *, state: R
     The router reads every position's logits (each is evidence for the next), so a call that asks for the last
     positions' only (``logits_to_keep``, as ``generate()``'s prefill does) gets all of them.
     """
-    if not state.active or state.settings["config"].get("router", "cosine") != "likelihood":
+    if not state.active or not router_named(state.settings["config"].get("router", "cosine")).reads_tokens:
         return None
     ids = kwargs.get("input_ids", args[0] if args else None)
     mask = kwargs.get("attention_mask", args[1] if len(args) > 1 else None)

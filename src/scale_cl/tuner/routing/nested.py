@@ -1,0 +1,138 @@
+"""The nested-stage router (issue 40): a model grown k times holds k + 1 experts in one forward pass.
+
+SCALE-Preserve grown once per task keeps every earlier model's function exactly (Theorem 3.1 at every stage), and
+its LM head reads the stages' streams side by side: with ``x = [x_0; x_1; ...; x_k]`` (the base's features, then
+each stage's) and the head's columns split alike, the cumulative sums
+
+    Z_0 = W_0 x_0,   Z_0 + Z_1,   ...,   Z_0 + ... + Z_k (alpha on the current stage's)
+
+are the logits of the base, of the model after stage 1, ..., of the model now: nested experts, for the cost of
+splitting one product. The router mixes their distributions by the posterior over experts of the document so far,
+the likelihood router's rule (`scale_cl.tuner.routing.likelihood`) with k + 1 hypotheses instead of two::
+
+    r_j,t = decay * r_j,t-1 + ln p_j(x_t | x_<t)       (r = 0 at a document start)
+    w_t = softmax_j(prior_j + r_j,t)                     (prior_0 = router_prior, the others 0)
+    p(x_t+1 | x_<=t) = sum_j w_j,t p_j(x_t+1 | x_<=t)
+
+With one stage (a model upscaled once) it is the likelihood router exactly (tested). The experts are exact where
+every later stage preserves (SCALE-Preserve grown per task); where a later stage's W12 wrote into earlier streams
+(SCALE-Adapt), ``Z_0 + ... + Z_j`` reads stream j as the later stages left it, which is no earlier model's logits.
+``last_mask`` holds the base's weight ``w_0`` (the share a route model reports); ``last_weights`` every expert's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+
+from scale_cl.tuner.routing.likelihood import running_ratio
+from scale_cl.tuner.routing.router import HeadPaths, Router, register_router
+
+if TYPE_CHECKING:
+    from scale_cl.tuner.routing.state import RouteState
+
+
+@dataclass
+class NestedMemory:
+    """What a generation step hands the next: each expert's running ratio and last position's log-probabilities."""
+
+    ratio: torch.Tensor  # (E, B)
+    last_log_probs: torch.Tensor  # (E, B, V)
+
+    def reorder(self, index: torch.Tensor) -> None:
+        self.ratio = self.ratio.index_select(1, index.to(self.ratio.device))
+        self.last_log_probs = self.last_log_probs.index_select(1, index.to(self.last_log_probs.device))
+
+
+def nested_mix(
+    expert_logits: Sequence[torch.Tensor],
+    input_ids: torch.Tensor,
+    *,
+    prior: float,
+    decay: float,
+    eos_ids: tuple[int, ...],
+    attention_mask: torch.Tensor | None = None,
+    memory: NestedMemory | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, NestedMemory]:
+    """The mixture's log-probabilities (as logits), each expert's weight (E, B, T) and the memory for the next call.
+
+    ``expert_logits``: E tensors (B, T, V), the base's first; ``input_ids`` (B, T) the tokens of those positions.
+    """
+    log_p = torch.stack([F.log_softmax(z.float(), dim=-1) for z in expert_logits])  # (E, B, T, V)
+    experts, rows, length, _ = log_p.shape
+    ids = input_ids.to(log_p.device)
+    with torch.no_grad():
+        evidence = torch.zeros(experts, rows, length, device=log_p.device)
+        if length > 1:
+            nxt = ids[None, :, 1:, None].expand(experts, -1, -1, 1)
+            evidence[:, :, 1:] = log_p[:, :, :-1].gather(-1, nxt).squeeze(-1)
+        if memory is not None:
+            first = ids[None, :, :1].expand(experts, -1, -1)
+            evidence[:, :, :1] = memory.last_log_probs.gather(-1, first)
+        if attention_mask is not None:  # a padded token, or one whose prediction came from padding, is no evidence
+            mask = attention_mask.to(evidence.device, evidence.dtype)
+            evidence = evidence * mask
+            evidence[:, :, 1:] *= mask[:, :-1]
+        starts = torch.zeros(ids.shape, dtype=torch.bool, device=ids.device)
+        for eos in eos_ids:
+            starts |= ids == eos
+        initial = None if memory is None else memory.ratio.reshape(-1)
+        ratio = running_ratio(evidence.reshape(-1, length), starts.repeat(experts, 1), decay, initial)
+        ratio = ratio.view(experts, rows, length)
+        priors = torch.zeros(experts, device=log_p.device)
+        priors[0] = prior
+        log_w = torch.log_softmax(ratio + priors[:, None, None], dim=0)
+    mixed = torch.logsumexp(log_w[..., None] + log_p, dim=0)
+    next_memory = NestedMemory(ratio[:, :, -1].detach(), log_p[:, :, -1].detach())
+    return mixed.to(expert_logits[-1].dtype), log_w.exp(), next_memory
+
+
+def nested_logits(paths: HeadPaths, widths: Sequence[int]) -> list[torch.Tensor]:
+    """The experts' logits from the head's input: the cumulative sums of each stage's columns' products (module
+    doc), the base's first and the model's own (``Z + alpha Z_up``) last."""
+    parts = paths.x.split(tuple(widths), dim=-1)
+    columns = paths.weight.split(tuple(widths), dim=1)
+    experts = [F.linear(parts[0], columns[0], paths.bias)]
+    for x, w in zip(parts[1:], columns[1:], strict=True):
+        experts.append(experts[-1] + F.linear(x, w))
+    experts.append(torch.add(experts[-1], paths.up_logits(paths.x_up), alpha=paths.alpha))
+    return experts
+
+
+class NestedRouter(Router):
+    """The module doc's mixture of a grown model's nested experts (SCALE-Preserve; one path)."""
+
+    name = "nested"
+    settings = ("router_prior", "router_decay")
+    reads_tokens = True
+    one_path = True
+
+    def combine(self, paths: HeadPaths, state: RouteState) -> torch.Tensor:
+        if paths.stacked or paths.weight_new is not None:
+            raise ValueError(
+                "the nested router reads one path and the original vocabulary: SCALE-Preserve without an extended "
+                "vocabulary"
+            )
+        experts = nested_logits(paths, state.stage_widths())
+        state.keep_base(experts[0])
+        ids = state.inputs.get("input_ids")
+        if ids is None:
+            raise ValueError("the nested router reads the input token ids: call the model with input_ids")
+        logits, weights, state.memory = nested_mix(
+            experts,
+            ids,
+            prior=state.setting("router_prior"),
+            decay=state.setting("router_decay"),
+            eos_ids=state.eos_ids,
+            attention_mask=state.inputs.get("attention_mask"),
+            memory=state.memory,
+        )
+        state.last_cosine, state.last_mask, state.last_weights = None, weights[0], weights
+        return logits
+
+
+register_router(NestedRouter())
