@@ -11,8 +11,8 @@ import torch
 
 from conftest import make_model, randomize_new_weights, token_batch, upscaled_copy
 from scale_cl import ScaleConfig, load, upscale
+from scale_cl.eval.mixture import ModelMixture
 from scale_cl.tuner.modes import set_live_settings
-from scale_cl.tuner.routing.nested import nested_mix
 
 PRIOR, DECAY = 0.4, 0.9
 
@@ -44,24 +44,23 @@ def test_one_stage_is_the_likelihood_router():
 
 
 def test_the_experts_are_the_base_and_every_stage_s_model_exactly():
-    """Upscaled three times: the mixture of one pass is the mixture of the four models' own logits (the base and the
-    model after each stage: four forward passes), every expert weighing in somewhere."""
+    """Upscaled three times: the mixture of one pass is the mixture of the four models run apart (the base and the
+    model after each stage: the control, `ModelMixture`, four forward passes), every expert weighing in somewhere."""
     model, models = _grown(stages=3)
     ids, mask = token_batch()
     with torch.no_grad():
         own = [m(input_ids=ids, attention_mask=mask).logits for m in models]
+        control = ModelMixture(models, prior=PRIOR, decay=DECAY)
+        expected = control(input_ids=ids, attention_mask=mask).logits
         set_live_settings(model, router="nested", router_prior=PRIOR, router_decay=DECAY)
         routed = model(input_ids=ids, attention_mask=mask).logits
         weights = model.scale_route.last_weights
-    expected, _, _ = nested_mix(own, ids, prior=PRIOR, decay=DECAY, eos_ids=model.scale_route.eos_ids,
-                                attention_mask=mask)  # fmt: skip
     real = mask.bool()
     torch.testing.assert_close(routed[real], expected[real], rtol=0, atol=2e-5)
+    torch.testing.assert_close(weights[:, real], control.last_weights[:, real], rtol=0, atol=1e-5)
     assert weights.shape[0] == 4 and (weights[:, real].amax(dim=1) > 0.2).all(), "each expert weighs in somewhere"
     torch.testing.assert_close(weights.sum(0), torch.ones(weights.shape[1:]))
-    assert all((later - earlier).abs().max() > 1e-2 for earlier, later in itertools.pairwise(own)), (
-        "four distinct experts"
-    )
+    assert all((later - earlier).abs().max() > 1e-2 for earlier, later in itertools.pairwise(own)), "four experts"
 
 
 def test_generate_with_a_cache_saves_reloads_and_export_refuses(tmp_path):

@@ -9,7 +9,7 @@ import torch
 
 from conftest import make_model, randomize_new_weights, token_batch, upscaled_copy
 from scale_cl import set_method
-from scale_cl.eval.mixture import TwoModelMixture
+from scale_cl.eval.mixture import ModelMixture
 from scale_cl.tuner.modes import set_live_settings
 
 
@@ -28,7 +28,7 @@ def test_the_control_of_route_s_own_paths_is_route_s_likelihood_reading():
     base, route, adapt = _route_and_its_paths(prior=0.5, decay=0.9)
     ids, mask = token_batch()
     with torch.no_grad():
-        ours = TwoModelMixture(adapt, base, prior=0.5, decay=0.9)(input_ids=ids, attention_mask=mask).logits
+        ours = ModelMixture([base, adapt], prior=0.5, decay=0.9)(input_ids=ids, attention_mask=mask).logits
         routed = route(input_ids=ids, attention_mask=mask).logits
     real = mask.bool()
     torch.testing.assert_close(ours[real], routed[real], rtol=0, atol=2e-5)
@@ -36,14 +36,14 @@ def test_the_control_of_route_s_own_paths_is_route_s_likelihood_reading():
 
 def test_the_mixture_is_normalised_causal_and_the_base_where_both_agree():
     base, _, adapt = _route_and_its_paths()
-    mixture = TwoModelMixture(adapt, base)
+    mixture = ModelMixture([base, adapt])
     ids, _ = token_batch(padded=False)
     changed = ids.clone()
     changed[:, 5:] = (changed[:, 5:] + 1) % 50 + 1
     with torch.no_grad():
         logits = mixture(input_ids=ids).logits
         later = mixture(input_ids=changed).logits
-        same = TwoModelMixture(base, base)(input_ids=ids).logits
+        same = ModelMixture([base, base])(input_ids=ids).logits
         own = torch.log_softmax(base(input_ids=ids).logits.float(), dim=-1)
     torch.testing.assert_close(torch.logsumexp(logits.float(), dim=-1), torch.zeros(ids.shape), rtol=0, atol=5e-6)
     torch.testing.assert_close(logits[:, :5], later[:, :5], rtol=0, atol=0)  # position t reads tokens <= t only
@@ -57,7 +57,7 @@ def test_the_loss_is_the_mixture_s_next_token_loss_and_new_rows_get_no_mass_from
     grown.resize_token_embeddings(grown.get_input_embeddings().weight.shape[0] + 3)  # rows the base lacks
     ids, _ = token_batch(padded=False)
     with torch.no_grad():
-        out = TwoModelMixture(grown, base, prior=30.0)(input_ids=ids, labels=ids)  # w ~ 1 at a document start
+        out = ModelMixture([base, grown], prior=30.0)(input_ids=ids, labels=ids)  # w ~ 1 at a document start
     logp = out.logits.float()
     expected = -logp[:, :-1].gather(-1, ids[:, 1:, None]).mean()
     torch.testing.assert_close(out.loss, expected, rtol=1e-6, atol=1e-6)
@@ -81,7 +81,7 @@ def test_preserve_read_by_the_likelihood_router_is_its_own_two_model_control_in_
     real = mask.bool()
     with torch.no_grad():
         plain = preserve(input_ids=ids, attention_mask=mask).logits
-        control = TwoModelMixture(preserve, base, prior=0.5, decay=0.9)(input_ids=ids, attention_mask=mask)
+        control = ModelMixture([base, preserve], prior=0.5, decay=0.9)(input_ids=ids, attention_mask=mask)
         set_live_settings(preserve, router="likelihood", router_prior=0.5, router_decay=0.9)
         assert preserve.scale_route.active and not preserve.scale_route.stacked
         routed = preserve(input_ids=ids, attention_mask=mask)
@@ -120,7 +120,7 @@ def test_the_control_generates_with_both_caches_as_recomputing_the_whole_sequenc
     """Greedy generate() with each model's KV cache and the router's memory carried over equals the argmax of the
     mixture recomputed on the whole sequence at every step; a left-padded row generates what it does alone."""
     base, _, adapt = _route_and_its_paths(prior=0.5, decay=0.9)
-    mixture = TwoModelMixture(adapt, base, prior=0.5, decay=0.9)
+    mixture = ModelMixture([base, adapt], prior=0.5, decay=0.9)
     mixture.eos_ids = ()  # no early stop: every row runs the whole length
     ids, mask = token_batch()
     with torch.no_grad():
@@ -134,7 +134,7 @@ def test_the_control_generates_with_both_caches_as_recomputing_the_whole_sequenc
     assert len(set(out[:, ids.shape[1] :].flatten().tolist())) > 1, "not one token repeated"
     # the same model twice is that model whatever w is, so a row's tokens do not depend on where documents start:
     # made an EOS token, row 0's first new token ends it there, and it pads after it
-    same = TwoModelMixture(adapt, adapt)
+    same = ModelMixture([adapt, adapt])
     same.eos_ids = ()
     with torch.no_grad():
         free = same.generate(ids, attention_mask=mask, max_new_tokens=4)[:, ids.shape[1] :]

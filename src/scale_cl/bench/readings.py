@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from scale_cl.eval.mixture import TwoModelMixture
+from scale_cl.eval.mixture import ModelMixture
 from scale_cl.tuner.modes import set_live_settings
 
 
@@ -41,5 +41,5 @@ def reading_model(name: str, model: nn.Module, base: nn.Module) -> nn.Module:
     reading = READINGS[name]
     if reading.two_models:
         parameter = next(model.parameters())
-        return TwoModelMixture(model, copy.deepcopy(base).to(device=parameter.device, dtype=parameter.dtype))
+        return ModelMixture([copy.deepcopy(base).to(device=parameter.device, dtype=parameter.dtype), model])
     return set_live_settings(copy.deepcopy(model), router="likelihood")

@@ -1,16 +1,20 @@
-"""The two-model control of the likelihood router: a trained model and its base, mixed per token by the posterior
-SCALE-Route's likelihood router uses (`scale_cl.tuner.routing.likelihood.likelihood_mix`), in two forward passes.
+"""The control of the likelihood routers: separate models (a base and what was trained from it), mixed per token by
+the posterior over which model the document so far is from, in one forward pass each.
 
-``p = w p_base + (1 - w) p_trained``, ``w`` the posterior that the document so far is the base's. This is Bayesian
-model averaging over the prefix, the mechanism of DEMix layers (Gururangan et al., 2021) and of mixing experts by a
-domain posterior; it is not SCALE's. SCALE-Route read with the router computes the same mixture of its two paths in
-one model and one pass; this control is what the router's reading of any other method (FFT, Freeze, LoRA, ...)
-gives with its base beside it, at the cost of both models' forward passes (issue 40).
+``p = sum_j w_j p_j``, ``w`` the posterior that the document so far is model j's (`scale_cl.tuner.routing.nested.
+nested_mix`; with two models, the base and a trained one, the likelihood router's ``w p_base + (1 - w) p_trained``).
+This is Bayesian model averaging over the prefix, the mechanism of DEMix layers (Gururangan et al., 2021) and of
+mixing experts by a domain posterior; it is not SCALE's. SCALE-Route and SCALE-Preserve read with the likelihood
+router compute the same mixture of their base logits and their own in one model and one pass, a grown
+SCALE-Preserve model with the nested router that of the base and each stage's model; this control is what the
+routers' reading of any other method (FFT, Freeze, LoRA, ...) gives with its base (and its earlier models) beside
+it, at the cost of every model's forward pass (issue 40).
 """
 
 from __future__ import annotations
 
 import inspect
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -19,7 +23,7 @@ from torch import nn
 from transformers.modeling_outputs import CausalLMOutputWithPast
 from transformers.utils import ModelOutput
 
-from scale_cl.tuner.routing.likelihood import RouterMemory, likelihood_mix
+from scale_cl.tuner.routing.nested import NestedMemory, nested_mix
 
 # A token of an extended vocabulary has no row in the base: the base gives it this logit below its least, a
 # probability of about e^-10000 (finite, so that masked evidence stays a number: -inf x 0 would be NaN).
@@ -40,33 +44,43 @@ def _returned_cache(output: ModelOutput) -> Any:
     return output["cache"] if "cache" in output else output["past_key_values"]
 
 
-class TwoModelMixture(nn.Module):
-    """``trained`` and ``base`` read together by the likelihood router (module doc); ``prior`` and ``decay`` as in
+class ModelMixture(nn.Module):
+    """``experts`` (the base first, then each model trained from it, the last the newest) read together by the
+    likelihood routers' posterior (module doc); ``prior`` (the base's prior log-odds) and ``decay`` as in
     `ScaleConfig.router_prior` / ``router_decay``. Called as a causal LM (``input_ids``, ``attention_mask``,
-    ``labels``, ``output_hidden_states``: the trained model's); its logits are the mixture's log-probabilities.
-    A document starts at each of the trained model's EOS tokens (its config's ``eos_token_id``)."""
+    ``labels``, ``output_hidden_states``: the newest model's); its logits are the mixture's log-probabilities.
+    A document starts at each of the newest model's EOS tokens (its config's ``eos_token_id``)."""
 
-    def __init__(self, trained: nn.Module, base: nn.Module, prior: float = 0.0, decay: float = 0.95) -> None:
+    def __init__(self, experts: Sequence[nn.Module], prior: float = 0.0, decay: float = 0.95) -> None:
         super().__init__()
-        self.trained, self.base, self.prior, self.decay = trained, base, prior, decay
-        self.eos_ids = _eos_ids(getattr(trained, "config", None))
-        self.last_base_weight: torch.Tensor | None = None  # w per position of the last call
+        if len(experts) < 2:
+            raise ValueError(f"a mixture needs the base and at least one trained model, got {len(experts)} model(s)")
+        self.experts = nn.ModuleList(experts)
+        self.prior, self.decay = prior, decay
+        self.eos_ids = _eos_ids(getattr(experts[-1], "config", None))
+        self.last_weights: torch.Tensor | None = None  # every expert's weight per position of the last call (E, B, T)
+
+    @property
+    def last_base_weight(self) -> torch.Tensor | None:
+        """The base's weight ``w_0`` per position of the last call."""
+        return None if self.last_weights is None else self.last_weights[0]
 
     def _mix(
         self,
-        base_logits: torch.Tensor,
-        new_logits: torch.Tensor,
+        expert_logits: list[torch.Tensor],
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor | None,
-        memory: RouterMemory | None = None,
-    ) -> tuple[torch.Tensor, RouterMemory]:
-        missing = new_logits.shape[-1] - base_logits.shape[-1]
-        if missing > 0:  # an extended vocabulary: rows the base lacks
-            floor = base_logits.amin(dim=-1, keepdim=True) - MISSING_ROW_LOGIT_GAP
-            base_logits = torch.cat((base_logits, floor.expand(*floor.shape[:-1], missing)), dim=-1)
-        logits, self.last_base_weight, memory = likelihood_mix(
-            base_logits,
-            new_logits,
+        memory: NestedMemory | None = None,
+    ) -> tuple[torch.Tensor, NestedMemory]:
+        vocab = max(z.shape[-1] for z in expert_logits)
+        padded = []
+        for z in expert_logits:  # an extended vocabulary: rows an earlier model lacks
+            if z.shape[-1] < vocab:
+                floor = z.amin(dim=-1, keepdim=True) - MISSING_ROW_LOGIT_GAP
+                z = torch.cat((z, floor.expand(*floor.shape[:-1], vocab - z.shape[-1])), dim=-1)
+            padded.append(z)
+        logits, self.last_weights, memory = nested_mix(
+            padded,
             input_ids,
             prior=self.prior,
             decay=self.decay,
@@ -86,15 +100,16 @@ class TwoModelMixture(nn.Module):
         **kwargs: Any,
     ) -> CausalLMOutputWithPast:
         inputs = {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids}
-        base_logits = self.base(**inputs).logits
-        out = self.trained(**inputs, output_hidden_states=output_hidden_states)
-        logits, _ = self._mix(base_logits, out.logits, input_ids, attention_mask)
+        *earlier, newest = self.experts
+        logits = [model(**inputs).logits for model in earlier]
+        out = newest(**inputs, output_hidden_states=output_hidden_states)
+        mixed, _ = self._mix([*logits, out.logits], input_ids, attention_mask)
         loss = None
         if labels is not None:
             loss = F.cross_entropy(
-                logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten().to(logits.device), ignore_index=-100
+                mixed[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten().to(mixed.device), ignore_index=-100
             )
-        return CausalLMOutputWithPast(loss=loss, logits=logits, hidden_states=out.hidden_states)
+        return CausalLMOutputWithPast(loss=loss, logits=mixed, hidden_states=out.hidden_states)
 
     @torch.no_grad()
     def generate(
@@ -108,24 +123,26 @@ class TwoModelMixture(nn.Module):
         **kwargs: Any,
     ) -> torch.Tensor:
         """Greedy decoding of the mixture, each model with its own KV cache and the router's memory carried from
-        step to step (as SCALE-Route's ``generate()``); the prompt and the new tokens. A prompt may be left-padded
-        (``attention_mask``). It stops after ``max_new_tokens``, or once every row has produced an EOS token and
-        ``min_new_tokens`` are out; a finished row continues with ``pad_token_id`` (its EOS without one)."""
+        step to step (as a routed SCALE model's ``generate()``); the prompt and the new tokens. A prompt may be
+        left-padded (``attention_mask``). It stops after ``max_new_tokens``, or once every row has produced an EOS
+        token and ``min_new_tokens`` are out; a finished row continues with ``pad_token_id`` (its EOS without one)."""
         if do_sample:
-            raise ValueError("the two-model control generates greedily only: call it with do_sample=False")
+            raise ValueError("the mixture generates greedily only: call it with do_sample=False")
         if kwargs:
-            raise ValueError(f"the two-model control's generate() takes no {sorted(kwargs)}")
+            raise ValueError(f"the mixture's generate() takes no {sorted(kwargs)}")
         mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask
-        out, step_ids, memory, caches = input_ids, input_ids, None, (None, None)
+        out, step_ids, memory, caches = input_ids, input_ids, None, [None] * len(self.experts)
         finished = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
         for step in range(max_new_tokens):
             positions = (mask.long().cumsum(-1) - 1).clamp_min(0)[:, -step_ids.shape[1] :]
             inputs = {"input_ids": step_ids, "attention_mask": mask, "position_ids": positions, "use_cache": True}
-            base = self.base(**inputs, **{_cache_argument(self.base): caches[0]})
-            trained = self.trained(**inputs, **{_cache_argument(self.trained): caches[1]})
-            caches = (_returned_cache(base), _returned_cache(trained))
+            outputs = [
+                model(**inputs, **{_cache_argument(model): cache})
+                for model, cache in zip(self.experts, caches, strict=True)
+            ]
+            caches = [_returned_cache(output) for output in outputs]
             step_mask = mask[:, -step_ids.shape[1] :]
-            logits, memory = self._mix(base.logits, trained.logits, step_ids, step_mask, memory)
+            logits, memory = self._mix([output.logits for output in outputs], step_ids, step_mask, memory)
             token = logits[:, -1].argmax(-1)
             if finished.any():
                 token = token.masked_fill(finished, self.eos_ids[0] if pad_token_id is None else pad_token_id)
@@ -137,4 +154,4 @@ class TwoModelMixture(nn.Module):
         return out
 
 
-__all__ = ["TwoModelMixture"]
+__all__ = ["ModelMixture"]

@@ -47,7 +47,7 @@ from transformers import AutoConfig, PreTrainedModel, PreTrainedTokenizerBase, T
 from scale_cl.data.corpus import Corpus, PackedStream, build_corpus, check_corpus, split_documents
 from scale_cl.data.pseudo_replay import cached_blocks, generate_blocks
 from scale_cl.data.replay import ReplayMix, ReplayStream, describe_share
-from scale_cl.eval.mixture import TwoModelMixture
+from scale_cl.eval.mixture import ModelMixture
 from scale_cl.eval.perplexity import final_hidden_original, mean_cosine_similarity, new_domain_tokens, perplexity
 from scale_cl.eval.readings import up_logit_frontier, wise_ft_frontier
 from scale_cl.experiments.base.name import resolve_model_name
@@ -295,7 +295,7 @@ def likelihood_control(cfg: CptConfig, trained: torch.nn.Module, base: torch.nn.
     (`scale_cl.eval.mixture`)."""
     device = next(trained.parameters()).device
     base = base.to(device).requires_grad_(False)
-    mixture = TwoModelMixture(trained, base, cfg.options.scale.router_prior, cfg.options.scale.router_decay)
+    mixture = ModelMixture([base, trained], cfg.options.scale.router_prior, cfg.options.scale.router_decay)
     return {"alpha": 1.0, "router": "likelihood", "control": "two models", **evaluate(mixture)}
 
 
