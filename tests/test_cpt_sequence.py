@@ -83,6 +83,52 @@ def test_a_killed_sequence_resumes_to_the_same_result(finished, workspace, tmp_p
     assert got["ppl_matrix"] == want["ppl_matrix"] and got["parameters"] == want["parameters"]
 
 
+@pytest.mark.slow
+def test_the_control_mixes_the_base_and_every_task_s_model_and_a_grown_preserve_reads_them_in_one_pass(
+    workspace, tmp_path
+):
+    """eval.likelihood_control in a sequence: FFT's control after task k mixes the base and FFT's model after each of
+    the k tasks (k + 1 models); SCALE-Preserve grown per task, read with the nested router, is no control's."""
+    cfg = sequence_config(workspace, ["fft", "scale_preserve"], growth="per_task")
+    cfg = replace(cfg, eval=replace(cfg.eval, likelihood_control=True))
+    cfg = replace(cfg, options=replace(cfg.options, scale=replace(cfg.options.scale, router="nested")))
+    results = run_cpt_sequence(cfg, tmp_path / "run")
+    fft, preserve = results["fft"], results["scale_preserve"]
+    control = fft["control"]
+    assert control["ppl_matrix"][0] == fft["ppl_matrix"][0]  # before any task: the base alone
+    assert len(control["matrix"]) == 4 and control["metrics"] == continual_metrics(control["matrix"])
+    assert control["ppl_matrix"][1:] != fft["ppl_matrix"][1:]
+    assert control["ppl_matrix"][3][0] < fft["ppl_matrix"][3][0], "the base's expert keeps the old domain better"
+    assert "control" not in preserve and preserve["growth"] == "per_task"
+    assert "(control) | kept apart |" in (tmp_path / "run" / "results.md").read_text()
+    assert not (tmp_path / "run" / "fft" / "experts").exists()  # finished: the kept models are gone
+
+
+@pytest.mark.slow
+def test_a_killed_sequence_with_the_control_resumes_with_the_kept_models(workspace, tmp_path, monkeypatch):
+    cfg = sequence_config(workspace, ["fft"])
+    cfg = replace(cfg, eval=replace(cfg.eval, likelihood_control=True))
+    whole = run_cpt_sequence(cfg, tmp_path / "whole")["fft"]["control"]
+    real, calls = sequence.train_model, []
+
+    def dies_in_task_3(model, train, args, **kwargs):
+        calls.append(kwargs["run_info"]["task"])
+        if calls == [1, 2, 3]:
+            raise KeyboardInterrupt
+        return real(model, train, args, **kwargs)
+
+    monkeypatch.setattr(sequence, "train_model", dies_in_task_3)
+    with pytest.raises(KeyboardInterrupt):
+        run_cpt_sequence(cfg, tmp_path / "run")
+    assert sorted(p.name for p in (tmp_path / "run" / "fft" / "experts").iterdir()) == [
+        "task-1.safetensors",
+        "task-2.safetensors",
+    ]
+    resumed = run_cpt_sequence(cfg, tmp_path / "run")["fft"]["control"]
+    for got, want in zip(resumed["ppl_matrix"], whole["ppl_matrix"], strict=True):
+        assert got == pytest.approx(want, rel=1e-6)
+
+
 def test_sequence_refusals_before_anything_is_written(workspace, tmp_path):
     base = sequence_config(workspace, ["scale_route"])
     cases = (
@@ -92,7 +138,6 @@ def test_sequence_refusals_before_anything_is_written(workspace, tmp_path):
             "replay_ratio",
         ),
         (replace(base, eval=replace(base.eval, wise_ft_alphas=(0.5,))), "eval.wise_ft_alphas"),
-        (replace(base, eval=replace(base.eval, likelihood_control=True)), "eval.likelihood_control"),
         (replace(base, data=replace(base.data, old_eval=[])), "give data.old_eval"),
         (replace(base, sequence=replace(base.sequence, first="toy")), r"\['toy'\] are also old-domain set names"),
     )

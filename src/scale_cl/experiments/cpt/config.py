@@ -95,8 +95,9 @@ class EvalConfig:
         default=False,
         metadata={
             "help": "methods that do not route: after training, evaluate the trained model mixed with its base by "
-            "SCALE-Route's likelihood router (options.scale.router_prior / router_decay; two forward passes): the "
-            "two-model control of Route's likelihood reading (scale_cl.eval.mixture)",
+            "the likelihood router (options.scale.router_prior / router_decay; two forward passes): the control of "
+            "SCALE's router readings (scale_cl.eval.mixture). In a sequence (sequence.then), after every task: the "
+            "base and the model after each task so far, mixed (k + 1 models; methods that do not grow)",
         },
     )
 

@@ -15,6 +15,7 @@ finished task; within a task from its last checkpoint). One process (no DDP) for
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import shutil
@@ -24,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors.torch import load_model, save_model
 
 from scale_cl.data.corpus import build_corpus, check_corpus
 from scale_cl.eval.continual import continual_metrics
@@ -32,7 +34,7 @@ from scale_cl.experiments.cpt.config import CptConfig
 from scale_cl.experiments.cpt.report import RESULT_FILE
 from scale_cl.experiments.run_folder import claim_output_folder
 from scale_cl.experiments.sequence_progress import SequenceProgress, task_cost
-from scale_cl.files import write_json, write_text
+from scale_cl.files import atomic_write, write_json, write_text
 from scale_cl.models import BaseModelRef, load_base
 from scale_cl.train.callbacks import PeriodicEval
 from scale_cl.train.recipe import train_model
@@ -56,7 +58,6 @@ def validate_sequence(cfg: CptConfig) -> None:
         "options.route_share": cfg.options.route_share,
         "eval.up_logit_scales": e.up_logit_scales,
         "eval.wise_ft_alphas": e.wise_ft_alphas,
-        "eval.likelihood_control": e.likelihood_control,
         "eval.nll_split": e.nll_split,
     }
     given = [name for name, value in unsupported.items() if value]
@@ -106,12 +107,55 @@ def evaluator(cfg: CptConfig, evals: dict[str, Any], bf16: bool):
     return evaluate
 
 
+class SequenceControl:
+    """The control of a sequence (``eval.likelihood_control``): the base and the method's model after each task so
+    far, kept apart and mixed per token by the likelihood routers' posterior (`scale_cl.eval.mixture.ModelMixture`:
+    k + 1 models after task k), read after every task beside the model itself. Each task's model is kept on disk
+    (``<method>/experts/task-<k>.safetensors``) until the method's result is saved, so a resumed run has them."""
+
+    def __init__(self, cfg: CptConfig, ref: BaseModelRef, method: str, folder: Path, device: torch.device) -> None:
+        self.cfg, self.ref, self.method, self.folder, self.device = cfg, ref, method, folder / "experts", device
+        base, _ = load_base(ref)
+        self.experts = [base.to(device).eval()]  # the base, then each task's model
+
+    def _prepared(self) -> torch.nn.Module:
+        """The method's model as the sequence prepares it, to load a saved task's state into."""
+        from scale_cl.methods import prepare
+
+        base, _ = load_base(self.ref)
+        options = self.cfg.options.prepare_options(self.method, self.cfg.seed)
+        return prepare(base, self.method, **options).to(self.device).eval()
+
+    def restore(self, done: int) -> None:
+        """The models of the tasks finished before a resume, from their saved states."""
+        for task in range(1, done + 1):
+            model = self._prepared()
+            load_model(model, self.folder / f"task-{task}.safetensors", strict=True)
+            self.experts.append(model)
+
+    def add(self, task: int, model: torch.nn.Module) -> None:
+        """Task ``task``'s model joins the experts (a frozen copy; its state saved for a resume)."""
+        self.folder.mkdir(parents=True, exist_ok=True)
+        atomic_write(self.folder / f"task-{task}.safetensors", lambda path: save_model(model, path))
+        self.experts.append(copy.deepcopy(model).eval())
+
+    def reading(self, evaluate: Any) -> dict[str, Any]:
+        """The mixture of the experts so far, evaluated as one model."""
+        from scale_cl.eval.mixture import ModelMixture
+
+        scale = self.cfg.options.scale
+        return evaluate(ModelMixture(self.experts, scale.router_prior, scale.router_decay))
+
+    def clear(self) -> None:
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
 def run_method_sequence(
     cfg: CptConfig, ref: BaseModelRef, trains: list[tuple[str, Any]], evals: dict[str, Any], method: str, out: Path
 ) -> dict[str, Any]:
     """Every task in turn for one method (module doc); returns (and saves) its result."""
     from scale_cl.experiments.cpt.pipeline import run_placement, total_steps, training_arguments
-    from scale_cl.methods import prepare
+    from scale_cl.methods import method_spec, prepare
 
     method_dir = out / method
     result_path = method_dir / RESULT_FILE
@@ -130,6 +174,12 @@ def run_method_sequence(
         progress.restore(model)
     else:
         progress.start(evaluate(model))
+    control = None
+    # the control of the routers' readings: for a method that neither routes nor grows (a grown SCALE-Preserve model
+    # holds its earlier stages itself: options.scale.router nested reads them in one pass)
+    if cfg.eval.likelihood_control and not method_spec(method).routes and not growth.grows(method):
+        control = SequenceControl(cfg, ref, method, method_dir, placement.device)
+        control.restore(done)
     probe = next(iter(evals.values())).blocks[:1, :COST_TOKENS]
     for task, (name, train) in enumerate(trains, start=1):
         if task <= done:
@@ -158,6 +208,9 @@ def run_method_sequence(
         lr_ratios = cfg.options.lr_ratios(method)
         train_model(model, train, args, callbacks=[tracker], run_info=run_info, lr_ratios=lr_ratios, resume=True)
         model.eval()
+        if control is not None:  # read before the task's row is saved, so that a resume has it
+            control.add(task, model)
+            tracker.records[-1]["control_ppl"] = control.reading(evaluate)["ppl"]
         cost = {"name": name, "lr": args.learning_rate, **cost}
         progress.finish_task(task, model, tracker.records, cost, time.perf_counter() - start)
         shutil.rmtree(method_dir / f"task-{task}.run", ignore_errors=True)
@@ -178,8 +231,20 @@ def run_method_sequence(
         "curve": state["curve"],
         **placement.record(),  # device, precision (and the GPU) it trained on
     }
+    if control is not None:  # the mixture of the base and every model so far; before any task, the base alone
+        rows = [state["rows"][0]["ppl"], *(row["control_ppl"] for row in state["rows"][1:])]
+        control_matrix = [[-math.log(row[name]) for name in names] for row in rows]
+        result["control"] = {
+            "router": "likelihood",
+            "models": "the base and the model after each task so far",
+            "ppl_matrix": [[row[name] for name in columns] for row in rows],
+            "matrix": control_matrix,
+            "metrics": continual_metrics(control_matrix),
+        }
     write_json(result_path, result)
     progress.clear()
+    if control is not None:
+        control.clear()
     return result
 
 
@@ -199,6 +264,15 @@ def sequence_markdown(cfg: CptConfig, results: dict[str, dict[str, Any]]) -> str
         m, last = r["metrics"], r["parameters"][-1]
         cells = [f"{m[k]:+.3f}" for k in ("la", "acc", "bwt", "fwt", "forgetting", "max_forgetting")]
         lines.append(f"| {method} | {r['growth']} | " + " | ".join(cells) + f" | {last['total']:,} |")
+        if r.get("control"):  # the base and the model after each task, kept apart and mixed by the router
+            m = r["control"]["metrics"]
+            cells = [f"{m[k]:+.3f}" for k in ("la", "acc", "bwt", "fwt", "forgetting", "max_forgetting")]
+            models = len(r["control"]["matrix"])
+            lines.append(
+                f"| {method} + the base and each task's model, mixed (control) | kept apart | "
+                + " | ".join(cells)
+                + f" | {models} models x {last['total']:,} |"
+            )
     for method, r in results.items():
         lines += [
             "",
