@@ -8,6 +8,8 @@ a `scale-cl cpt --sequence.then ...` run), with the verdict: does the best SCALE
 
 Biography folders hold every seed (mean ± population std over them); a cpt folder holds one seed, and folders of
 the same strategy are pooled by method and growth. Values: biography accuracy points (%), cpt nats of -ln(ppl).
+A cpt run with --eval.likelihood_control also gives its control's row (growth "control": the base and the method's
+model after each task, mixed; its parameters and FLOPs those of all k + 1 models).
 """
 
 from __future__ import annotations
@@ -41,6 +43,19 @@ def runs_of(folder: Path) -> list[dict]:
     return runs
 
 
+def control_run(run: dict) -> dict:
+    """A run's control (the base and its model after each task, kept apart and mixed by the likelihood routers'
+    posterior) as a run of its own: its matrices, and the cost of every model it runs (k + 1 after task k)."""
+    control, models = run["control"], len(run["control"]["matrix"])
+    last = run["parameters"][-1]
+    cost = {
+        **last,
+        "total": last["total"] * models,
+        "inference_flops_per_token": last["inference_flops_per_token"] * models,
+    }
+    return {**run, "matrix": control["matrix"], "ppl_matrix": control["ppl_matrix"], "parameters": [cost]}
+
+
 def spread(values: list[float], scale: float) -> str:
     mean = statistics.fmean(values) * scale
     std = statistics.pstdev(values) * scale if len(values) > 1 else 0.0
@@ -65,6 +80,8 @@ def main() -> None:
         for run in runs_of(folder):
             bio = bio and "ppl_matrix" not in run
             groups[(run["method"], run["growth"])].append(run)
+            if run.get("control"):  # cpt --eval.likelihood_control: the base and each task's model, mixed
+                groups[(run["method"], "control")].append(control_run(run))
     scale = 100 if bio else 1
     unit = "accuracy points (%)" if bio else "nats of -ln(perplexity)"
     print(f"| method | growth | seeds | {' | '.join(KEYS)} | parameters after the last task | inference FLOPs/token |")
