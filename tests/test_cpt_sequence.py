@@ -34,6 +34,21 @@ def sequence_config(workspace: Path, methods: list[str], growth: str = "once", *
     return replace(cfg, sequence=seq, eval=replace(cfg.eval, every=2))
 
 
+def dying_in_task_3(monkeypatch) -> list[int]:
+    """Make the sequence's training raise KeyboardInterrupt when task 3 starts the first time; returns the tasks
+    trained (in order, as they are called)."""
+    real, calls = sequence.train_model, []
+
+    def dies_in_task_3(model, train, args, **kwargs):
+        calls.append(kwargs["run_info"]["task"])
+        if calls == [1, 2, 3]:
+            raise KeyboardInterrupt
+        return real(model, train, args, **kwargs)
+
+    monkeypatch.setattr(sequence, "train_model", dies_in_task_3)
+    return calls
+
+
 @pytest.fixture(scope="module")
 def finished(workspace, tmp_path_factory):
     out = tmp_path_factory.mktemp("cpt-sequence") / "run"
@@ -65,15 +80,7 @@ def test_the_perplexity_matrix_holds_the_old_domain_and_every_new_one(finished):
 def test_a_killed_sequence_resumes_to_the_same_result(finished, workspace, tmp_path, monkeypatch):
     reference, _ = finished
     cfg = sequence_config(workspace, ["scale_preserve"], growth="per_task")
-    real, calls = sequence.train_model, []
-
-    def dies_in_task_3(model, train, args, **kwargs):
-        calls.append(kwargs["run_info"]["task"])
-        if calls == [1, 2, 3]:
-            raise KeyboardInterrupt
-        return real(model, train, args, **kwargs)
-
-    monkeypatch.setattr(sequence, "train_model", dies_in_task_3)
+    calls = dying_in_task_3(monkeypatch)
     with pytest.raises(KeyboardInterrupt):
         run_cpt_sequence(cfg, tmp_path / "run")
     assert json.loads((tmp_path / "run" / "scale_preserve" / "progress.json").read_text())["tasks_done"] == 2
@@ -109,15 +116,7 @@ def test_a_killed_sequence_with_the_control_resumes_with_the_kept_models(workspa
     cfg = sequence_config(workspace, ["fft"])
     cfg = replace(cfg, eval=replace(cfg.eval, likelihood_control=True))
     whole = run_cpt_sequence(cfg, tmp_path / "whole")["fft"]["control"]
-    real, calls = sequence.train_model, []
-
-    def dies_in_task_3(model, train, args, **kwargs):
-        calls.append(kwargs["run_info"]["task"])
-        if calls == [1, 2, 3]:
-            raise KeyboardInterrupt
-        return real(model, train, args, **kwargs)
-
-    monkeypatch.setattr(sequence, "train_model", dies_in_task_3)
+    calls = dying_in_task_3(monkeypatch)
     with pytest.raises(KeyboardInterrupt):
         run_cpt_sequence(cfg, tmp_path / "run")
     assert sorted(p.name for p in (tmp_path / "run" / "fft" / "experts").iterdir()) == [
@@ -125,6 +124,7 @@ def test_a_killed_sequence_with_the_control_resumes_with_the_kept_models(workspa
         "task-2.safetensors",
     ]
     resumed = run_cpt_sequence(cfg, tmp_path / "run")["fft"]["control"]
+    assert calls == [1, 2, 3, 3]  # the finished tasks are not trained again
     for got, want in zip(resumed["ppl_matrix"], whole["ppl_matrix"], strict=True):
         assert got == pytest.approx(want, rel=1e-6)
 

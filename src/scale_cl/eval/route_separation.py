@@ -14,15 +14,13 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
-from scale_cl.tuner.routing import router_named
-
 
 def routes_by_likelihood(model: nn.Module) -> bool:
     """Whether ``model``'s head mixes the base's and its own logits by the document's likelihood (the likelihood
     router: SCALE-Route's two paths, or SCALE-Preserve's ``Z`` and ``Z + alpha Z_up``; the nested router: a grown
     model's experts, the base's weight first)."""
     state = getattr(model, "scale_route", None)
-    return bool(state is not None and state.active and router_named(state.setting("router")).reads_tokens)
+    return bool(state is not None and state.reads_tokens)
 
 
 @contextmanager

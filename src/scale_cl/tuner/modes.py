@@ -16,7 +16,7 @@ from scale_cl.tuner.arch import SPECS, ArchSpec, decoder_layers
 from scale_cl.tuner.config import ScaleConfig, check_method, scale_config_of
 from scale_cl.tuner.io import save
 from scale_cl.tuner.layers import ScaleEmbedding, ScaleLinear, SplitInput, SplitNorm
-from scale_cl.tuner.routing import route_settings
+from scale_cl.tuner.routing import route_settings, router_named
 from scale_cl.tuner.routing.state import reorder_cache
 from scale_cl.tuner.summary import ParamSummary, parameter_summary
 from scale_cl.tuner.vocab.rows import resize_token_rows
@@ -86,7 +86,8 @@ def _switch_routing(model: nn.Module, stacked_from: int | None) -> None:
     """Turn the model's route state (created by `upscale`) on where a router makes the logits
     (`ScaleConfig.routed`); only SCALE-Route stacks its two paths (SCALE-Preserve's base logits are its own ``Z``)."""
     cfg = scale_config_of(model)
-    model.scale_route.switch(cfg.routed, stacked_from if cfg.method == "route" else None)
+    reads_tokens = router_named(cfg.router).reads_tokens
+    model.scale_route.switch(cfg.routed, stacked_from if cfg.method == "route" else None, reads_tokens)
 
 
 def _first_w12_layer(layer: nn.Module, spec: ArchSpec, parallel: bool) -> bool:

@@ -71,6 +71,24 @@ def running_ratio(
     return out
 
 
+def padding_free(evidence: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+    """``evidence`` (..., B, T) with no evidence from a padded token or one whose prediction came from padding."""
+    if attention_mask is None:
+        return evidence
+    mask = attention_mask.to(evidence.device, evidence.dtype)
+    evidence = evidence * mask
+    evidence[..., 1:] *= mask[:, :-1]
+    return evidence
+
+
+def document_starts(ids: torch.Tensor, eos_ids: tuple[int, ...]) -> torch.Tensor:
+    """Where a document starts (B, T): at each EOS token (the running ratio is reset there)."""
+    starts = torch.zeros(ids.shape, dtype=torch.bool, device=ids.device)
+    for eos in eos_ids:
+        starts |= ids == eos
+    return starts
+
+
 # Copied to export/modeling_scale.py (likelihood_mix): change both (tests/test_export_copies.py).
 def likelihood_mix(
     base_logits: torch.Tensor,
@@ -98,14 +116,8 @@ def likelihood_mix(
             evidence[:, 1:] = (log_base[:, :-1].gather(-1, nxt) - log_new[:, :-1].gather(-1, nxt)).squeeze(-1)
         if memory is not None:
             evidence[:, 0] = memory.last_log_ratio.gather(-1, ids[:, :1]).squeeze(-1)
-        if attention_mask is not None:  # a padded token, or one whose prediction came from padding, is no evidence
-            mask = attention_mask.to(evidence.device, evidence.dtype)
-            evidence = evidence * mask
-            evidence[:, 1:] *= mask[:, :-1]
-        starts = torch.zeros(ids.shape, dtype=torch.bool, device=ids.device)
-        for eos in eos_ids:
-            starts |= ids == eos
-        ratio = running_ratio(evidence, starts, decay, None if memory is None else memory.ratio)
+        evidence = padding_free(evidence, attention_mask)
+        ratio = running_ratio(evidence, document_starts(ids, eos_ids), decay, None if memory is None else memory.ratio)
         score = prior + ratio
     mixed = torch.logaddexp(F.logsigmoid(score)[..., None] + log_base, F.logsigmoid(-score)[..., None] + log_new)
     next_memory = RouterMemory(ratio[:, -1].detach(), (log_base[:, -1] - log_new[:, -1]).detach())

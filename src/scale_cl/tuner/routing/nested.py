@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
-from scale_cl.tuner.routing.likelihood import running_ratio
+from scale_cl.tuner.routing.likelihood import document_starts, padding_free, running_ratio
 from scale_cl.tuner.routing.router import HeadPaths, Router, register_router
 
 if TYPE_CHECKING:
@@ -73,13 +73,8 @@ def nested_mix(
         if memory is not None:
             first = ids[None, :, :1].expand(experts, -1, -1)
             evidence[:, :, :1] = memory.last_log_probs.gather(-1, first)
-        if attention_mask is not None:  # a padded token, or one whose prediction came from padding, is no evidence
-            mask = attention_mask.to(evidence.device, evidence.dtype)
-            evidence = evidence * mask
-            evidence[:, :, 1:] *= mask[:, :-1]
-        starts = torch.zeros(ids.shape, dtype=torch.bool, device=ids.device)
-        for eos in eos_ids:
-            starts |= ids == eos
+        evidence = padding_free(evidence, attention_mask)
+        starts = document_starts(ids, eos_ids)
         initial = None if memory is None else memory.ratio.reshape(-1)
         ratio = running_ratio(evidence.reshape(-1, length), starts.repeat(experts, 1), decay, initial)
         ratio = ratio.view(experts, rows, length)

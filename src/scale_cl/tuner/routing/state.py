@@ -19,8 +19,6 @@ import torch
 from torch import nn
 from transformers.utils import ModelOutput
 
-from scale_cl.tuner.routing.router import router_named
-
 # The key of the routing share in a route model's output (left out of Trainer's evaluation outputs).
 ROUTE_SHARE_KEY = "route_preserve_share"
 
@@ -75,6 +73,7 @@ class RouteState:
         self.inputs: dict[str, Any] = {}
         self.memory: Any = None
         self.eos_ids: tuple[int, ...] = ()
+        self.reads_tokens = False  # the model's router weighs by the input ids (set with it: `switch`)
 
     def keep_base(self, logits: torch.Tensor) -> None:
         """The head's hand-over of the base model's logits (kept only while ``capture_base`` is set)."""
@@ -98,8 +97,8 @@ class RouteState:
             "(or set_method(model, 'route', tau=...))"
         )
 
-    def switch(self, active: bool, first_stacked: int | None) -> None:
-        self.active = active
+    def switch(self, active: bool, first_stacked: int | None, reads_tokens: bool = False) -> None:
+        self.active, self.reads_tokens = active, active and reads_tokens
         self.first_stacked = first_stacked if active else None
         self.last_mask = self.last_cosine = self.last_weights = None
 
@@ -152,7 +151,7 @@ def capture_inputs_hook(model: nn.Module, args: tuple, kwargs: dict, *, state: R
     The router reads every position's logits (each is evidence for the next), so a call that asks for the last
     positions' only (``logits_to_keep``, as ``generate()``'s prefill does) gets all of them.
     """
-    if not state.active or not router_named(state.settings["config"].get("router", "cosine")).reads_tokens:
+    if not state.reads_tokens:
         return None
     ids = kwargs.get("input_ids", args[0] if args else None)
     mask = kwargs.get("attention_mask", args[1] if len(args) > 1 else None)
