@@ -80,6 +80,9 @@ LIKELIHOOD_CASES = {  # name: (architecture, method, preserve_layers)
     "likelihood-route-no-collaborative-layer": ("llama-mqa", "route", 3),
     "likelihood-preserve": ("llama-gqa4-untied", "preserve", 1),  # its Z is the base's: one path
 }
+# The nested router (issue 40): SCALE-Preserve grown twice, its base's and each stage's logits mixed in one pass.
+NESTED_CASE = "nested-preserve-grown-twice"
+NESTED = {"router": "nested", "router_prior": 0.3, "router_decay": 0.9}
 NEW_TOKENS = 8
 SRC = Path(scale_cl.__file__).resolve().parents[1]
 
@@ -152,7 +155,7 @@ def reference(model, ids: torch.Tensor, mask: torch.Tensor, beams: bool = False)
     with torch.no_grad(), one_thread():
         out = {"logits": model(ids, attention_mask=mask, position_ids=position_ids).logits}
         route = getattr(model, "scale_route", None)
-        if route is not None and route.active and route.settings["config"]["router"] == "likelihood":
+        if route is not None and route.active and route.reads_tokens:
             out["weight"] = route.last_mask  # the base path's weight per token
         elif route is not None and route.stacked:  # without a collaborative layer every token routes alike
             out["routed"] = route.last_mask
@@ -294,6 +297,10 @@ def scale_exports(tmp_path_factory):
         expected[name] = reference(model, ids, mask, beams=True)
         export_model(model, root / name)
         jobs.append(job(name, root / name, True, ids, mask, beams=True))
+    model = grown_scale_model("llama-gqa4-untied", [("preserve", {}), ("preserve", {}), ("preserve", NESTED)])
+    expected[NESTED_CASE] = reference(model, ids, mask, beams=True)
+    export_model(model, root / NESTED_CASE)
+    jobs.append(job(NESTED_CASE, root / NESTED_CASE, True, ids, mask, beams=True))
     model = tau_saved_and_reloaded(root / "tau-checkpoint")  # set, saved, loaded, then exported
     expected[TAU_CASE] = reference(model, ids, mask)
     export_model(model, root / TAU_CASE)
@@ -417,6 +424,18 @@ def test_the_likelihood_router_is_exported(scale_exports, name):
     assert_matches(got[name], expected[name], mask)
     weight = expected[name]["weight"][mask.bool()]
     assert float(weight.max() - weight.min()) > 0.2, "the weight moves with the evidence (not one constant mix)"
+
+
+def test_the_nested_router_is_exported(scale_exports):
+    """A SCALE-Preserve model grown twice, read with the nested router: the three experts' mixture (the base's, the
+    first stage's and its own logits from the head's stage columns), the base's weight, greedy generation with a KV
+    cache and beam search (the experts' memory reordered with the beams) equal the in-library model's."""
+    root, expected, got, _, mask = scale_exports
+    config = json.loads((root / NESTED_CASE / "config.json").read_text())
+    assert config["scale_router"] == "nested" and len(config["scale_norm_groups"]) == 2
+    assert_matches(got[NESTED_CASE], expected[NESTED_CASE], mask)
+    weight = expected[NESTED_CASE]["weight"][mask.bool()]
+    assert float(weight.max() - weight.min()) > 0.2, "the base's weight moves with the evidence"
 
 
 @pytest.mark.parametrize("name", sorted(GROWN_CASES))

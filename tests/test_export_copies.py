@@ -27,6 +27,7 @@ COPIES = {
     "route_mask",
     "running_ratio",
     "likelihood_mix",
+    "nested_mix",
     "capture_router_inputs",
     "RouteHead",
     "_stack",

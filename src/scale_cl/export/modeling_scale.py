@@ -22,7 +22,9 @@ model once two things are swapped in:
   With ``scale_router == "likelihood"`` the head mixes the two paths' distributions by the document's running
   likelihood ratio instead (`likelihood_mix`); a model pre-hook hands it the token ids (`capture_router_inputs`).
   SCALE-Preserve with ``scale_router == "likelihood"`` mixes its one path's ``Z`` (the base's logits) and
-  ``Z + Z_up`` the same way (`RouteHead` with ``stacked=False``).
+  ``Z + Z_up`` the same way (`RouteHead` with ``stacked=False``); with ``scale_router == "nested"`` (a model grown
+  per task) it mixes the base's logits, the model's after each earlier stage (the cumulative sums of the head's
+  stage columns) and its own by the posterior over them (`nested_mix`).
 """
 
 from __future__ import annotations
@@ -232,6 +234,51 @@ def likelihood_mix(
     return mixed.to(new_logits.dtype), torch.sigmoid(score), next_memory
 
 
+# Copy of scale_cl.tuner.routing.nested.nested_mix, rewritten standalone;
+# tested equal by tests/test_export.py::test_the_nested_router_is_exported.
+def nested_mix(
+    expert_logits: list[torch.Tensor],
+    input_ids: torch.Tensor,
+    *,
+    prior: float,
+    decay: float,
+    eos_ids: tuple[int, ...],
+    attention_mask: torch.Tensor | None = None,
+    memory: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+    """``p = sum_j w_j p_j`` over the experts (the base's logits first) as log-probabilities, with ``w_t =
+    softmax_j(prior_j + r_j,t)`` (``prior_0 = prior``, the others 0) and ``r_j,t = decay r_j,t-1 + ln p_j(x_t)``
+    (0 at a sequence start and at EOS; no evidence from padding); returns it, every expert's weight (E, B, T) and
+    the memory for the next call (``r`` (E, B) and the last position's log-probabilities (E, B, V)). A standalone
+    copy of scale-cl's ``nested_mix``, tested equal to it."""
+    log_p = torch.stack([F.log_softmax(z.float(), dim=-1) for z in expert_logits])
+    experts, rows, length, _ = log_p.shape
+    ids = input_ids.to(log_p.device)
+    with torch.no_grad():
+        evidence = torch.zeros(experts, rows, length, device=log_p.device)
+        if length > 1:
+            nxt = ids[None, :, 1:, None].expand(experts, -1, -1, 1)
+            evidence[:, :, 1:] = log_p[:, :, :-1].gather(-1, nxt).squeeze(-1)
+        if memory is not None:
+            evidence[:, :, :1] = memory[1].gather(-1, ids[None, :, :1].expand(experts, -1, -1))
+        if attention_mask is not None:
+            mask = attention_mask.to(evidence.device, evidence.dtype)
+            evidence = evidence * mask
+            evidence[..., 1:] *= mask[:, :-1]
+        starts = torch.zeros(ids.shape, dtype=torch.bool, device=ids.device)
+        for eos in eos_ids:
+            starts |= ids == eos
+        initial = None if memory is None else memory[0].reshape(-1)
+        ratio = running_ratio(evidence.reshape(-1, length), starts.repeat(experts, 1), decay, initial)
+        ratio = ratio.view(experts, rows, length)
+        priors = torch.zeros(experts, device=log_p.device)
+        priors[0] = prior
+        log_w = torch.log_softmax(ratio + priors[:, None, None], dim=0)
+    mixed = torch.logsumexp(log_w[..., None] + log_p, dim=0)
+    next_memory = (ratio[:, :, -1].detach(), log_p[:, :, -1].detach())
+    return mixed.to(expert_logits[-1].dtype), log_w.exp(), next_memory
+
+
 # Copy of scale_cl.tuner.routing.state.capture_inputs_hook, rewritten standalone;
 # tested equal by tests/test_export.py::test_the_likelihood_router_is_exported.
 def capture_router_inputs(model: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
@@ -291,6 +338,8 @@ class RouteHead(nn.Linear):
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         if self.config.scale_router == "likelihood":
             return self._likelihood(hidden)
+        if self.config.scale_router == "nested":
+            return self._nested(hidden)
         half, d = hidden.shape[0] // 2, self.split
         x, x_up = hidden[..., :d], hidden[..., d:]
         w_out, w_up = self.weight[:, :d], self.weight[:, d:]
@@ -315,22 +364,41 @@ class RouteHead(nn.Linear):
         else:
             base = F.linear(x, w_out)
             new = base + F.linear(x_up, w_up)
+        logits, self.last_weight, self.memory = likelihood_mix(base, new, *self._router_inputs(), **self._settings())
+        return logits
+
+    def _nested(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Copy of scale_cl.tuner.routing.nested.nested_logits: the base's logits, the model's after each earlier
+        stage (the cumulative sums of the stages' columns' products) and its own, mixed by ``nested_mix``."""
+        d = self.split
+        earlier = [width for width, _ in self.config.scale_norm_groups or []]
+        widths = (d - sum(earlier), *earlier)  # the base's hidden size, then what each earlier stage added
+        parts, columns = hidden[..., :d].split(widths, dim=-1), self.weight[:, :d].split(widths, dim=1)
+        experts = [F.linear(parts[0], columns[0])]
+        for x, w in zip(parts[1:], columns[1:], strict=True):
+            experts.append(experts[-1] + F.linear(x, w))
+        experts.append(experts[-1] + F.linear(hidden[..., d:], self.weight[:, d:]))
+        logits, weights, self.memory = nested_mix(experts, *self._router_inputs(), **self._settings())
+        self.last_weight = weights[0]
+        return logits
+
+    def _router_inputs(self) -> tuple[torch.Tensor]:
         ids = self.inputs.get("input_ids")
         if ids is None:
-            raise ValueError("the likelihood router reads the input token ids: call the model with input_ids")
+            raise ValueError(
+                f"the {self.config.scale_router} router reads the input token ids: call the model with input_ids"
+            )
+        return (ids,)
+
+    def _settings(self) -> dict[str, Any]:
         eos = self.config.eos_token_id
-        eos_ids = tuple(eos) if isinstance(eos, list | tuple) else () if eos is None else (eos,)
-        logits, self.last_weight, self.memory = likelihood_mix(
-            base,
-            new,
-            ids,
-            prior=self.config.scale_router_prior,
-            decay=self.config.scale_router_decay,
-            eos_ids=eos_ids,
-            attention_mask=self.inputs.get("attention_mask"),
-            memory=self.memory,
-        )
-        return logits
+        return {
+            "prior": self.config.scale_router_prior,
+            "decay": self.config.scale_router_decay,
+            "eos_ids": tuple(eos) if isinstance(eos, list | tuple) else () if eos is None else (eos,),
+            "attention_mask": self.inputs.get("attention_mask"),
+            "memory": self.memory,
+        }
 
     def extra_repr(self) -> str:
         return f"{self.split}+{self.in_features - self.split} -> {self.out_features}, tau={self.tau}"
@@ -378,7 +446,7 @@ class ScaleFields:
     scale_route_exact: bool = False  # route: a token routed to the preserve path gets the base model's logits
     scale_up_norm: str = "own"  # x_up normalised by its own statistic, the original stream's or the whole width's
     scale_norm_groups: list | None = None  # a grown model: [width, up_norm] of each earlier stage's group
-    scale_router: str = "cosine"  # route: Eq. 5's cosine router, or "likelihood" (the paths' mixture)
+    scale_router: str = "cosine"  # route: Eq. 5's cosine router, "likelihood" (the paths' mixture) or "nested"
     scale_router_prior: float = 0.0  # likelihood router: the prior log-odds of the base path
     scale_router_decay: float = 0.95  # likelihood router: the running ratio's decay per token
 
@@ -422,8 +490,8 @@ class ScaleMixin:
             for name in self.layer_norms:
                 setattr(layer, name, norm())
         self.route_from = None  # the first layer that runs both paths, None when nothing is stacked
-        # SCALE-Route, and SCALE-Preserve with the likelihood router (its Z is the base's logits exactly)
-        likelihood = config.scale_method in ("route", "preserve") and config.scale_router == "likelihood"
+        # SCALE-Route, and SCALE-Preserve with the likelihood or nested router (its Z is the base's logits exactly)
+        likelihood = config.scale_method in ("route", "preserve") and config.scale_router in ("likelihood", "nested")
         if config.scale_method == "route" and config.scale_preserve_layers < len(decoder.layers):
             self.route_from = config.scale_preserve_layers
             self.add_route_paths(decoder.layers, config)
@@ -449,8 +517,9 @@ class ScaleMixin:
         """Beam search: the layers holding both route paths (2n rows) reorder both halves alike (and the
         likelihood router's memory is reordered with the beams)."""
         head = self.get_output_embeddings()
-        if getattr(head, "memory", None) is not None:
-            head.memory = tuple(m.index_select(0, beam_idx.to(m.device)) for m in head.memory)
+        if getattr(head, "memory", None) is not None:  # the nested router's: one row per expert first
+            rows = 1 if self.config.scale_router == "nested" else 0
+            head.memory = tuple(m.index_select(rows, beam_idx.to(m.device)) for m in head.memory)
         if self.route_from is None:
             cache.reorder_cache(beam_idx)
             return cache

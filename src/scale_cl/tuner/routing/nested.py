@@ -48,6 +48,7 @@ class NestedMemory:
         self.last_log_probs = self.last_log_probs.index_select(1, index.to(self.last_log_probs.device))
 
 
+# Copied to export/modeling_scale.py (nested_mix): change both (tests/test_export_copies.py).
 def nested_mix(
     expert_logits: Sequence[torch.Tensor],
     input_ids: torch.Tensor,
@@ -86,6 +87,7 @@ def nested_mix(
     return mixed.to(expert_logits[-1].dtype), log_w.exp(), next_memory
 
 
+# Copied to export/modeling_scale.py (RouteHead._nested): change both (tests/test_export.py).
 def nested_logits(paths: HeadPaths, widths: Sequence[int]) -> list[torch.Tensor]:
     """The experts' logits from the head's input: the cumulative sums of each stage's columns' products (module
     doc), the base's first and the model's own (``Z + alpha Z_up``) last."""
