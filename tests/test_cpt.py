@@ -284,10 +284,21 @@ def test_the_two_model_control_reads_fft_with_its_base(workspace, tmp_path):
     """--eval.likelihood_control: FFT's trained model mixed with the base by the likelihood router, evaluated as
     one model (scale_cl.eval.mixture) and shown in results.md; a routing method reads its own router instead."""
     cfg = tiny_config(workspace, ["fft", "scale_route"])
-    cfg = replace(cfg, eval=replace(cfg.eval, likelihood_control=True))
+    cfg = replace(cfg, eval=replace(cfg.eval, likelihood_control=True, mixed_documents=2, up_logit_scales=(1.0,)))
     results = run_cpt(cfg, tmp_path / "run")
     fft = results["methods"]["fft"]
     (control,) = fft["likelihood_control"]
+    # every reading by token likelihoods records the router's separation; a model alone records none
+    route_read = next(r for r in results["methods"]["scale_route"]["up_logit_frontier"] if r.get("router"))
+    for record in (control["separation"], route_read["separation"]):
+        assert set(record["base_weight"]) == {"heldout", "toy"} and 0 <= record["auroc"]["toy"] <= 1
+    assert "separation" not in fft["curve"][-1]
+    # eval.mixed_documents: each way's segments read apart, with the base's weight where a router reads them
+    for record in (control, fft["curve"][-1], route_read):
+        for way in ("new+old", "old+new"):
+            assert all(math.isfinite(v) and v > 1 for v in record["mixed_documents"][way]["perplexity"].values())
+    assert set(control["mixed_documents"]["old+new"]["base_weight"]) == {"before", "passage", "after"}
+    assert "base_weight" not in fft["curve"][-1]["mixed_documents"]["new+old"]
     assert control["router"] == "likelihood" and control["control"] == "two models"
     assert control["trainable"] == fft["curve"][-1]["trainable"]  # the base beside it trains nothing
     first, last = fft["curve"][0], fft["curve"][-1]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from typing import Any
 
 import torch
 from torch import nn
@@ -18,23 +19,36 @@ from torch import nn
 def routes_by_likelihood(model: nn.Module) -> bool:
     """Whether ``model``'s head mixes the base's and its own logits by the document's likelihood (the likelihood
     router: SCALE-Route's two paths, or SCALE-Preserve's ``Z`` and ``Z + alpha Z_up``; the nested router: a grown
-    model's experts, the base's weight first)."""
+    model's experts, the base's weight first), or it is the two-model control (`ModelMixture`)."""
+    if hasattr(model, "last_base_weight"):
+        return True
     state = getattr(model, "scale_route", None)
     return bool(state is not None and state.reads_tokens)
 
 
+def base_weight_of(model: nn.Module) -> torch.Tensor:
+    """The base's weight per position ([B, T]) in ``model``'s last forward pass (`routes_by_likelihood`)."""
+    weight = model.last_base_weight if hasattr(model, "last_base_weight") else model.scale_route.last_mask
+    if weight is None:
+        raise RuntimeError("the router has no weights yet: they exist after a forward pass")
+    return weight
+
+
 @contextmanager
-def collect_base_weights(model: nn.Module) -> Iterator[list[torch.Tensor]]:
-    """While open, each forward pass of ``model`` appends the base path's weight at every row's last position
-    (left-padded prompts: the position that predicts the answer) to the list it yields."""
+def collect_base_weights(model: nn.Module, every_position: bool = False) -> Iterator[list[torch.Tensor]]:
+    """While open, each forward pass of ``model`` appends the base's weight at every row's last position
+    (left-padded prompts: the position that predicts the answer) to the list it yields; ``every_position``: the
+    weights of every position ([B, T])."""
     if not routes_by_likelihood(model):
         raise ValueError(
-            "the base path's weight exists only for a SCALE-Route or SCALE-Preserve model with router='likelihood'"
+            "the base's weight exists only for a SCALE-Route or SCALE-Preserve model read with a router of token "
+            "likelihoods (likelihood, nested), or for a ModelMixture"
         )
-    state, collected = model.scale_route, []
+    collected: list[torch.Tensor] = []
 
     def keep(module: nn.Module, args: tuple, output: object) -> None:
-        collected.append(state.last_mask[:, -1].detach().float().cpu())
+        weight = base_weight_of(model).detach().float().cpu()
+        collected.append(weight if every_position else weight[:, -1])
 
     handle = model.register_forward_hook(keep)
     try:
@@ -60,3 +74,25 @@ def auroc(positive: Sequence[float] | torch.Tensor, negative: Sequence[float] | 
     ranks[order] = mean_rank[inverse]
     u = ranks[: len(pos)].sum() - len(pos) * (len(pos) + 1) / 2
     return float(u / (len(pos) * len(neg)))
+
+
+@contextmanager
+def base_weights(model: nn.Module, weights: dict[str, torch.Tensor], name: str) -> Iterator[None]:
+    """While open, a model read by a router of token likelihoods (`routes_by_likelihood`) keeps its base weight per
+    token of the passes made into ``weights[name]``; any other model, nothing."""
+    if not routes_by_likelihood(model):
+        yield
+        return
+    with collect_base_weights(model, every_position=True) as collected:
+        yield
+    weights[name] = torch.cat([w.flatten() for w in collected])
+
+
+def router_separation(weights: dict[str, torch.Tensor]) -> dict[str, Any]:
+    """The base's mean weight per set, and per old set the AUROC of its tokens against the held-out new-domain
+    tokens by that weight (1: every old token weighs the base more than every new one; 0.5: no separation)."""
+    record: dict[str, Any] = {"base_weight": {name: float(w.mean()) for name, w in weights.items()}}
+    if "heldout" in weights and len(weights) > 1:
+        new = weights["heldout"]
+        record["auroc"] = {name: auroc(w, new) for name, w in weights.items() if name != "heldout"}
+    return record

@@ -101,6 +101,18 @@ class EvalConfig:
         },
     )
 
+    mixed_documents: int = field(
+        default=0,
+        metadata={
+            "ge": 0,
+            "help": "also read N mixed documents each way: a held-out new-domain sequence with a passage of the first "
+            "old-domain set inside (a quarter of it, at a known position), and the reverse; the perplexity of the "
+            "host before the passage, the passage and the host after it (and a router's base weight there): whether "
+            "a router turns to the passage's domain and back (scale_cl.eval.segments; records mixed_documents); "
+            "0 = off",
+        },
+    )
+
     nll_split: bool = field(
         default=False,
         metadata={

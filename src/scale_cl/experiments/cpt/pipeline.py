@@ -44,12 +44,14 @@ from accelerate import PartialState
 from safetensors.torch import load_file, save_file
 from transformers import AutoConfig, PreTrainedModel, PreTrainedTokenizerBase, TrainingArguments
 
-from scale_cl.data.corpus import Corpus, PackedStream, build_corpus, check_corpus, split_documents
+from scale_cl.data.corpus import Corpus, PackedStream, build_corpus, check_corpus, eos_id, split_documents
 from scale_cl.data.pseudo_replay import cached_blocks, generate_blocks
 from scale_cl.data.replay import ReplayMix, ReplayStream, describe_share
 from scale_cl.eval.mixture import ModelMixture
 from scale_cl.eval.perplexity import final_hidden_original, mean_cosine_similarity, new_domain_tokens, perplexity
 from scale_cl.eval.readings import up_logit_frontier, wise_ft_frontier
+from scale_cl.eval.route_separation import base_weights, router_separation
+from scale_cl.eval.segments import MixedSet, mixed_documents, segment_readings
 from scale_cl.experiments.base.name import resolve_model_name
 from scale_cl.experiments.cpt.config import VOCAB_TEXT_CHARS, CptConfig
 from scale_cl.experiments.cpt.layer_choice import check_probe_data, choose_layers, describe
@@ -261,22 +263,33 @@ def evaluate_method(cfg: CptConfig, corpus: Corpus, reference: torch.Tensor, ori
         vocab = int(max(corpus.heldout.blocks.max(), old.max())) + 1
         new_tokens = new_domain_tokens(corpus.heldout.blocks, old, vocab)
 
+    mixed = mixed_sets(cfg, corpus)
+
     def evaluate(model: torch.nn.Module) -> dict[str, Any]:
         record: dict[str, Any] = {"trainable": trainable_parameter_count(model)}
         share: dict[str, float] = {}
+        weights: dict[str, torch.Tensor] = {}  # a router's base weight per token of each set
         if corpus.heldout is not None:
-            result = perplexity(model, corpus.heldout.blocks, cfg.eval.batch_size, bf16)
+            with base_weights(model, weights, "heldout"):
+                result = perplexity(model, corpus.heldout.blocks, cfg.eval.batch_size, bf16)
             record["learning_ppl"] = result.perplexity
             if result.route_preserve_share is not None:
                 share["heldout"] = result.route_preserve_share
         record["forgetting_ppl"] = {}
         for name, data in corpus.old_eval.items():
-            result = perplexity(model, data.blocks, cfg.eval.batch_size, bf16, new_tokens)
+            with base_weights(model, weights, name):
+                result = perplexity(model, data.blocks, cfg.eval.batch_size, bf16, new_tokens)
             record["forgetting_ppl"][name] = result.perplexity
             if result.new_mass_nll is not None:
                 record.setdefault("forgetting_new_mass_nll", {})[name] = result.new_mass_nll
             if result.route_preserve_share is not None:
                 share[name] = result.route_preserve_share
+        if weights:
+            record["separation"] = router_separation(weights)
+        if mixed:
+            record["mixed_documents"] = {
+                way: segment_readings(model, data, cfg.eval.batch_size) for way, data in mixed.items()
+            }
         hidden = final_hidden_original(model, probe, original_width, bf16)
         record["representation_similarity"] = mean_cosine_similarity(reference, hidden)
         if share:
@@ -287,6 +300,20 @@ def evaluate_method(cfg: CptConfig, corpus: Corpus, reference: torch.Tensor, ori
         return record
 
     return evaluate
+
+
+def mixed_sets(cfg: CptConfig, corpus: Corpus) -> dict[str, MixedSet]:
+    """``eval.mixed_documents``'s sequences: ``new+old`` (a held-out new-domain host, a passage of the first
+    old-domain set) and ``old+new`` (the reverse); none when off or a side is missing."""
+    count = cfg.eval.mixed_documents
+    if not count or corpus.heldout is None or not corpus.old_eval:
+        return {}
+    old = next(iter(corpus.old_eval.values())).blocks
+    eos = (eos_id(corpus.tokenizer),) if getattr(corpus, "tokenizer", None) is not None else ()
+    return {
+        "new+old": mixed_documents(corpus.heldout.blocks, old, eos, count),
+        "old+new": mixed_documents(old, corpus.heldout.blocks, eos, count),
+    }
 
 
 def likelihood_control(cfg: CptConfig, trained: torch.nn.Module, base: torch.nn.Module, evaluate: Any) -> dict:
