@@ -490,13 +490,18 @@ def test_pseudo_replay_mixes_in_the_task0_models_own_text_sampled_once(tmp_path,
     eos = pipeline.build_data(cfg, cache).tokenizer.eos_token_id
     for item in sampled:
         assert len(item["input_ids"]) == 12 and item["input_ids"][0] == eos and item["labels"] == item["input_ids"]
-    wise = replace(cfg.task1, wise_ft_alphas=(0.0, 0.5))
+    wise = replace(cfg.task1, wise_ft_alphas=(0.0, 0.5), likelihood_control=True)
     pipeline.run_bio(replace(cfg, methods=["fft"], task1=wise), tmp_path / "b", cache)
     assert draws == [(8, 12)], "the second run reads the cached draw"
     fft = json.loads((tmp_path / "b" / "seed-0" / "fft.json").read_text())
     # WiSE-FT readings: alpha 0 is the Task-0 model itself (the curve's step 0)
     assert [r["alpha"] for r in fft["readings"]] == [0.0, 0.5]
     assert {k: fft["readings"][0][k] for k in ("task0", "task1")} == {k: fft["curve"][0][k] for k in ("task0", "task1")}
+    # task1.likelihood_control: FFT's model and the Task-0 model mixed, read with the router's separation
+    (control,) = fft["likelihood_control"]
+    assert control["control"] == "two models" and 0 <= control["task1"]["overall"] <= 1
+    assert 0 <= control["likelihood_router"]["auroc"] <= 1
+    assert "likelihood_router" not in fft["curve"][-1]  # FFT alone has no router
     # a likelihood-routed run records, at every evaluation, whether the router tells Task 0 from Task 1
     curve = json.loads((tmp_path / "a" / "seed-0" / "scale_route.json").read_text())["curve"]
     for record in curve[1:]:

@@ -130,6 +130,15 @@ class Task1Config(MethodStageConfig):
             "alpha (WiSE-FT; readings in seed-<s>/<method>.json, training nothing)",
         },
     )
+    likelihood_control: bool = field(
+        default=False,
+        metadata={
+            "help": "methods that do not route: after Task 1, also evaluate the trained model mixed with the Task-0 "
+            "model by the likelihood router (options.scale.router_prior / router_decay; two forward passes): the "
+            "control of SCALE's router readings, with the router's AUROC (likelihood_control in "
+            "seed-<s>/<method>.json, training nothing)",
+        },
+    )
     pseudo_replay_ratio: float = field(
         default=0.0,
         metadata={

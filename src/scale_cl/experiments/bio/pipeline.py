@@ -57,6 +57,7 @@ from scale_cl.data import (
 from scale_cl.data.pseudo_replay import cached_blocks, generate_blocks
 from scale_cl.data.replay import ReplayMix, describe_share
 from scale_cl.eval.first_token import QAExample, first_token_accuracy
+from scale_cl.eval.mixture import ModelMixture
 from scale_cl.eval.readings import up_logit_frontier, wise_ft_frontier
 from scale_cl.eval.route_separation import auroc, collect_base_weights, routes_by_likelihood
 from scale_cl.experiments.bio.config import BioConfig
@@ -224,9 +225,10 @@ def evaluate_tasks(model: torch.nn.Module, data: BioData) -> dict[str, dict[str,
     """Accuracy on Task 0 (held-out people, the paper's view), Task 0's QA-trained people and Task 1 (and in a
     sequence every later task, ``task2``, ...).
 
-    A SCALE-Route model with the likelihood router also records, under ``"likelihood_router"``, the base path's
-    mean weight where each split's answers are predicted and the AUROC of Task-0 questions against Task-1
-    questions by that weight (`scale_cl.eval.route_separation`): whether the router tells them apart (issue 28).
+    A model read by a router of token likelihoods (a SCALE model with the likelihood or nested router, or the
+    two-model control) also records, under ``"likelihood_router"``, the base's mean weight where each split's
+    answers are predicted and the AUROC of Task-0 questions against Task-1 questions by that weight
+    (`scale_cl.eval.route_separation`): whether the router tells them apart (issue 28).
     """
     pad = data.tokenizer.pad_token_id
     questions = data.test_splits()
@@ -458,6 +460,8 @@ def run_method(
     elif cfg.task1.wise_ft_alphas and method_spec(method).wise_ft:
         task0 = GPTNeoXForCausalLM.from_pretrained(task0_dir)
         result["readings"] = wise_ft_frontier(model, task0, lambda m: evaluate_tasks(m, data), cfg.task1.wise_ft_alphas)
+    if cfg.task1.likelihood_control and not method_spec(method).routes:
+        result["likelihood_control"] = [likelihood_control(cfg, model, task0_dir, data)]
     write_json(result_path, result)
     shutil.rmtree(run_dir, ignore_errors=True)  # the method is finished: nothing to resume
     return result
@@ -468,6 +472,16 @@ def router_readings(model: torch.nn.Module, data: BioData) -> list[dict[str, Any
     it was not trained with: Route's Eq.-5-trained model with ``route_exact`` and the likelihood router, Preserve's
     with the likelihood router (training nothing; `scale_cl.eval.readings.up_logit_frontier` at alpha 1)."""
     return up_logit_frontier(model, lambda m: evaluate_tasks(m, data), (1.0,))
+
+
+def likelihood_control(cfg: BioConfig, trained: torch.nn.Module, task0_dir: Path, data: BioData) -> dict[str, Any]:
+    """The trained model and the Task-0 model it started from mixed by the likelihood router (its prior and decay
+    from ``options.scale``), evaluated as one model: the two-model control of SCALE's router readings
+    (`scale_cl.eval.mixture`), its router's base weight and AUROC recorded as theirs are."""
+    device = next(trained.parameters()).device
+    task0 = GPTNeoXForCausalLM.from_pretrained(task0_dir).to(device).requires_grad_(False)
+    mixture = ModelMixture([task0, trained], cfg.options.scale.router_prior, cfg.options.scale.router_decay)
+    return {"alpha": 1.0, "router": "likelihood", "control": "two models", **evaluate_tasks(mixture, data)}
 
 
 def validate(cfg: BioConfig) -> None:
@@ -495,6 +509,7 @@ def _validate_sequence(cfg: BioConfig) -> None:
         "task1.replay_ratio": t.replay_ratio,
         "task1.pseudo_replay_ratio": t.pseudo_replay_ratio,
         "task1.wise_ft_alphas": t.wise_ft_alphas,
+        "task1.likelihood_control": t.likelihood_control,
         "options.distill_weight": cfg.options.distill_weight,
         "options.route_share": cfg.options.route_share if any(method_spec(m).routes for m in cfg.methods) else 0,
     }
