@@ -149,6 +149,10 @@ def test_readings_are_inference_rows_of_the_methods_models(tmp_path):
     # Eq. 5's cosine), under 0.1% here
     fft = methods["fft"]["fwd_flops_per_token"]
     assert readings["control"]["fwd_flops_per_token"] == pytest.approx(2 * fft, rel=1e-3)
+    assert readings["control-nested"]["fwd_flops_per_token"] == pytest.approx(4 * fft, rel=1e-3)  # four models
+    # the nested row reads SCALE-Preserve grown twice more: wider than the model it reads, less than four models
+    nested = readings["preserve-nested"]["fwd_flops_per_token"]
+    assert methods["scale_preserve"]["fwd_flops_per_token"] * 1.2 < nested < 4 * fft
     for name, method in (("route-likelihood", "scale_route"), ("preserve-likelihood", "scale_preserve")):
         assert readings[name]["fwd_flops_per_token"] == pytest.approx(methods[method]["fwd_flops_per_token"], rel=1e-3)
     assert "Inference read with the likelihood router" in (out / "results.md").read_text()

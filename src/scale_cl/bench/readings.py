@@ -2,8 +2,10 @@
 
 A reading costs what its model computes at inference: SCALE-Route's two paths in one model, SCALE-Preserve's one
 pass whose ``Z`` is the base's logits, or the two-model control, FFT's model and a copy of the base both run and
-mixed (`scale_cl.eval.mixture`). Each row is timed with the methods (forward and ``generate()``, interleaved), its
-forward FLOPs counted and its peak forward memory measured in a fresh process.
+mixed (`scale_cl.eval.mixture`). The nested rows read a model after three tasks: SCALE-Preserve grown twice more
+(four experts in one pass, the nested router) against the base and three FFT-sized models run and mixed alike.
+Each row is timed with the methods (forward and ``generate()``, interleaved), its forward FLOPs counted and its
+peak forward memory measured in a fresh process.
 """
 
 from __future__ import annotations
@@ -14,7 +16,9 @@ from dataclasses import dataclass
 from torch import nn
 
 from scale_cl.eval.mixture import ModelMixture
+from scale_cl.tuner.config import scale_config_of
 from scale_cl.tuner.modes import set_live_settings
+from scale_cl.tuner.upscale import upscale
 
 
 @dataclass(frozen=True)
@@ -24,6 +28,7 @@ class Reading:
     method: str
     setting: str
     two_models: bool = False  # the method's model and the base beside it (else the model, its router switched)
+    experts: int = 2  # the base and the models after each task: > 2 grows SCALE (nested router) or copies the model
 
 
 READINGS = {
@@ -32,14 +37,32 @@ READINGS = {
         "scale_preserve", "SCALE-Preserve read with the likelihood router (its Z is the base's; one model, one pass)"
     ),
     "control": Reading("fft", "FFT's model and the base, mixed by the likelihood router (two models)", True),
+    "preserve-nested": Reading(
+        "scale_preserve",
+        "SCALE-Preserve after three tasks (grown twice more), read with the nested router (four experts, one pass)",
+        experts=4,
+    ),
+    "control-nested": Reading(
+        "fft",
+        "the base and three FFT models (one per task), mixed by the nested router's posterior (four models)",
+        True,
+        experts=4,
+    ),
 }
 
 
 def reading_model(name: str, model: nn.Module, base: nn.Module) -> nn.Module:
-    """The model reading ``name`` runs: a copy of its method's ``model`` with the likelihood router, or (the control)
-    ``model`` and a copy of ``base`` (on the model's device and dtype) mixed."""
+    """The model reading ``name`` runs: a copy of its method's ``model`` with the likelihood router (grown once per
+    later task with its own settings and the nested router where the reading has more experts), or (a control)
+    ``model``, copies of it for the earlier tasks and a copy of ``base`` (on the model's device and dtype) mixed."""
     reading = READINGS[name]
     if reading.two_models:
         parameter = next(model.parameters())
-        return ModelMixture([copy.deepcopy(base).to(device=parameter.device, dtype=parameter.dtype), model])
-    return set_live_settings(copy.deepcopy(model), router="likelihood")
+        earlier = [copy.deepcopy(model) for _ in range(reading.experts - 2)]  # the earlier tasks' models
+        return ModelMixture([copy.deepcopy(base).to(device=parameter.device, dtype=parameter.dtype), *earlier, model])
+    if reading.experts == 2:
+        return set_live_settings(copy.deepcopy(model), router="likelihood")
+    grown, config = copy.deepcopy(model), scale_config_of(model)
+    for _ in range(reading.experts - 2):  # one stage per later task, as a sequence grows it
+        grown = upscale(grown, config)
+    return set_live_settings(grown, router="nested")
