@@ -6,7 +6,9 @@
 # router (alone and with pseudo-replay + distillation; every Eq.-5 Route run is also read with it and with
 # route_exact, and a likelihood-routed run records the router's AUROC of Task-0 against Task-1 questions); the
 # quiet-stream options; FFT and Freeze read with WiSE-FT. With Task-0 replay (25%): FFT and Route, with and without
-# distillation.
+# distillation. Issue 40: FFT read with its two-model control (its model and the Task-0 model mixed by the likelihood
+# router) beside SCALE-Route's and SCALE-Preserve's router readings (`router`), and Route trained with the router
+# (`router-trained`), every router reading with its AUROC.
 # Stages 1-2 are built once per seed (each seed in its own folder, then gathered into <root>/cache) and shared,
 # read only, by every sweep. Resumable.
 # Environment: SCALE_CL (the command, default .venv/bin/scale-cl), BIO_TEACHER_OUT (default outputs/bio-teacher),
@@ -21,7 +23,7 @@ root=${BIO_TEACHER_OUT:-outputs/bio-teacher}
 preset=${BIO_PRESET:-small}
 seeds=(0 1 2)
 read -r -a scales <<<"${BIO_LR_SCALES:-1}"
-read -r -a chosen <<<"${BIO_SWEEPS:-no-old-data pseudo lwf route-likelihood quiet replay wise}"
+read -r -a chosen <<<"${BIO_SWEEPS:-no-old-data pseudo lwf route-likelihood quiet replay wise router router-trained}"
 pids=()
 sweep() {
   local name=$1 scale folder
@@ -77,4 +79,7 @@ sweep quiet --methods scale_preserve scale_route --reference scale_preserve --ax
   --axis options.scale.embed_up_init zero
 sweep replay --methods fft scale_route --task1.replay_ratio 0.25 --axis options.distill_weight 1
 sweep wise --methods fft freeze --task1.wise_ft_alphas 0.25 0.5 0.75
+# issue 40 (4c): each reading by the likelihood router beside its control (FFT's model and the Task-0 model mixed)
+sweep router --methods fft scale_preserve scale_route --task1.likelihood_control true
+sweep router-trained --methods scale_route --reference scale_route --options.scale.router likelihood
 wait_all

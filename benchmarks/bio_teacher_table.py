@@ -7,7 +7,8 @@ preset rate, nothing added) for the same seed. Mean ± population std over the s
 the target. An FFT/Freeze run with WiSE-FT readings (task1.wise_ft_alphas) is also read at the alpha where its
 interpolation towards the Task-0 model reaches the target. Then, for SCALE-Route and SCALE-Preserve: the readings of
 each trained model at the end (as trained; Route with route_exact; both with the likelihood router) and the
-likelihood router's base weight and AUROC of Task-0 against Task-1 questions at the position that predicts the answer.
+likelihood router's base weight and AUROC of Task-0 against Task-1 questions at the position that predicts the answer;
+FFT's two-model control (task1.likelihood_control) read alike.
 
 Usage: python benchmarks/bio_teacher_table.py ROOT [--target 0.9]   (ROOT: BIO_TEACHER_OUT of bio_teacher.sh)
 """
@@ -102,19 +103,22 @@ def main() -> None:
                 f"| {spread(shares)} | | |"
             )
     print()
-    print("SCALE-Route and SCALE-Preserve at the end of training, read each way (training nothing); the likelihood")
-    print("router's base weight where the answer is predicted, and its AUROC of Task-0 (held-out / QA-trained) vs")
-    print("Task-1 questions")
+    print("SCALE-Route and SCALE-Preserve at the end of training, read each way (training nothing), and FFT's")
+    print("two-model control (its model and the Task-0 model mixed by the likelihood router); the router's base")
+    print("weight where the answer is predicted, and its AUROC of Task-0 (held-out / QA-trained) vs Task-1 questions")
     print()
     print("| sweep | point | reading | Task 1 % | Task 0 % | w Task 0 | w Task 1 | AUROC | AUROC QA-trained |")
     print("|---|---|---|---|---|---|---|---|---|")
-    for point in (p for p in points if p.name.startswith(("scale_route", "scale_preserve"))):
-        by_seed = {s: r for s, r in runs(point).items() if r.get("readings")}
+    for point in points:
+        routed = point.name.startswith(("scale_route", "scale_preserve"))
+        key = "readings" if routed else "likelihood_control"  # FFT's: its model and the Task-0 model mixed
+        by_seed = {s: r for s, r in runs(point).items() if r.get(key)}
         if not by_seed:
             continue
-        readings = list(zip(*(r["readings"] for r in by_seed.values()), strict=True))
+        readings = list(zip(*(r[key] for r in by_seed.values()), strict=True))
         for records in readings:
             name = "route_exact" if records[0].get("route_exact") else records[0].get("router", "as trained")
+            name = "control (two models)" if records[0].get("control") else name
             router = [r["likelihood_router"] for r in records if "likelihood_router" in r]
             keys = ("task0_base_weight", "task1_base_weight", "auroc", "auroc_trained")
             cells = [spread([r[key] for r in router], 1, 3) for key in keys]
