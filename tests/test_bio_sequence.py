@@ -68,11 +68,33 @@ def test_metrics_are_the_standard_definitions():
         continual_metrics([[1.0, 0.5]])
 
 
+# per-task growth, SCALE-Preserve read (and trained) with the nested router, FFT with its control (issue 40)
+PER_TASK = {"sequence.growth": "per_task", "options.scale.router": "nested", "task1.likelihood_control": True}
+
+
 @pytest.fixture(scope="module")
 def per_task(tmp_path_factory) -> tuple[Path, dict]:
     out = tmp_path_factory.mktemp("bio-sequence") / "per-task"
-    cfg = micro_sequence(**{"sequence.growth": "per_task", "methods": ["fft", "scale_preserve", "lora"]})
+    cfg = micro_sequence(**PER_TASK, methods=["fft", "scale_preserve", "lora"])
     return out, sequence.run_bio_sequence(cfg, out)
+
+
+def test_fft_s_control_mixes_the_task0_model_and_each_task_s_model_and_preserve_reads_its_stages(per_task):
+    """task1.likelihood_control in a sequence: after task k, the Task-0 model and FFT's model after each task so far
+    (k + 1 models) mixed, read with the router's AUROC; its matrix, metrics and a row of results.md. SCALE-Preserve
+    grown per task with the nested router records its router's separation at every evaluation."""
+    out, results = per_task
+    fft = results["methods"]["fft"]["runs"][0]
+    control = fft["control"]
+    assert len(control["matrix"]) == TASKS + 1 and control["metrics"] == continual_metrics(control["matrix"])
+    assert control["rows"][0] == fft["rows"][0]  # before Task 1: the Task-0 model alone
+    assert all(0 <= row["likelihood_router"]["auroc"] <= 1 for row in control["rows"][1:])
+    assert 0 < control["rows"][-1]["likelihood_router"]["task0_base_weight"] < 1  # a mixture, neither model alone
+    assert "fft + the Task-0 model and each task's model, mixed (control) | kept apart |" in (
+        out / "results.md"
+    ).read_text()
+    preserve = results["methods"]["scale_preserve"]["runs"][0]
+    assert "control" not in preserve and all("likelihood_router" in row for row in preserve["rows"])
 
 
 def test_a_sequence_reports_the_matrix_metrics_and_figures(per_task):
@@ -115,7 +137,7 @@ def test_a_killed_sequence_resumes_to_the_same_result(per_task, tmp_path, monkey
     """Killed during task 3 (after task 2 was saved): the re-run rebuilds the model (grown twice), loads its state
     and ends with bitwise the uninterrupted run's rows."""
     reference, _ = per_task
-    cfg = micro_sequence(**{"sequence.growth": "per_task", "methods": ["scale_preserve", "lora", "fft"]})
+    cfg = micro_sequence(**PER_TASK, methods=["scale_preserve", "lora", "fft"])
     real, calls = sequence.train_model, []
 
     def dies_in_task_3(model, dataset, args, **kwargs):  # once for SCALE (grown twice), once for LoRA (3 adapters)

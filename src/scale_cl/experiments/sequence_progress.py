@@ -10,7 +10,10 @@ grown as often) and loads the state into it strictly, so trainability and every 
 
 from __future__ import annotations
 
+import copy
 import json
+import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -75,6 +78,45 @@ class SequenceProgress:
             path.unlink()
 
 
+class SequenceControl:
+    """The control of a sequence (``likelihood_control``): the base and the method's model after each task so far,
+    kept apart and mixed per token by the likelihood routers' posterior (`scale_cl.eval.mixture.ModelMixture`: k + 1
+    models after task k), read after every task beside the model itself. Each task's model is kept on disk
+    (``<folder>/experts/task-<k>.safetensors``) until the method's result is saved, so a resumed run has them.
+
+    ``base``: the model the sequence started from (the base, or bio's Task-0 model); ``prepared``: a fresh model as
+    the sequence prepares it, to load a saved task's state into; ``prior``, ``decay``: the router's
+    (``options.scale.router_prior`` / ``router_decay``)."""
+
+    def __init__(
+        self, folder: Path, base: torch.nn.Module, prepared: Callable[[], torch.nn.Module], prior: float, decay: float
+    ) -> None:
+        self.folder, self.prepared, self.prior, self.decay = Path(folder) / "experts", prepared, prior, decay
+        self.experts = [base.eval()]  # the base, then each task's model
+
+    def restore(self, done: int) -> None:
+        """The models of the tasks finished before a resume, from their saved states."""
+        for task in range(1, done + 1):
+            model = self.prepared().eval()
+            load_model(model, self.folder / f"task-{task}.safetensors", strict=True)
+            self.experts.append(model)
+
+    def add(self, task: int, model: torch.nn.Module) -> None:
+        """Task ``task``'s model joins the experts (a frozen copy; its state saved for a resume)."""
+        self.folder.mkdir(parents=True, exist_ok=True)
+        atomic_write(self.folder / f"task-{task}.safetensors", lambda path: save_model(model, path))
+        self.experts.append(copy.deepcopy(model).eval())
+
+    def reading(self, evaluate: Callable[[torch.nn.Module], dict[str, Any]]) -> dict[str, Any]:
+        """The mixture of the experts so far, evaluated as one model."""
+        from scale_cl.eval.mixture import ModelMixture
+
+        return evaluate(ModelMixture(self.experts, self.prior, self.decay))
+
+    def clear(self) -> None:
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
 def task_cost(model: torch.nn.Module, ids: torch.Tensor) -> dict[str, Any]:
     """What the model a task trains costs: its parameters (all, trainable) and the FLOPs per token of a training step
     and of inference on ``ids`` (one sequence; `scale_cl.eval.cost`: exact op counts)."""
@@ -92,4 +134,4 @@ def task_cost(model: torch.nn.Module, ids: torch.Tensor) -> dict[str, Any]:
     return cost
 
 
-__all__ = ["PROGRESS_FILE", "SequenceProgress", "task_cost"]
+__all__ = ["PROGRESS_FILE", "SequenceControl", "SequenceProgress", "task_cost"]

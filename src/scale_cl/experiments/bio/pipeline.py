@@ -509,7 +509,6 @@ def _validate_sequence(cfg: BioConfig) -> None:
         "task1.replay_ratio": t.replay_ratio,
         "task1.pseudo_replay_ratio": t.pseudo_replay_ratio,
         "task1.wise_ft_alphas": t.wise_ft_alphas,
-        "task1.likelihood_control": t.likelihood_control,
         "options.distill_weight": cfg.options.distill_weight,
         "options.route_share": cfg.options.route_share if any(method_spec(m).routes for m in cfg.methods) else 0,
     }

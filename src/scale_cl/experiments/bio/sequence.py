@@ -21,6 +21,7 @@ import json
 import shutil
 import time
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -38,8 +39,9 @@ from scale_cl.experiments.bio.pipeline import (
     run_bio,
     task1_placement,
 )
-from scale_cl.experiments.sequence_progress import SequenceProgress, task_cost
+from scale_cl.experiments.sequence_progress import SequenceControl, SequenceProgress, task_cost
 from scale_cl.files import write_json
+from scale_cl.methods import method_spec
 from scale_cl.train.arguments import training_arguments
 from scale_cl.train.callbacks import PeriodicEval, SaveAtEvaluations
 from scale_cl.train.recipe import train_model
@@ -83,6 +85,15 @@ def run_sequence(
         progress.restore(model)
     else:
         progress.start(initial if initial is not None else evaluate_tasks(model, data))
+    control = None
+    # the control of the routers' readings: for a method that neither routes nor grows (a grown SCALE-Preserve model
+    # holds its earlier stages itself: options.scale.router nested reads them in one pass)
+    if cfg.task1.likelihood_control and not method_spec(method).routes and not grows:
+        task0 = GPTNeoXForCausalLM.from_pretrained(task0_dir).to(task1_placement(cfg).device)
+        scale = cfg.options.scale
+        prepared = partial(_start_model, cfg, task0_dir, method, seed)
+        control = SequenceControl(state_dir, task0, prepared, scale.router_prior, scale.router_decay)
+        control.restore(done)
     lr = cfg.task1.lr_of(method)
     stage = replace(cfg.task1, lr=lr)
     collator = PadCollator(data.tokenizer.pad_token_id)
@@ -116,6 +127,9 @@ def run_sequence(
             resume=True,
         )
         model.eval()
+        if control is not None:  # read before the task's row is saved, so that a resume has it
+            control.add(task, model)
+            tracker.records[-1]["control"] = control.reading(lambda m: evaluate_tasks(m, data))
         progress.finish_task(task, model, tracker.records, cost, time.perf_counter() - start)
         shutil.rmtree(run_dir, ignore_errors=True)
     state = progress.state
@@ -135,8 +149,18 @@ def run_sequence(
         "metrics": continual_metrics(matrix),
         **task1_placement(cfg).record(),  # device, precision (and the GPU) every task trained on
     }
+    if control is not None:  # the mixture of the Task-0 model and every model so far; before Task 1, it alone
+        rows = [state["rows"][0], *(row["control"] for row in state["rows"][1:])]
+        control_matrix = accuracy_matrix(rows, names)
+        result["control"] = {
+            "router": "likelihood",
+            "models": "the Task-0 model and the model after each task so far",
+            "rows": rows,
+            "matrix": control_matrix,
+            "metrics": continual_metrics(control_matrix),
+        }
     write_json(result_path, result)
-    shutil.rmtree(state_dir, ignore_errors=True)  # finished: nothing to resume
+    shutil.rmtree(state_dir, ignore_errors=True)  # finished: nothing to resume (the control's models included)
     return result
 
 

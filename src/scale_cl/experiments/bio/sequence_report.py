@@ -27,19 +27,28 @@ def _spread(values: list[float]) -> dict[str, float]:
 def sequence_summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """One method's runs (one per seed): the mean matrix, each metric's mean and spread over seeds (each seed's
     metrics from its own matrix), the parameters after each task and the growth strategy."""
-    matrices = [run["matrix"] for run in runs]
+    summary = {
+        "tasks": runs[0]["tasks"],
+        "growth": runs[0]["growth"],
+        **_matrix_summary([run["matrix"] for run in runs]),
+        "parameters": runs[0]["parameters"],
+    }
+    if all("control" in run for run in runs):  # the Task-0 model and each task's model, mixed (likelihood_control)
+        summary["control"] = _matrix_summary([run["control"]["matrix"] for run in runs])
+    return summary
+
+
+def _matrix_summary(matrices: list[list[list[float]]]) -> dict[str, Any]:
+    """The seeds' mean matrix, each metric's mean and spread (each seed's from its own matrix), forgetting per task."""
     size = len(matrices[0])
     mean = [[statistics.fmean(m[i][j] for m in matrices) for j in range(size)] for i in range(size)]
     per_seed = [continual_metrics(m) for m in matrices]
     return {
-        "tasks": runs[0]["tasks"],
-        "growth": runs[0]["growth"],
         "matrix": mean,
         "metrics": {key: _spread([metrics[key] for metrics in per_seed]) for key in METRICS},
         "forgetting_per_task": [
             statistics.fmean(metrics["forgetting_per_task"][j] for metrics in per_seed) for j in range(size - 1)
         ],
-        "parameters": runs[0]["parameters"],
     }
 
 
@@ -71,6 +80,14 @@ def sequence_markdown(methods: dict[str, Any]) -> str:
             f"| {name} | {s['growth']} | " + " | ".join(cells) + f" | {params['total']:,} "
             f"({params['trainable']:,} trainable) |"
         )
+        if "control" in s:  # kept apart and mixed by the likelihood router: every model's parameters and pass
+            cells = [_cell(s["control"]["metrics"][key]) for key in METRICS]
+            models = len(s["control"]["matrix"])
+            lines.append(
+                f"| {name} + the Task-0 model and each task's model, mixed (control) | kept apart | "
+                + " | ".join(cells)
+                + f" | {models} models x {params['total']:,} |"
+            )
     lines += [
         "",
         f"Cost at Task 1 and at Task {tasks} (the model each trains; FLOPs per token counted on one 64-token "

@@ -15,7 +15,6 @@ finished task; within a task from its last checkpoint). One process (no DDP) for
 
 from __future__ import annotations
 
-import copy
 import json
 import math
 import shutil
@@ -25,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_model, save_model
 
 from scale_cl.data.corpus import build_corpus, check_corpus
 from scale_cl.eval.continual import continual_metrics
@@ -33,8 +31,8 @@ from scale_cl.eval.perplexity import perplexity
 from scale_cl.experiments.cpt.config import CptConfig
 from scale_cl.experiments.cpt.report import RESULT_FILE
 from scale_cl.experiments.run_folder import claim_output_folder
-from scale_cl.experiments.sequence_progress import SequenceProgress, task_cost
-from scale_cl.files import atomic_write, write_json, write_text
+from scale_cl.experiments.sequence_progress import SequenceControl, SequenceProgress, task_cost
+from scale_cl.files import write_json, write_text
 from scale_cl.models import BaseModelRef, load_base
 from scale_cl.train.callbacks import PeriodicEval
 from scale_cl.train.recipe import train_model
@@ -107,49 +105,6 @@ def evaluator(cfg: CptConfig, evals: dict[str, Any], bf16: bool):
     return evaluate
 
 
-class SequenceControl:
-    """The control of a sequence (``eval.likelihood_control``): the base and the method's model after each task so
-    far, kept apart and mixed per token by the likelihood routers' posterior (`scale_cl.eval.mixture.ModelMixture`:
-    k + 1 models after task k), read after every task beside the model itself. Each task's model is kept on disk
-    (``<method>/experts/task-<k>.safetensors``) until the method's result is saved, so a resumed run has them."""
-
-    def __init__(self, cfg: CptConfig, ref: BaseModelRef, method: str, folder: Path, device: torch.device) -> None:
-        self.cfg, self.ref, self.method, self.folder, self.device = cfg, ref, method, folder / "experts", device
-        base, _ = load_base(ref)
-        self.experts = [base.to(device).eval()]  # the base, then each task's model
-
-    def _prepared(self) -> torch.nn.Module:
-        """The method's model as the sequence prepares it, to load a saved task's state into."""
-        from scale_cl.methods import prepare
-
-        base, _ = load_base(self.ref)
-        options = self.cfg.options.prepare_options(self.method, self.cfg.seed)
-        return prepare(base, self.method, **options).to(self.device).eval()
-
-    def restore(self, done: int) -> None:
-        """The models of the tasks finished before a resume, from their saved states."""
-        for task in range(1, done + 1):
-            model = self._prepared()
-            load_model(model, self.folder / f"task-{task}.safetensors", strict=True)
-            self.experts.append(model)
-
-    def add(self, task: int, model: torch.nn.Module) -> None:
-        """Task ``task``'s model joins the experts (a frozen copy; its state saved for a resume)."""
-        self.folder.mkdir(parents=True, exist_ok=True)
-        atomic_write(self.folder / f"task-{task}.safetensors", lambda path: save_model(model, path))
-        self.experts.append(copy.deepcopy(model).eval())
-
-    def reading(self, evaluate: Any) -> dict[str, Any]:
-        """The mixture of the experts so far, evaluated as one model."""
-        from scale_cl.eval.mixture import ModelMixture
-
-        scale = self.cfg.options.scale
-        return evaluate(ModelMixture(self.experts, scale.router_prior, scale.router_decay))
-
-    def clear(self) -> None:
-        shutil.rmtree(self.folder, ignore_errors=True)
-
-
 def run_method_sequence(
     cfg: CptConfig, ref: BaseModelRef, trains: list[tuple[str, Any]], evals: dict[str, Any], method: str, out: Path
 ) -> dict[str, Any]:
@@ -178,7 +133,13 @@ def run_method_sequence(
     # the control of the routers' readings: for a method that neither routes nor grows (a grown SCALE-Preserve model
     # holds its earlier stages itself: options.scale.router nested reads them in one pass)
     if cfg.eval.likelihood_control and not method_spec(method).routes and not growth.grows(method):
-        control = SequenceControl(cfg, ref, method, method_dir, placement.device)
+        options, scale = cfg.options.prepare_options(method, cfg.seed), cfg.options.scale
+
+        def prepared() -> torch.nn.Module:
+            return prepare(load_base(ref)[0], method, **options).to(placement.device)
+
+        start = load_base(ref)[0].to(placement.device)
+        control = SequenceControl(method_dir, start, prepared, scale.router_prior, scale.router_decay)
         control.restore(done)
     probe = next(iter(evals.values())).blocks[:1, :COST_TOKENS]
     for task, (name, train) in enumerate(trains, start=1):
