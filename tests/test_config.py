@@ -66,7 +66,7 @@ def test_int_fields_reject_other_types(field, value):
     ("tau", "why"),
     [
         *[(tau, r"in \[-1, 1\]") for tau in (1.5, -2, 1.0000001)],
-        *[(math.nan, "a finite number"), ("0.5", "a number"), (True, "a number")],
+        *[(math.nan, "a finite number"), ("0.5", "a number, e.g. 0.001"), (True, "a number, e.g. 0.001")],
     ],
 )
 def test_route_tau_outside_minus_one_one(tau, why):

@@ -150,7 +150,7 @@ def test_a_numeric_string_in_yaml_is_read_as_the_number(tmp_path):
     settings = parse_settings(["bio", "--preset", "micro", "--config", str(config)]).bio
     assert settings.task1.lr == 1e-3 and settings.task1.lr_of("fft") == 2e-4
     config.write_text("task1: {lr: fast}\n")
-    with pytest.raises(ValueError, match=r"task1\.lr must be a number, got 'fast'"):
+    with pytest.raises(ValueError, match=r"task1\.lr must be a number, e.g. 0.001, got 'fast'"):
         parse_settings(["bio", "--preset", "micro", "--config", str(config)])
 
 

@@ -9,16 +9,16 @@ names the setting as the user spells it; `check_fields` tests a dataclass's own 
 ``task1.lr must be > 0, got -1.0``, before anything is written.
 
 A range that depends on the model (``preserve_layers`` against its layers) is checked where the model's
-config is known, by `scale_cl.tuner.widths.check_fits`.
+config is known, by `scale_cl.tuner.widths.check_fits`. The type is checked first (`scale_cl.setting_types`).
 """
 
 from __future__ import annotations
 
-import contextlib
-import math
 from collections.abc import Mapping
-from dataclasses import Field, fields
+from dataclasses import Field, fields, is_dataclass
 from typing import Any
+
+from scale_cl.setting_types import conform, field_types, number
 
 BOUND_KEYS = ("ge", "gt", "le", "lt")
 
@@ -55,38 +55,28 @@ def _inside(value: float, found: dict[str, float]) -> bool:
     )
 
 
-def _number(name: str, value: Any, kind: type, strings: bool) -> int | float:
-    """``value`` itself, or with ``strings`` a numeric string (YAML 1.1 reads ``1e-3`` as one) as a number of the
-    field's kind."""
-    if strings and isinstance(value, str):
-        with contextlib.suppress(ValueError):
-            value = kind(value)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and isinstance(value, float)):
-        raise ValueError(f"{name} must be {'a whole number' if kind is int else 'a number'}, got {value!r}")
-    if not math.isfinite(value):
-        raise ValueError(f"{name} must be a finite number, got {value!r}")
-    return value
-
-
 def _kind(f: Field) -> type:
     annotation = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
     return float if "float" in annotation else int
 
 
-def checked(name: str, f: Field, value: Any, strings: bool = True) -> Any:
-    """``value`` given for the setting ``name`` (dotted, as the user spells it), checked against the range ``f``
-    declares (each item of a list or tuple, each value of a dict); with ``strings``, numeric strings are
-    converted (a YAML file's), else refused."""
+def checked(name: str, f: Field, value: Any, strings: bool = True, annotation: Any = None) -> Any:
+    """``value`` given for the setting ``name`` (dotted, as the user spells it), first as the type ``annotation``
+    declares (`scale_cl.setting_types.conform`: a number, a list, ...), then against the range ``f`` declares
+    (each item of a list or tuple, each value of a dict); with ``strings``, numeric strings are converted (a YAML
+    file's), else refused. Returns the value as checked (a list for a tuple field made a tuple)."""
+    if annotation is not None:
+        value = conform(name, annotation, value, strings)
     found = bounds(f.metadata)
     if not found or value is None:
         return value
     kind = _kind(f)
 
     def one(item: Any) -> Any:
-        number = _number(name, item, kind, strings)
-        if not _inside(number, found):
-            raise ValueError(f"{name} must be {describe(f.metadata)}, got {number!r}")
-        return number
+        value = number(name, item, kind, strings)
+        if not _inside(value, found):
+            raise ValueError(f"{name} must be {describe(f.metadata)}, got {value!r}")
+        return value
 
     if isinstance(value, Mapping):
         return {key: checked(f"{name}[{key!r}]", f, item, strings) for key, item in value.items()}
@@ -96,9 +86,16 @@ def checked(name: str, f: Field, value: Any, strings: bool = True) -> Any:
 
 
 def check_fields(instance: Any) -> None:
-    """Check every field of the dataclass ``instance`` that declares a range (not nested dataclasses), as it was
-    built (a string is no number here). The message names ``<section><field>``: the class's ``section``
-    (``"task1."``: where the command line and YAML put it) or, for a class used in several places, its name."""
+    """Check every field of the dataclass ``instance`` (not nested dataclasses) as it was built: its declared type
+    (a string is no number or list here; a list for a tuple field is made a tuple) and range. The message names
+    ``<section><field>``: the class's ``section`` (``"task1."``: where the command line and YAML put it) or, for a
+    class used in several places, its name."""
     section = getattr(instance, "section", f"{type(instance).__name__}.")
+    annotations = field_types(type(instance))
     for f in fields(instance):
-        checked(f"{section}{f.name}", f, getattr(instance, f.name), strings=False)
+        value = getattr(instance, f.name)
+        if is_dataclass(value):
+            continue
+        kept = checked(f"{section}{f.name}", f, value, strings=False, annotation=annotations[f.name])
+        if type(kept) is not type(value):  # a list given for a tuple field, a number for a string
+            object.__setattr__(instance, f.name, kept)

@@ -157,7 +157,7 @@ class BenchConfig:
     progress: bool = field(default=True, metadata={"help": "progress bars", "negative": "no_progress"})
 
     def __post_init__(self) -> None:
-        self.shapes = tuple(self.shapes)
+        check_fields(self)  # every field's type (the lists tuples) and declared range
         self.methods = tuple(dict.fromkeys(self.methods))  # each once, in the order given
         unknown = [s for s in self.shapes if s not in SHAPES]
         if unknown or not self.shapes:
@@ -180,11 +180,9 @@ class BenchConfig:
         if self.readings and self.skip_inference:
             raise ValueError("--readings are inference rows: drop --skip_inference, or the readings")
         if self.upscale_only is not None:
-            self.upscale_only = tuple(self.upscale_only)
             unknown = [s for s in self.upscale_only if s not in SHAPES]
             if unknown:
                 raise ValueError(f"upscale_only: unknown shapes {unknown}; choose from {list(SHAPES)}")
-        check_fields(self)
         if self.device not in ("auto", "cpu", "cuda"):
             raise ValueError(f"device must be auto, cpu or cuda, got {self.device!r}")
         if self.dtype not in ("auto", "fp32", "bf16"):

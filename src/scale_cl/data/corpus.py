@@ -118,10 +118,9 @@ class CorpusConfig:
     )
 
     def __post_init__(self) -> None:
-        self.train, self.old_eval = list(self.train), list(self.old_eval)
+        check_fields(self)  # every field's type (train, old_eval, replay lists) and declared range
         if self.on_decode_error not in DECODE_POLICIES:
             raise ValueError(f"on_decode_error must be one of {DECODE_POLICIES}, got {self.on_decode_error!r}")
-        check_fields(self)
         if 0 < self.max_train_tokens < self.seq_len:
             raise ValueError(
                 f"data.max_train_tokens must be 0 (all) or at least data.seq_len={self.seq_len} (one sequence), "
@@ -129,7 +128,6 @@ class CorpusConfig:
             )
         if not self.text_field:
             raise ValueError("text_field must name the JSONL field / column that holds the text")
-        self.replay = list(self.replay)
         if isinstance(self.replay_ratio, int) and not isinstance(self.replay_ratio, bool):
             self.replay_ratio = float(self.replay_ratio)  # 0 and 0.0 are one setting (cache keys, run folders)
         if self.replay_ratio > 0 and not self.replay:

@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 
 from scale_cl.bounds import checked
+from scale_cl.setting_types import field_types
 
 
 def nest(dotted_values: Iterable[tuple[str, Any]]) -> dict[str, Any]:
@@ -54,6 +55,7 @@ def apply_overrides(config: Any, overrides: dict[str, Any], where: str = "") -> 
     A key that is not a field of ``config`` goes to the inline field (see the module docstring) that knows it.
     """
     known = {f.name: f for f in fields(config)}
+    annotations = field_types(type(config))
     inline = [f.name for f in fields(config) if f.metadata.get("inline")]
     changes: dict[str, Any] = {}
     routed: dict[str, dict[str, Any]] = {}
@@ -67,14 +69,15 @@ def apply_overrides(config: Any, overrides: dict[str, Any], where: str = "") -> 
         current = getattr(config, key)
         if is_dataclass(current):
             if not isinstance(value, dict):
-                raise ValueError(f"setting {where}{key} is a section; give it a mapping, got {value!r}")
+                raise ValueError(f"{where}{key} is a section: give it a mapping of its settings, got {value!r}")
             changes[key] = apply_overrides(current, value, f"{where}{key}.")
         elif isinstance(current, dict):  # a mapping setting: the given keys replace those of the preset
             if not isinstance(value, dict):
-                raise ValueError(f"setting {where}{key} is a mapping; give it KEY: VALUE pairs, got {value!r}")
-            changes[key] = {**current, **checked(f"{where}{key}", known[key], value)}
+                raise ValueError(f"{where}{key} must be a mapping of KEY: VALUE pairs, got {value!r}")
+            changes[key] = {**current, **checked(f"{where}{key}", known[key], value, annotation=annotations[key])}
         else:
-            changes[key] = checked(f"{where}{key}", known[key], value)  # its declared range (`scale_cl.bounds`)
+            # its declared type and range (`scale_cl.bounds`)
+            changes[key] = checked(f"{where}{key}", known[key], value, annotation=annotations[key])
     for owner, values in routed.items():
         changes[owner] = apply_overrides(changes.get(owner, getattr(config, owner)), values, where)
     return replace(config, **changes)

@@ -130,10 +130,7 @@ class ScaleConfig:
     )
 
     def __post_init__(self) -> None:
-        self.collab_modules = tuple(self.collab_modules)
-        check_fields(self)  # hidden_up, ffn_up, route_tau, seed, up_logit_scale
-        if isinstance(self.preserve_layers, bool) or not isinstance(self.preserve_layers, int):
-            raise ValueError(f"ScaleConfig.preserve_layers must be a whole number, got {self.preserve_layers!r}")
+        check_fields(self)  # every field's type (collab_modules a tuple, preserve_layers whole) and declared range
         check_method(self.method)
         for name, allowed in (("w21_init", INITS), ("w22_init", INITS), ("embed_up_init", EMBED_UP_INITS)):
             if getattr(self, name) not in allowed:
@@ -142,8 +139,6 @@ class ScaleConfig:
             raise ValueError(f"ScaleConfig.up_norm must be one of {UP_NORMS}, got {self.up_norm!r}")
         if self.router not in ROUTERS:  # the registered routers (scale_cl.tuner.routing)
             raise ValueError(f"ScaleConfig.router must be one of {tuple(ROUTERS)}, got {self.router!r}")
-        if not isinstance(self.route_exact, bool):
-            raise ValueError(f"ScaleConfig.route_exact must be true or false, got {self.route_exact!r}")
         unknown = [m for m in self.collab_modules if m not in MODULES]
         if unknown or not self.collab_modules:
             raise ValueError(

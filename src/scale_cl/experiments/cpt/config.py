@@ -185,7 +185,6 @@ class CptSequenceConfig(GrowthSettings):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        self.then = list(self.then)
         names = [self.first, *(item.partition("=")[0] for item in self.then)]
         bad = [
             item for item in self.then if "=" not in item or not item.partition("=")[0] or not item.partition("=")[2]
