@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -20,23 +21,53 @@ def _diff(a: dict, b: dict, prefix: str = "") -> list[str]:
     return found
 
 
-def claim_output_folder(out: Path, config_file: str, settings: dict[str, Any], write: bool = True) -> None:
-    """Refuse ``out`` when it holds results of other ``settings`` (the method list may differ); else record them.
+# each kind of run's settings file (bio's is a model folder's name too), to tell a folder of another kind of run
+RUN_FILES = {"config.json": "bio", "cpt_config.json": "cpt", "sweep_config.json": "sweep", "base_config.json": "base"}
 
-    Settings that change no result (``report_to``: where metrics are sent) are neither recorded nor compared.
-    ``write=False`` only checks (a process other than the main one under ``torchrun``).
-    """
+
+def check_output_folder(out: Path, config_file: str, settings: dict[str, Any]) -> None:
+    """Refuse ``out`` before any data or model is loaded (issue 41): a file; a folder that cannot be written; a
+    folder holding another kind of run (or a model) and not this one; this kind's results of other ``settings``
+    (the method list may differ). Nothing is written; `claim_output_folder` then records the settings."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} is a file: give a folder (it is created if missing), or delete the file")
+    existing = next(folder for folder in (out, *out.absolute().parents) if folder.exists())
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ValueError(f"--out {out}: cannot write into {existing} (permission denied); choose another --out")
     path = out / config_file
-    settings = result_settings(json.loads(json.dumps(settings)))  # as stored: tuples become lists
-    mine = {k: v for k, v in settings.items() if k != "methods"}
+    if out.is_dir() and not path.is_file():
+        others = [name for name in RUN_FILES if name != config_file and (out / name).is_file()]
+        if others:
+            raise ValueError(
+                f"--out {out} holds {others[0]} (a scale-cl {RUN_FILES[others[0]]} run, or a model), not a run of "
+                f"this command: choose another --out"
+            )
     if path.is_file():
+        mine = _recorded(settings)
         theirs = {k: v for k, v in result_settings(json.loads(path.read_text())).items() if k != "methods"}
+        mine = {k: v for k, v in mine.items() if k != "methods"}
         if theirs != mine:
             diffs = sorted(_diff(theirs, mine))
             raise ValueError(
                 f"{out} holds results of another configuration (differs in: {', '.join(diffs[:8])}); "
                 "choose another --out or delete that folder"
             )
-    elif write:
+
+
+def _recorded(settings: dict[str, Any]) -> dict[str, Any]:
+    """The settings as stored (tuples become lists), without those that change no result."""
+    return result_settings(json.loads(json.dumps(settings)))
+
+
+def claim_output_folder(out: Path, config_file: str, settings: dict[str, Any], write: bool = True) -> None:
+    """Refuse ``out`` as `check_output_folder` does, else record ``settings`` there (once).
+
+    Settings that change no result (``report_to``: where metrics are sent) are neither recorded nor compared.
+    ``write=False`` only checks (a process other than the main one under ``torchrun``).
+    """
+    check_output_folder(out, config_file, settings)
+    path = out / config_file
+    if write and not path.is_file():
         out.mkdir(parents=True, exist_ok=True)
-        write_json(path, settings)
+        write_json(path, _recorded(settings))

@@ -31,7 +31,7 @@ from scale_cl.data.corpus import Corpus, build_corpus, check_corpus, split_docum
 from scale_cl.data.tokenizer import train_bpe_tokenizer
 from scale_cl.eval.perplexity import perplexity
 from scale_cl.experiments.base.config import BaseBuildConfig
-from scale_cl.experiments.run_folder import claim_output_folder
+from scale_cl.experiments.run_folder import check_output_folder, claim_output_folder
 from scale_cl.files import sha256_of, write_json
 from scale_cl.train.arguments import training_arguments
 from scale_cl.train.callbacks import PeriodicEval
@@ -145,6 +145,7 @@ def build_base(cfg: BaseBuildConfig, out: Path) -> Path:
     """Build (or resume, or reuse) the base described by ``cfg`` in ``out``; returns its model folder."""
     out = Path(out)
     refuse_sharding("scale-cl base", "the clean base is a small model trained by one process")
+    check_output_folder(out, CONFIG_FILE, cfg.to_dict())  # before any text is read
     model_dir = out / MODEL_DIR
     if is_built(model_dir):
         claim_output_folder(out, CONFIG_FILE, cfg.to_dict(), write=False)  # the same settings, or an error

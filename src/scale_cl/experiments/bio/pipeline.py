@@ -62,7 +62,7 @@ from scale_cl.eval.readings import up_logit_frontier, wise_ft_frontier
 from scale_cl.eval.route_separation import auroc, collect_base_weights, routes_by_likelihood
 from scale_cl.experiments.bio.config import BioConfig
 from scale_cl.experiments.bio.datasets import AnswerOnlyQA, PackedText, PadCollator
-from scale_cl.experiments.run_folder import claim_output_folder
+from scale_cl.experiments.run_folder import check_output_folder, claim_output_folder
 from scale_cl.files import write_json
 from scale_cl.methods import method_spec
 from scale_cl.train.arguments import training_arguments
@@ -528,6 +528,7 @@ def run_bio(
     passes its own (`scale_cl.experiments.bio.sequence.run_bio_sequence`).
     """
     refuse_sharding("scale-cl bio", "its models fit one device")
+    check_output_folder(Path(out), CONFIG_FILE, cfg.to_dict())  # before any data or model is built
     if run_one is None:
         if cfg.sequence.tasks > 1:
             raise ValueError(

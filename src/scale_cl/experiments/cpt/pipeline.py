@@ -56,7 +56,7 @@ from scale_cl.experiments.base.name import resolve_model_name
 from scale_cl.experiments.cpt.config import VOCAB_TEXT_CHARS, CptConfig
 from scale_cl.experiments.cpt.layer_choice import check_probe_data, choose_layers, describe
 from scale_cl.experiments.cpt.report import RESULT_FILE
-from scale_cl.experiments.run_folder import claim_output_folder
+from scale_cl.experiments.run_folder import check_output_folder, claim_output_folder
 from scale_cl.files import atomic_write, write_json
 from scale_cl.methods import method_spec
 from scale_cl.models import BaseModelRef, load_base, save_trained
@@ -557,6 +557,7 @@ def run_cpt(cfg: CptConfig, out: Path) -> dict[str, Any]:
             "sequence.then runs through scale_cl.experiments.cpt.sequence.run_cpt_sequence (as `scale-cl cpt` does)"
         )
     out = Path(out)
+    check_output_folder(out, CONFIG_FILE, cfg.to_dict())  # before any data or model is loaded
     validate(cfg, base_model_config(cfg))
     ref = base_model_ref(cfg)
     base, tokenizer = load_base(ref)

@@ -30,7 +30,7 @@ from scale_cl.eval.continual import continual_metrics
 from scale_cl.eval.perplexity import perplexity
 from scale_cl.experiments.cpt.config import CptConfig
 from scale_cl.experiments.cpt.report import RESULT_FILE
-from scale_cl.experiments.run_folder import claim_output_folder
+from scale_cl.experiments.run_folder import check_output_folder, claim_output_folder
 from scale_cl.experiments.sequence_progress import SequenceControl, SequenceProgress, task_cost
 from scale_cl.files import write_json, write_text
 from scale_cl.models import BaseModelRef, load_base
@@ -254,6 +254,7 @@ def run_cpt_sequence(cfg: CptConfig, out: Path) -> dict[str, Any]:
 
     out = Path(out)
     refuse_sharding("scale-cl cpt --sequence.then", "its stages evaluate and save on the main process alone")
+    check_output_folder(out, CONFIG_FILE, cfg.to_dict())  # before any data or model is loaded
     validate(cfg, base_model_config(cfg))
     validate_sequence(cfg)
     ref = base_model_ref(cfg)

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from scale_cl.experiments.overrides import apply_overrides, nest
-from scale_cl.experiments.run_folder import claim_output_folder
+from scale_cl.experiments.run_folder import check_output_folder, claim_output_folder
 from scale_cl.experiments.settings import METHOD_SETTINGS, settings_of
 from scale_cl.experiments.sweep.experiments import CONFIG_FILE
 from scale_cl.files import write_json
@@ -226,6 +226,7 @@ def finished(experiment: Any, path: Path) -> dict[str, Any] | None:
 def run_sweep(experiment: Any, settings: SweepSettings, out: Path) -> SweepResult:
     """Run (or resume) every point of the sweep into ``out``; finished points are read, never recomputed."""
     out = Path(out)
+    check_output_folder(out, CONFIG_FILE, experiment.cfg.to_dict())  # before any point is planned or run
     settings.validate(experiment.cfg.methods)
     points = plan(experiment, settings)
     configs = {p.key: point_config(experiment, p) for p in points}
