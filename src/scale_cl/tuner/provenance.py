@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 from torch import nn
@@ -25,6 +26,12 @@ def weight_fingerprint(model: nn.Module) -> str:
     return digest.hexdigest()[:16]
 
 
+def recorded_name(name: str) -> str:
+    """A base loaded from a local folder or file as its absolute path (a checkpoint is loaded from any directory),
+    a hub id as it is."""
+    return str(Path(name).resolve()) if name and Path(name).exists() else name
+
+
 def base_record(model: PreTrainedModel, dims: Dims) -> dict[str, Any]:
     """The base model's name (and GGUF file), class, config, sizes, dtype and weight fingerprint."""
     config = model.config
@@ -32,7 +39,7 @@ def base_record(model: PreTrainedModel, dims: Dims) -> dict[str, Any]:
     if not isinstance(quant, dict):
         quant = quant.to_dict()
     return {
-        "name_or_path": getattr(config, "_name_or_path", "") or "",
+        "name_or_path": recorded_name(getattr(config, "_name_or_path", "") or ""),
         "gguf_file": quant.get("gguf_file") if quant.get("quant_method") == "gguf" else None,
         "class": type(model).__name__,
         "config": config.to_dict(),

@@ -79,6 +79,11 @@ def _load_base(meta: dict[str, Any], directory: Path, base_model: Any, kwargs: d
             "this checkpoint does not name its base model (it was upscaled from a model built in memory): "
             "pass base_model=<model or path>, or save with full=True"
         )
+    if not base_model and Path(name).is_absolute() and not Path(name).exists():
+        raise FileNotFoundError(
+            f"the base model of {directory} was recorded at {name}, which does not exist now (moved or deleted): "
+            "pass base_model=<its new folder, or the model itself>"
+        )
     if base.get("gguf_file") and not base_model:
         kwargs.setdefault("gguf_file", base["gguf_file"])
     kwargs.setdefault("dtype", getattr(torch, base["dtype"]))
@@ -102,6 +107,8 @@ def load(
         from_pretrained_kwargs: passed to ``AutoModelForCausalLM.from_pretrained`` for the base.
     """
     directory = Path(directory)
+    if not directory.is_dir():
+        raise FileNotFoundError(f"{directory}: no such folder (relative to {Path.cwd()})")
     meta = read_meta(directory)
     cfg = ScaleConfig.from_dict(meta["scale_config"])
     weights = read_tensors(directory / WEIGHTS_NAME, meta)
