@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from conftest import make_model, randomize_new_weights, token_batch, upscaled_copy
-from scale_cl import scale_config_of
+from scale_cl import scale_config_of, set_method
 from scale_cl.tuner.config import ScaleConfig
 from scale_cl.tuner.modes import live_settings, set_live_settings
 from scale_cl.tuner.routing import ROUTERS, HeadPaths, Router, register_router, route_settings
@@ -74,3 +74,15 @@ def test_a_registered_router_is_one_class_and_selects_like_the_built_in_ones(ada
 def test_an_unregistered_router_is_refused_with_the_registered_ones():
     with pytest.raises(ValueError, match=r"router must be one of \('cosine', 'likelihood', 'nested'\)"):
         ScaleConfig(hidden_up=32, ffn_up=8, router="adapt_path")
+
+
+def test_set_method_takes_tau_with_route_only():
+    """tau is Eq. 5's threshold: given with a method that does not route it is refused (issue 41), and nothing
+    changes, so a later switch to route does not pick it up."""
+    model = upscaled_copy(make_model("llama-gqa2-tied"), "route", preserve_layers=1)
+    before = scale_config_of(model).route_tau
+    for method in ("preserve", "adapt"):
+        with pytest.raises(ValueError, match=f"set_method\\(model, '{method}'\\) does not route; drop tau"):
+            set_method(model, method, tau=0.9)
+    assert scale_config_of(set_method(model, "route")).route_tau == before
+    assert scale_config_of(set_method(model, "route", tau=0.3)).route_tau == 0.3

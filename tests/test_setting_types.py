@@ -49,6 +49,14 @@ def test_the_issue_s_yaml_rows_are_refused_before_anything_is_written(yaml_text,
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.yaml"]  # nothing written
 
 
+def test_a_refusal_names_the_option_as_it_was_given(capsys):
+    """ScaleConfig is used in several places and names itself; given as options.scale.*, the message says so."""
+    assert main(["cpt", "--options.scale.router", "likelyhood", "--out", "unused"]) == 2
+    err = capsys.readouterr().err
+    assert "options.scale.router must be one of ('cosine', 'likelihood', 'nested'), got 'likelyhood'" in err
+    assert "ScaleConfig" not in err
+
+
 def test_python_configs_are_checked_alike():
     with pytest.raises(ValueError, match=r"ScaleConfig.collab_modules must be a list, e.g. \[a, b\], got 'attn'"):
         ScaleConfig(hidden_up=32, ffn_up=16, collab_modules="attn")

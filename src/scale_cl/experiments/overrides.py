@@ -80,4 +80,10 @@ def apply_overrides(config: Any, overrides: dict[str, Any], where: str = "") -> 
             changes[key] = checked(f"{where}{key}", known[key], value, annotation=annotations[key])
     for owner, values in routed.items():
         changes[owner] = apply_overrides(changes.get(owner, getattr(config, owner)), values, where)
-    return replace(config, **changes)
+    try:
+        return replace(config, **changes)
+    except ValueError as err:  # a class used in several places names itself (ScaleConfig.router): say it as given
+        own = f"{type(config).__name__}."
+        if not where or own not in str(err):
+            raise
+        raise ValueError(str(err).replace(own, where)) from err

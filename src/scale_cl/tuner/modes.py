@@ -28,13 +28,18 @@ def set_method(model: nn.Module, method: str, tau: float | None = None) -> nn.Mo
     Sets how every W12 block is applied and resets trainability: every original parameter frozen,
     every new parameter trainable except W12, which trains only for adapt/route and only in
     collaborative linears (layer >= preserve_layers, module in collab_modules); a grown model's earlier
-    stages stay frozen (`scale_cl.tuner.stages`). ``tau`` sets
+    stages stay frozen (`scale_cl.tuner.stages`). ``tau`` (with ``"route"`` only: refused otherwise) sets
     SCALE-Route's threshold of Eq. 5 (a cosine in [-1, 1]; by default the model keeps its own): it is
     the model's ``ScaleConfig.route_tau``, so what routing uses is what is saved, reloaded and exported;
     it is set as `set_live_settings` sets it (``route_tau=``), tau's one setter.
     """
     method = check_method(method)
     if tau is not None:
+        if method != "route":
+            raise ValueError(
+                f"tau is SCALE-Route's threshold (Eq. 5): set_method(model, {method!r}) does not route; drop tau, or "
+                "set it with set_method(model, 'route', tau=...)"
+            )
         set_live_settings(model, route_tau=tau)  # checked there: a refused tau changes nothing
     cfg = replace(scale_config_of(model), method=method)
     layers = decoder_layers(model)
