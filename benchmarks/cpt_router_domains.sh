@@ -25,6 +25,7 @@ for domain in "${domains[@]}"; do
   common=(--preset clean-en --data.train "$corpus/train.jsonl" "$corpus/heldout.jsonl" --lr_scales 1 --seeds 0 1 2 --eval.mixed_documents 16)
   .venv/bin/scale-cl sweep cpt "${common[@]}" --methods fft scale_preserve scale_route --eval.up_logit_scales 1 \
     --eval.likelihood_control true --out "outputs/sweep-router-$domain" "$@"
-  .venv/bin/scale-cl sweep cpt "${common[@]}" --methods scale_route --options.scale.router likelihood \
+  .venv/bin/scale-cl sweep cpt "${common[@]}" --methods scale_route --reference scale_route \
+    --options.scale.router likelihood \
     --out "outputs/sweep-router-$domain-route-router" "$@"
 done
