@@ -57,6 +57,38 @@ def test_a_refusal_names_the_option_as_it_was_given(capsys):
     assert "ScaleConfig" not in err
 
 
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (
+            ["sweep", "bio", "--preset", "micro", "--target", "5"],
+            "--target 5: bio compares methods at a Task-1 accuracy",
+        ),
+        (["sweep", "cpt", "--target", "0.5"], "--target 0.5: cpt compares methods at a new-domain perplexity, >= 1"),
+        *(
+            (["export", "src", "dst", f"--max_shard_size={size}"], "max_shard_size must be a size above 0 with a unit")
+            for size in ("-5MB", "0MB", "lots", "5")
+        ),
+    ],
+)
+def test_impossible_values_are_refused(argv, message, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main([*argv, *(["--out", "out"] if argv[0] == "sweep" else [])]) == 2
+    assert message in capsys.readouterr().err and not any(tmp_path.iterdir())
+
+
+def test_an_option_the_command_does_not_take_is_not_offered(capsys):
+    """bio does not take cpt's auto_layers: not in its help, refused in YAML (cpt keeps it)."""
+    from scale_cl.cli import parse_settings
+
+    for command, offered in (("bio", False), ("cpt", True)):
+        with pytest.raises(SystemExit):
+            main([command, "--help"])
+        assert ("--options.auto_layers" in capsys.readouterr().out) is offered
+    with pytest.raises(ValueError, match=r"options\.auto_layers is not a setting of this command"):
+        apply_overrides(parse_settings(["bio", "--preset", "micro"]), {"options": {"auto_layers": True}})
+
+
 def test_python_configs_are_checked_alike():
     with pytest.raises(ValueError, match=r"ScaleConfig.collab_modules must be a list, e.g. \[a, b\], got 'attn'"):
         ScaleConfig(hidden_up=32, ffn_up=16, collab_modules="attn")
@@ -76,17 +108,17 @@ def _leaf_commands() -> Iterator[tuple[str, Any]]:
             yield " ".join(words), sub
 
 
-def _leaf_settings(instance: Any, prefix: str = "") -> Iterator[tuple[str, Field, Any]]:
+def _leaf_settings(instance: Any, prefix: str = "", leave_out: tuple = ()) -> Iterator[tuple[str, Field, Any]]:
     """(option name, field, annotation) of every leaf setting the command line and YAML take."""
     annotations = field_types(type(instance))
     for f in fields(instance):
         value = getattr(instance, f.name)
-        if f.metadata.get("cli") is False:
+        if f.metadata.get("cli") is False or f.name in leave_out:
             continue
         if f.metadata.get("inline"):
             yield from _leaf_settings(value, prefix)
         elif is_dataclass(value):
-            yield from _leaf_settings(value, f"{prefix}{f.name}.")
+            yield from _leaf_settings(value, f"{prefix}{f.name}.", f.metadata.get("leave_out", ()))
         else:
             yield f"{prefix}{f.name}", f, annotations[f.name]
 

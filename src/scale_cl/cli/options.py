@@ -21,6 +21,7 @@ items. Field metadata refines it:
 ``metavar``               the value's name in the help
 ``aliases``               more option names (``("seed",)`` for ``seeds``)
 ``negative``              the name of an option that sets a bool field false (``"no_progress"``)
+``leave_out``             a nested dataclass's settings this command does not take (no option, refused in YAML)
 ``inline``                a nested dataclass whose options and YAML keys are not prefixed by the
                           field's name (a command's own options beside an experiment's settings)
 ``group``                 an inline field: the title of the help section its options are listed in
@@ -98,6 +99,7 @@ def add_dataclass_options(
     prefix: str = "",
     aliases: dict[str, list[str]] | None = None,
     root: argparse.ArgumentParser | None = None,
+    leave_out: tuple[str, ...] = (),
 ) -> list[str]:
     """One option per leaf field of ``instance`` (see the module docstring); returns their dests.
 
@@ -111,7 +113,7 @@ def add_dataclass_options(
     for f in fields(instance):
         value = getattr(instance, f.name)
         name = f"{prefix}{f.name}"
-        if f.metadata.get("cli") is False:  # set by the program itself (e.g. a run's seed)
+        if f.metadata.get("cli") is False or f.name in leave_out:  # set by the program itself; not this command's
             continue
         if f.metadata.get("inline"):
             title = f.metadata.get("group")
@@ -120,7 +122,7 @@ def add_dataclass_options(
             continue
         if is_dataclass(value):
             group = root.add_argument_group(f"{name} settings", _summary(value))
-            dests += add_dataclass_options(group, value, f"{name}.", aliases, root)
+            dests += add_dataclass_options(group, value, f"{name}.", aliases, root, f.metadata.get("leave_out", ()))
             continue
         dests.append(name)
         names = [f"--{name}", *(f"--{prefix}{a}" for a in f.metadata.get("aliases", ())), *aliases.get(name, [])]

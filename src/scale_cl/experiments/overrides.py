@@ -49,7 +49,7 @@ def _names(config: Any) -> set[str]:
     return names
 
 
-def apply_overrides(config: Any, overrides: dict[str, Any], where: str = "") -> Any:
+def apply_overrides(config: Any, overrides: dict[str, Any], where: str = "", leave_out: tuple[str, ...] = ()) -> Any:
     """A copy of the dataclass ``config`` with nested ``overrides`` applied; unknown keys are errors.
 
     A key that is not a field of ``config`` goes to the inline field (see the module docstring) that knows it.
@@ -60,6 +60,9 @@ def apply_overrides(config: Any, overrides: dict[str, Any], where: str = "") -> 
     changes: dict[str, Any] = {}
     routed: dict[str, dict[str, Any]] = {}
     for key, value in overrides.items():
+        if key in leave_out:  # a shared settings class's setting this command does not take
+            taken = ", ".join(sorted(_names(config) - set(leave_out)))
+            raise ValueError(f"{where}{key} is not a setting of this command; known here: {taken}")
         if key not in known or key in inline:
             owner = next((n for n in inline if key in _names(getattr(config, n))), None)
             if owner is None:
@@ -70,7 +73,7 @@ def apply_overrides(config: Any, overrides: dict[str, Any], where: str = "") -> 
         if is_dataclass(current):
             if not isinstance(value, dict):
                 raise ValueError(f"{where}{key} is a section: give it a mapping of its settings, got {value!r}")
-            changes[key] = apply_overrides(current, value, f"{where}{key}.")
+            changes[key] = apply_overrides(current, value, f"{where}{key}.", known[key].metadata.get("leave_out", ()))
         elif isinstance(current, dict):  # a mapping setting: the given keys replace those of the preset
             if not isinstance(value, dict):
                 raise ValueError(f"{where}{key} must be a mapping of KEY: VALUE pairs, got {value!r}")

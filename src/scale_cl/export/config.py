@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
+
+from scale_cl.bounds import check_fields
 
 DTYPES = ("float32", "bfloat16", "float16")
 DEFAULT_SHARD_SIZE = "5GB"
@@ -39,3 +42,13 @@ class ExportSettings:
         default=DEFAULT_SHARD_SIZE,
         metadata={"help": "largest weight file; a larger model is split into shards with an index (e.g. 500MB)"},
     )
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+        # the sizes huggingface_hub's sharding reads (its parser is private): a number and a unit KB, MB, GB or TB
+        found = re.fullmatch(r"\s*(\d+(?:\.\d*)?)\s*(KB|MB|GB|TB)\s*", self.max_shard_size, flags=re.IGNORECASE)
+        if found is None or float(found[1]) <= 0:
+            raise ValueError(
+                f"max_shard_size must be a size above 0 with a unit KB, MB, GB or TB (e.g. 500MB, 5GB), got "
+                f"{self.max_shard_size!r}"
+            )

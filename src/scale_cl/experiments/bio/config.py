@@ -214,7 +214,11 @@ class BioConfig(ExperimentConfig):
     task0: StageConfig = field(default_factory=StageConfig)
     task1: Task1Config = field(default_factory=Task1Config)
     sequence: SequenceConfig = field(default_factory=SequenceConfig)
-    options: MethodSettings = field(default_factory=MethodSettings)
+    # auto_layers probes layer choices on a CPT corpus: cpt's, not taken here (left out of bio's options and YAML)
+    options: MethodSettings = field(
+        default_factory=MethodSettings,
+        metadata={"leave_out": ("auto_layers", "auto_layers_budget", "auto_layers_steps")},
+    )
 
     def __post_init__(self) -> None:
         self.check_experiment()

@@ -60,6 +60,12 @@ class BioExperiment:
         self._task0_dirs: dict[int, Path] = {}
         self._initial: dict[int, dict[str, Any]] = {}
 
+    @staticmethod
+    def check_target(target: float | None) -> None:
+        """``--target`` is a Task-1 accuracy."""
+        if target is not None and not 0 < target <= 1:
+            raise ValueError(f"--target {target:g}: bio compares methods at a Task-1 accuracy in (0, 1] (0.9: 90%)")
+
     def validate(self, cfg: Any) -> None:
         from scale_cl.experiments.bio.pipeline import validate
 
@@ -168,6 +174,12 @@ class CptExperiment:
         from scale_cl.experiments.cpt.pipeline import process_state
 
         return process_state().is_main_process
+
+    @staticmethod
+    def check_target(target: float | None) -> None:
+        """``--target`` is a new-domain perplexity."""
+        if target is not None and target < 1:
+            raise ValueError(f"--target {target:g}: cpt compares methods at a new-domain perplexity, >= 1")
 
     def validate(self, cfg: Any) -> None:
         from scale_cl.experiments.cpt.pipeline import base_model_config, validate

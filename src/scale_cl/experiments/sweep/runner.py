@@ -228,6 +228,7 @@ def run_sweep(experiment: Any, settings: SweepSettings, out: Path) -> SweepResul
     out = Path(out)
     check_output_folder(out, CONFIG_FILE, experiment.cfg.to_dict())  # before any point is planned or run
     settings.validate(experiment.cfg.methods)
+    experiment.check_target(settings.target)
     points = plan(experiment, settings)
     configs = {p.key: point_config(experiment, p) for p in points}
     for cfg in configs.values():  # every point's settings are checked before anything is written
