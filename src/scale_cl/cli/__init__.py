@@ -14,7 +14,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from scale_cl.cli.command import SPELLING, Command, add_command, preset_named
+from scale_cl.cli.command import SPELLING, Command, add_command, preset_named, terminate_as_interrupt
 from scale_cl.cli.options import HelpFormatter
 
 
@@ -60,7 +60,8 @@ def parse_settings(argv: list[str]) -> Any:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser(argv).parse_args(argv)
-    return args.func(args, command_line=f"{program()} {shlex.join(argv)}")
+    with terminate_as_interrupt():  # SIGTERM stops a run as Ctrl-C does (exit 143; 130 for Ctrl-C)
+        return args.func(args, command_line=f"{program()} {shlex.join(argv)}")
 
 
 def program() -> str:

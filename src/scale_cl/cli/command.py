@@ -12,8 +12,10 @@ becomes NaN/inf (`NonFiniteLossError`, naming the last good checkpoint) exits wi
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
@@ -24,6 +26,25 @@ SPELLING = (
     "Options are spelt as their settings are named (--lr_scales, --section.field); the same names with dashes "
     "(--lr-scales) are accepted too."
 )
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the program is, as Ctrl-C raises KeyboardInterrupt: a run stops the same way (its
+    checkpoints and finished parts kept) and the command ends with exit status 143 instead of 130."""
+
+
+@contextmanager
+def terminate_as_interrupt() -> Iterator[None]:
+    """While open, SIGTERM raises `Terminated` in the main thread (the previous handler restored after)."""
+
+    def raise_terminated(signum: int, frame: Any) -> None:
+        raise Terminated
+
+    previous = signal.signal(signal.SIGTERM, raise_terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 @dataclass(frozen=True)
@@ -69,6 +90,7 @@ class Runner:
         assert self.command.run is not None
         from scale_cl.train.trainer import NonFiniteLossError
 
+        settings = None
         try:
             settings = self.settings(args)
             if command_line and "command" in {f.name for f in fields(settings) if f.metadata.get("cli") is False}:
@@ -77,6 +99,12 @@ class Runner:
         except (ValueError, FileNotFoundError) as err:
             print(f"{self.prog}: error: {err}", file=sys.stderr)
             return 2
+        except KeyboardInterrupt as err:  # Ctrl-C, or SIGTERM (`Terminated`, from `terminate_as_interrupt`)
+            out = getattr(settings, "out", None)
+            kept = f"what finished (and the last checkpoint) is kept in {out}" if out else "nothing was being written"
+            again = f": {command_line}" if command_line else ""
+            print(f"{self.prog}: interrupted; {kept}; run the same command again to resume{again}", file=sys.stderr)
+            return 143 if isinstance(err, Terminated) else 130
         except NonFiniteLossError as err:  # training diverged: the settings were valid, the run failed
             print(f"{self.prog}: error: {err}", file=sys.stderr)
             return 1
