@@ -30,3 +30,20 @@ def test_an_interrupted_run_exits_with_one_line_and_the_command_that_resumes(how
         f"run the same command again to resume: scale-cl bio --preset micro --out {tmp_path / 'run'}"
     )
     assert signal.getsignal(signal.SIGTERM) is handler  # main() gives the previous handler back
+
+
+def test_a_damaged_cached_stage_model_is_named_with_what_to_delete(tmp_path):
+    """A cached stage whose weights were cut short (a killed copy, a full disk) is refused naming the file and the
+    folder to delete, not with safetensors' traceback."""
+    import torch
+    from safetensors.torch import save_file
+
+    stage = tmp_path / "stage2-abc"
+    stage.mkdir()
+    save_file({"w": torch.ones(64, 64)}, stage / "model.safetensors")
+    assert bio_pipeline._readable_stage(stage) == stage
+    data = (stage / "model.safetensors").read_bytes()
+    (stage / "model.safetensors").write_bytes(data[: len(data) // 2])
+    with pytest.raises(ValueError, match=f"cached stage model {stage / 'model.safetensors'} is damaged") as info:
+        bio_pipeline._readable_stage(stage)
+    assert f"delete {stage} and run again" in str(info.value)

@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import safe_open
 from transformers import GPTNeoXConfig, GPTNeoXForCausalLM, PreTrainedTokenizerFast
 
 from scale_cl.data import (
@@ -212,10 +213,24 @@ def new_backbone(cfg: BioConfig, tokenizer: PreTrainedTokenizerFast, seed: int) 
     return GPTNeoXForCausalLM(config)
 
 
+def _readable_stage(directory: Path) -> Path:
+    """``directory``, once its cached weights are found whole (safetensors checks the header against the file's
+    length); a damaged file (a copy cut short, a full disk) is named with what to delete."""
+    path = directory / "model.safetensors"
+    try:
+        with safe_open(path, "pt") as weights:
+            weights.keys()
+    except Exception as err:  # safetensors raises its own SafetensorError (no public class) or an OSError
+        raise ValueError(
+            f"the cached stage model {path} is damaged ({err}); delete {directory} and run again (it is rebuilt)"
+        ) from err
+    return directory
+
+
 def _cached_stage(directory: Path, build: Callable[[], GPTNeoXForCausalLM]) -> GPTNeoXForCausalLM:
     """Load the model cached in ``directory``, or ``build()`` it and cache it atomically."""
     if (directory / "model.safetensors").is_file():
-        return GPTNeoXForCausalLM.from_pretrained(directory)
+        return GPTNeoXForCausalLM.from_pretrained(_readable_stage(directory))
     model = build()
     _save_folder(directory, model.save_pretrained)
     return model
@@ -260,7 +275,7 @@ def stage_models(cfg: BioConfig, data: BioData, seed: int, cache: Path) -> tuple
     key1, key2 = stage_keys(cfg, seed)
     dir1, dir2 = cache / f"stage1-{key1}", cache / f"stage2-{key2}"
     if (dir2 / "model.safetensors").is_file():
-        return dir1, dir2
+        return dir1, _readable_stage(dir2)
 
     def train(model: GPTNeoXForCausalLM, dataset: Any, stage: StageConfig, directory: Path) -> None:
         logs = directory.with_name(directory.name + ".logs")  # a stage always trains from its start
