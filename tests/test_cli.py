@@ -104,13 +104,13 @@ def test_every_subcommand_is_built_from_its_settings():
                     assert parser._option_string_actions[alias].dest == action.dest, (path, option)
 
 
-DEMO = {"hidden_up": 384, "ffn_up": 0, "preserve_layers": 2, "max_new_tokens": 3, "methods": ("route", "adapt")}
+DEMO = {"hidden_up": 384, "ffn_up": 0, "preserve_layers": 2, "max_new_tokens": 3, "methods": ("scale_route", "scale_adapt")}
 
 
 @pytest.mark.parametrize("dash", [False, True], ids=["canonical", "dashed"])
 def test_demo_options_reach_its_settings(dash):
     argv = ["demo", "--hidden_up", "384", "--ffn_up", "0", "--preserve_layers", "2", "--max_new_tokens", "3"]
-    argv += ["--methods", "route", "adapt"]
+    argv += ["--methods", "scale_route", "scale_adapt"]
     settings = parse_settings(_spelt(argv, dash))
     assert {k: getattr(settings, k) for k in DEMO} == DEMO
 

@@ -313,3 +313,20 @@ def test_every_method_saved_before_training_scores_as_its_base(runs, base_scores
     got = evaluate(loaded, tokenizer, TASKS, include_path=TASKS_DIR, bootstrap_iters=0)
     assert loaded_method == method
     assert _values(got) == base_scores
+
+
+@pytest.mark.slow
+def test_a_finished_cpt_method_folder_is_evaluated_as_export_takes_it(runs, tmp_path):
+    """`scale-cl export` takes <out>/<method> (holding model/); eval takes the same folder (issue 41)."""
+    import shutil
+
+    shutil.copytree(runs / "scale", tmp_path / "scale_preserve" / "model")
+    assert (
+        _cli(
+            [str(tmp_path / "scale_preserve"), "--tasks", "scale_cl_tiny_ppl", "--include-path", str(TASKS_DIR), *FAST]
+        )
+        == 0
+    )
+    assert json.loads((tmp_path / "scale_preserve" / "model" / "eval.json").read_text())["model"]["method"] == (
+        "scale_preserve"
+    )

@@ -32,7 +32,7 @@ COMMAND = Command(
     epilog=(
         "examples:\n"
         "  scale-cl demo\n"
-        "  scale-cl demo --methods route --hidden_up 384 --preserve_layers 0 --max_new_tokens 32"
+        "  scale-cl demo --methods scale_route --hidden_up 384 --preserve_layers 0 --max_new_tokens 32"
     ),
     settings=DemoSettings,
     run=run,

@@ -342,7 +342,7 @@ def run_eval(settings: EvalSettings) -> tuple[dict[str, Any], Path | None]:
 
     Bad settings raise a ValueError / FileNotFoundError before the (slow) model load.
     """
-    from scale_cl.models import BaseModelRef, load_base, load_trained, read_run_file
+    from scale_cl.models import RUN_FILE, BaseModelRef, load_base, load_trained, read_run_file
 
     s = settings
     if (s.model_dir is None) == (s.base is None):
@@ -359,6 +359,8 @@ def run_eval(settings: EvalSettings) -> tuple[dict[str, Any], Path | None]:
     if directory is not None:
         if not directory.is_dir():
             raise FileNotFoundError(f"MODEL_DIR {directory} does not exist or is not a folder")
+        if not (directory / RUN_FILE).is_file() and (directory / "model" / RUN_FILE).is_file():
+            directory = directory / "model"  # a finished cpt method folder, as `scale-cl export` takes it
         read_run_file(directory)  # a clear error for a folder that is not a saved run
     include_path = s.include_path or None  # a folder or a list of them (YAML may give either)
     names = check_tasks(expand_tasks(s.tasks), include_path)  # before the (slow) model load

@@ -14,7 +14,8 @@ from typing import ClassVar
 import torch
 
 from scale_cl.bounds import check_fields
-from scale_cl.tuner.config import METHODS, ScaleConfig
+from scale_cl.methods import METHOD_NAMES, method_spec
+from scale_cl.tuner.config import ScaleConfig
 from scale_cl.tuner.upscale import upscale
 
 PROMPTS = (
@@ -37,6 +38,10 @@ class DemoResult:
         return self.same_generation and self.max_abs_logit_diff <= 1e-4
 
 
+# the SCALE methods, spelt as every command spells them (scale_preserve, ...)
+SCALE_METHODS = tuple(name for name in METHOD_NAMES if method_spec(name).is_scale)
+
+
 @dataclass
 class DemoSettings:
     """How SmolLM2-135M is upscaled for the check (``scale-cl demo``'s options)."""
@@ -51,7 +56,9 @@ class DemoSettings:
         default=27, metadata={"ge": -30, "le": 30, "help": "L_fp: layers below it keep W12 frozen (SmolLM2 has 30)"}
     )
     max_new_tokens: int = field(default=16, metadata={"ge": 1, "help": "greedy tokens generated per prompt"})
-    methods: tuple[str, ...] = field(default=METHODS, metadata={"help": "methods to check", "choices": METHODS})
+    methods: tuple[str, ...] = field(
+        default=SCALE_METHODS, metadata={"help": "methods to check", "choices": SCALE_METHODS}
+    )
 
     def __post_init__(self) -> None:
         check_fields(self)
@@ -76,7 +83,7 @@ def run_demo(settings: DemoSettings | None = None) -> list[DemoResult]:
         cfg = ScaleConfig(
             hidden_up=s.hidden_up,
             ffn_up=s.ffn_up,
-            method=method,
+            method=method_spec(method).scale_method,
             preserve_layers=s.preserve_layers,
             w21_init="random",
             w22_init="random",
