@@ -47,3 +47,31 @@ def test_a_damaged_cached_stage_model_is_named_with_what_to_delete(tmp_path):
     with pytest.raises(ValueError, match=f"cached stage model {stage / 'model.safetensors'} is damaged") as info:
         bio_pipeline._readable_stage(stage)
     assert f"delete {stage} and run again" in str(info.value)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("at_step", [2, 3, 5])
+def test_a_run_stopped_by_ctrl_c_resumes_without_duplicate_records(at_step, workspace, tmp_path, monkeypatch):
+    """Ctrl-C after an evaluation, a checkpoint or neither: the rerun resumes, and metrics.jsonl holds each
+    evaluated step once, as an uninterrupted run's does."""
+    import json
+
+    from conftest import tiny_config
+    from scale_cl.experiments.cpt.pipeline import run_cpt
+    from scale_cl.train.callbacks import PeriodicEval
+
+    cfg = tiny_config(workspace, ["fft"], steps=6, save_every=2)
+    real, raised = PeriodicEval.on_step_end, []
+
+    def interrupted(self, args, state, control, **kwargs):
+        real(self, args, state, control, **kwargs)
+        if state.global_step == at_step and not raised:
+            raised.append(at_step)
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(PeriodicEval, "on_step_end", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        run_cpt(cfg, tmp_path / "run")
+    run_cpt(cfg, tmp_path / "run")
+    steps = [json.loads(line)["step"] for line in (tmp_path / "run" / "fft" / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [0, 3, 6]

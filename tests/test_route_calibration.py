@@ -99,9 +99,10 @@ def test_cpt_recalibrates_during_training_and_a_resumed_run_keeps_the_same_taus(
     monkeypatch.setattr(CheckpointingTrainer, "training_step", step)
     run_cpt(cfg, tmp_path / "resumed")  # from checkpoint-2
     result = json.loads((tmp_path / "resumed" / "scale_route" / "result.json").read_text())
-    # The resumed run also evaluates where it resumes: at step 2 with step 0's tau, read from checkpoint-2 (not
-    # calibrated afresh on step 2's weights, which would route another share).
-    assert _taus(tmp_path / "resumed" / "scale_route" / "result.json") == {**straight, 2: straight[0]}
+    # The resumed run records the uninterrupted run's evaluations, no more (step 2 is not on the schedule), and
+    # trains steps 2-3 with step 0's tau, read from checkpoint-2 (calibrated afresh on step 2's weights it would
+    # route another share, and the last evaluation would differ)
+    assert _taus(tmp_path / "resumed" / "scale_route" / "result.json") == straight
     assert (
         result["curve"][-1]["learning_ppl"]
         == json.loads((tmp_path / "straight" / "scale_route" / "result.json").read_text())["curve"][-1]["learning_ppl"]

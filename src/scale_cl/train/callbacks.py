@@ -40,7 +40,8 @@ class PeriodicEval(TrainerCallback):
     (nested names joined by ``/``: ``eval/forgetting_ppl/en``).
 
     Resuming: records after the step a run resumes from are dropped from the JSONL file (they
-    were made after the checkpoint and are made again). Only the main process evaluates, unless
+    were made after the checkpoint and are made again), and the step it resumes from is evaluated only if it is on
+    the schedule (a checkpoint between evaluations adds no record: the file is the uninterrupted run's). Only the main process evaluates, unless
     ``every_process`` is set (`scale_cl.train.recipe.train_model` sets it when the weights are sharded: a forward pass
     then needs every process); the main process alone still records and writes.
 
@@ -110,7 +111,8 @@ class PeriodicEval(TrainerCallback):
         if not self._evaluates(state):
             return
         self._resume(state.global_step, state.is_world_process_zero)
-        self._record(state.global_step, model, state.is_world_process_zero)
+        if self.is_eval_step(state.global_step):  # step 0, or a resumed step on the schedule (else no extra record)
+            self._record(state.global_step, model, state.is_world_process_zero)
         self._mark = time.perf_counter()
 
     def on_step_end(self, args, state, control, model=None, **kwargs):
