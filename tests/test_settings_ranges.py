@@ -21,16 +21,17 @@ from scale_cl.cli import commands, main
 MODEL_BOUND = {"options.scale.preserve_layers": ("1000000", "options.scale.preserve_layers=1000000 does not fit")}
 
 
-def leaf_settings(settings, prefix: str = ""):
-    """(option name, field, value) of every leaf option of a command's settings (inline sections unprefixed)."""
+def leaf_settings(settings, prefix: str = "", leave_out: tuple = ()):
+    """(option name, field, value) of every leaf option of a command's settings (inline sections unprefixed; a
+    section's settings its command does not take, ``leave_out``, skipped)."""
     for f in fields(settings):
-        if f.metadata.get("cli") is False:
+        if f.metadata.get("cli") is False or f.name in leave_out:
             continue
         value = getattr(settings, f.name)
         if f.metadata.get("inline"):
             yield from leaf_settings(value, prefix)
         elif is_dataclass(value):
-            yield from leaf_settings(value, f"{prefix}{f.name}.")
+            yield from leaf_settings(value, f"{prefix}{f.name}.", f.metadata.get("leave_out", ()))
         else:
             yield f"{prefix}{f.name}", f, value
 
