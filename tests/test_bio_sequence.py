@@ -90,9 +90,10 @@ def test_fft_s_control_mixes_the_task0_model_and_each_task_s_model_and_preserve_
     assert control["rows"][0] == fft["rows"][0]  # before Task 1: the Task-0 model alone
     assert all(0 <= row["likelihood_router"]["auroc"] <= 1 for row in control["rows"][1:])
     assert 0 < control["rows"][-1]["likelihood_router"]["task0_base_weight"] < 1  # a mixture, neither model alone
-    assert "fft + the Task-0 model and each task's model, mixed (control) | kept apart |" in (
-        out / "results.md"
-    ).read_text()
+    assert (
+        "fft + the Task-0 model and each task's model, mixed (control) | kept apart |"
+        in (out / "results.md").read_text()
+    )
     preserve = results["methods"]["scale_preserve"]["runs"][0]
     assert "control" not in preserve and all("likelihood_router" in row for row in preserve["rows"])
 

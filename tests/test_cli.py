@@ -104,7 +104,13 @@ def test_every_subcommand_is_built_from_its_settings():
                     assert parser._option_string_actions[alias].dest == action.dest, (path, option)
 
 
-DEMO = {"hidden_up": 384, "ffn_up": 0, "preserve_layers": 2, "max_new_tokens": 3, "methods": ("scale_route", "scale_adapt")}
+DEMO = {
+    "hidden_up": 384,
+    "ffn_up": 0,
+    "preserve_layers": 2,
+    "max_new_tokens": 3,
+    "methods": ("scale_route", "scale_adapt"),
+}
 
 
 @pytest.mark.parametrize("dash", [False, True], ids=["canonical", "dashed"])

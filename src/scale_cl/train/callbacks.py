@@ -41,7 +41,8 @@ class PeriodicEval(TrainerCallback):
 
     Resuming: records after the step a run resumes from are dropped from the JSONL file (they
     were made after the checkpoint and are made again), and the step it resumes from is evaluated only if it is on
-    the schedule (a checkpoint between evaluations adds no record: the file is the uninterrupted run's). Only the main process evaluates, unless
+    the schedule (a checkpoint between evaluations adds no record: the file is the uninterrupted run's). Only the
+    main process evaluates, unless
     ``every_process`` is set (`scale_cl.train.recipe.train_model` sets it when the weights are sharded: a forward pass
     then needs every process); the main process alone still records and writes.
 
