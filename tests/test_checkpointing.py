@@ -60,20 +60,21 @@ def _trainer(model, out: Path, steps: int = 6, callbacks=(), run_info=RUN) -> Ch
     )
 
 
-def test_checkpoint_is_complete_or_absent_when_saving_crashes(tmp_path, monkeypatch):
+@pytest.mark.parametrize("stop", [OSError("disk full (simulated)"), KeyboardInterrupt("Ctrl-C (simulated)")])
+def test_checkpoint_is_complete_or_absent_when_saving_crashes(stop, tmp_path, monkeypatch):
     original = Trainer._save_rng_state
 
     def crash_at_step_4(self, output_dir):
         if self.state.global_step == 4:
-            raise OSError("disk full (simulated)")
+            raise stop
         return original(self, output_dir)
 
     monkeypatch.setattr(Trainer, "_save_rng_state", crash_at_step_4)
-    with pytest.raises(OSError, match="simulated"):
+    with pytest.raises(type(stop), match="simulated"):
         _trainer(_model(), tmp_path).train()
     assert [p.name for p in complete_checkpoints(tmp_path)] == ["checkpoint-2"]
     assert not (tmp_path / "checkpoint-4").exists(), "a half-written checkpoint must not look like one"
-    assert (tmp_path / STAGING_DIR / "checkpoint-4").is_dir()
+    assert not (tmp_path / STAGING_DIR).exists(), "the failed save removed its half-written files"
 
     monkeypatch.setattr(Trainer, "_save_rng_state", original)
     resumed = _trainer(_model(), tmp_path)
@@ -158,7 +159,19 @@ def test_checkpoint_goes_through_the_staging_folder(tmp_path, monkeypatch):
         "complete-or-absent; port it to this transformers release"
     )
     assert [p.name for p in complete_checkpoints(tmp_path)] == ["checkpoint-2"]
-    assert not list((tmp_path / STAGING_DIR).iterdir()), "the staged checkpoint was renamed into place"
+    assert not (tmp_path / STAGING_DIR).exists(), "the staged checkpoint was renamed into place, the folder removed"
+
+
+def test_files_a_killed_save_left_are_cleared_by_the_next_save(tmp_path):
+    """A process killed outright (kill -9) mid-save runs no cleanup: its files stay in the staging folder, which no
+    resume reads (only complete ``checkpoint-N`` folders count), until the next save removes them."""
+    left = tmp_path / STAGING_DIR / "checkpoint-4"
+    left.mkdir(parents=True)
+    (left / "optimizer.pt").write_bytes(b"cut short")
+    assert complete_checkpoints(tmp_path) == []
+    _trainer(_model(), tmp_path, steps=2).train()
+    assert [p.name for p in complete_checkpoints(tmp_path)] == ["checkpoint-2"]
+    assert not (tmp_path / STAGING_DIR).exists()
 
 
 def test_non_finite_weights_are_never_saved_as_a_good_checkpoint(tmp_path):

@@ -49,6 +49,28 @@ def test_a_damaged_cached_stage_model_is_named_with_what_to_delete(tmp_path):
     assert f"delete {stage} and run again" in str(info.value)
 
 
+def test_a_cache_folder_save_stopped_part_way_leaves_nothing_half_written(tmp_path):
+    """bio caches its tokenizer and stage models through ``_save_folder``: Ctrl-C inside the save leaves neither its
+    temporary folder nor a damaged cache, and a folder saved before stays as it was."""
+    cached = tmp_path / "stage1-abc"
+
+    def written(folder):
+        folder.mkdir()
+        (folder / "model.safetensors").write_text("complete")
+
+    bio_pipeline._save_folder(cached, written)
+
+    def stopped(folder):
+        folder.mkdir()
+        (folder / "model.safetensors").write_text("cut")
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        bio_pipeline._save_folder(cached, stopped)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["stage1-abc"]
+    assert (cached / "model.safetensors").read_text() == "complete"
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("at_step", [2, 3, 5])
 def test_a_run_stopped_by_ctrl_c_resumes_without_duplicate_records(at_step, workspace, tmp_path, monkeypatch):
@@ -75,3 +97,37 @@ def test_a_run_stopped_by_ctrl_c_resumes_without_duplicate_records(at_step, work
     run_cpt(cfg, tmp_path / "run")
     steps = [json.loads(line)["step"] for line in (tmp_path / "run" / "fft" / "metrics.jsonl").read_text().splitlines()]
     assert steps == [0, 3, 6]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("sent", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_real_cpt_run_stopped_by_a_signal_ends_cleanly_and_resumes(sent, code, workspace, tmp_path):
+    """The whole command in its own process, stopped by Ctrl-C (SIGINT) or SIGTERM right after its first checkpoint:
+    one line, no traceback, the exit status, no staging folder left; run again, it resumes and finishes with each
+    evaluated step recorded once."""
+    import json
+    import subprocess
+    import time
+
+    from conftest import cpt_argv, tiny_config
+
+    out = tmp_path / "run"
+    argv = cpt_argv(tiny_config(workspace, ["fft"], steps=42, save_every=2), out)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    process = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300
+    while not list(out.glob("fft/run/checkpoint-*")) and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert process.poll() is None, f"the run ended before its first checkpoint: {process.communicate()[1][-2000:]}"
+    process.send_signal(sent)
+    _, err = process.communicate(timeout=120)
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert process.returncode == code, err[-2000:]
+    assert "Traceback" not in err
+    assert lines[-1].startswith("scale-cl cpt: interrupted; ") and "run the same command again" in lines[-1], lines
+    assert not list(out.rglob(".staging")), "a half-written checkpoint was left behind"
+
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    steps = [json.loads(line)["step"] for line in (out / "fft" / "metrics.jsonl").read_text().splitlines()]
+    assert steps == list(range(0, 43, 3)), steps

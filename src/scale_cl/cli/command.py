@@ -47,6 +47,15 @@ def terminate_as_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
+def close_progress_bars() -> None:
+    """Close the progress bars an interrupted run left open, so the line after them starts on its own and no bar is
+    redrawn below it when the interpreter exits (tqdm keeps its open bars in ``tqdm._instances``; no public list)."""
+    from tqdm import tqdm
+
+    for bar in list(getattr(tqdm, "_instances", ())):
+        bar.close()
+
+
 @dataclass(frozen=True)
 class Command:
     """One subcommand.
@@ -100,6 +109,7 @@ class Runner:
             print(f"{self.prog}: error: {err}", file=sys.stderr)
             return 2
         except KeyboardInterrupt as err:  # Ctrl-C, or SIGTERM (`Terminated`, from `terminate_as_interrupt`)
+            close_progress_bars()
             out = getattr(settings, "out", None)
             kept = f"what finished (and the last checkpoint) is kept in {out}" if out else "nothing was being written"
             again = f": {command_line}" if command_line else ""

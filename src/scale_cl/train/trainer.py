@@ -9,9 +9,10 @@ A checkpoint folder ``checkpoint-N`` here holds ``trainable.safetensors`` (the p
 trained, from which base model, with the SHA-256 of the weights), and the Trainer's own
 optimizer, scheduler, RNG and trainer-state files. It is written in a hidden staging folder and
 renamed into place once every file (of every process) is there, so ``checkpoint-N`` either is
-complete or does not exist. Resuming (``trainer.train(resume_from_checkpoint=...)``) goes through
-the Trainer's own machinery (data order, RNG, optimizer, scheduler), so a resumed run continues
-bitwise where the interrupted one stopped (on CPU).
+complete or does not exist. The staging folder is removed after each save and by a save that fails or is
+interrupted (Ctrl-C, SIGTERM); files a killed process left there are cleared by the next save. Resuming
+(``trainer.train(resume_from_checkpoint=...)``) goes through the Trainer's own machinery (data order, RNG,
+optimizer, scheduler), so a resumed run continues bitwise where the interrupted one stopped (on CPU).
 
 A NaN/inf loss raises `NonFiniteLossError` before the optimizer applies it; so do non-finite
 trainable weights at a checkpoint (a finite loss with a non-finite gradient), so a checkpoint the
@@ -199,11 +200,15 @@ class CheckpointingTrainer(Trainer):
         staging = run_dir / STAGING_DIR
         name = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
         if self.args.should_save:
-            shutil.rmtree(staging / name, ignore_errors=True)
+            shutil.rmtree(staging, ignore_errors=True)  # what a save killed part-way (kill -9, power) left
         self.accelerator.wait_for_everyone()
         self.args.output_dir = str(staging)
         try:
             super()._save_checkpoint(model, trial)
+        except BaseException:  # Ctrl-C, SIGTERM, a full disk: no half-written files stay behind
+            if self.args.should_save:
+                shutil.rmtree(staging, ignore_errors=True)
+            raise
         finally:
             self.args.output_dir = output_dir
         self.accelerator.wait_for_everyone()  # every process has written its RNG state (and its shards)
@@ -216,6 +221,7 @@ class CheckpointingTrainer(Trainer):
             if final.exists():
                 shutil.rmtree(final)
             os.replace(staging / name, final)
+            staging.rmdir()  # empty now: the run folder holds checkpoints and results only
             _fsync_dir(run_dir)
             rotate_checkpoints(
                 output_dir=str(run_dir),

@@ -89,12 +89,16 @@ def _key(*parts: Any) -> str:
 
 
 def _save_folder(directory: Path, save: Callable[[Path], Any]) -> None:
-    """``save(folder)`` into ``<directory>.tmp``, then rename it to ``directory``: never a half-written cache folder."""
+    """``save(folder)`` into ``<directory>.tmp``, then rename it to ``directory``: never a half-written cache folder
+    (a save that fails or is interrupted removes its temporary folder; one a killed process left is removed here)."""
     tmp = directory.with_name(directory.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    save(tmp)
-    shutil.rmtree(directory, ignore_errors=True)
-    os.replace(tmp, directory)
+    try:
+        save(tmp)
+        shutil.rmtree(directory, ignore_errors=True)
+        os.replace(tmp, directory)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _text_settings(cfg: BioConfig) -> dict[str, Any]:
