@@ -28,6 +28,8 @@ COPIES = {
     "running_ratio",
     "likelihood_mix",
     "nested_mix",
+    "log_normalisers",
+    "mixture_log_probs",
     "capture_router_inputs",
     "RouteHead",
     "_stack",

@@ -29,6 +29,7 @@ model once two things are swapped in:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -167,6 +168,51 @@ def route_mask(z_p: torch.Tensor, z_a: torch.Tensor, tau: float) -> torch.Tensor
     return (p.unsqueeze(-2) @ a.unsqueeze(-1))[..., 0, 0] / norms.clamp_min(1e-8) > tau
 
 
+CHUNK_ELEMENTS = 2**17  # as scale_cl.tuner.routing.mixing's: a CPU chunk's elements per expert
+
+
+# Copy of scale_cl.tuner.routing.mixing.log_normalisers: the same code.
+def log_normalisers(logits: torch.Tensor) -> torch.Tensor:
+    """``logsumexp`` over the last dimension in fp32, a CPU chunk of positions at a time unless a gradient is
+    needed: ``z - log_normalisers(z)`` are the log-probabilities."""
+    if torch.is_grad_enabled() and logits.requires_grad:
+        return torch.logsumexp(logits.float(), dim=-1)
+    flat = logits.reshape(-1, logits.shape[-1])
+    rows = max(1, CHUNK_ELEMENTS // flat.shape[1]) if flat.device.type == "cpu" else flat.shape[0]
+    out = torch.empty(flat.shape[0], device=flat.device)
+    for first in range(0, flat.shape[0], rows):
+        out[first : first + rows] = torch.logsumexp(flat[first : first + rows].float(), dim=-1)
+    return out.view(logits.shape[:-1])
+
+
+# Copy of scale_cl.tuner.routing.mixing.mixture_log_probs: the same code.
+def mixture_log_probs(expert_logits: Sequence[torch.Tensor], shifts: Sequence[torch.Tensor]) -> torch.Tensor:
+    """``log sum_j exp(z_j + shift_j)`` (fp32, the logits' shape) for E >= 2 experts' logits ``z_j`` (..., V) and
+    shifts (...): with ``shift_j = log w_j - log_normalisers(z_j)``, the log of the mixture ``sum_j w_j
+    softmax(z_j)``. Shifted by the largest term per entry, so no term under- or overflows."""
+    inputs = [*expert_logits, *shifts]
+    if torch.is_grad_enabled() and any(t.requires_grad for t in inputs):
+        terms = torch.stack([z.float() + s[..., None] for z, s in zip(expert_logits, shifts, strict=True)])
+        return torch.logsumexp(terms, dim=0)
+    vocab = expert_logits[0].shape[-1]
+    flat = [z.reshape(-1, vocab) for z in expert_logits]
+    columns = [s.reshape(-1, 1).float() for s in shifts]
+    out = torch.empty(flat[0].shape, device=flat[0].device)
+    rows = max(1, CHUNK_ELEMENTS // vocab) if out.device.type == "cpu" else out.shape[0]
+    for first in range(0, out.shape[0], rows):
+        part = slice(first, first + rows)
+        terms = [z[part].float() + shift[part] for z, shift in zip(flat, columns, strict=True)]
+        top = torch.maximum(terms[0], terms[1], out=out[part])
+        for term in terms[2:]:
+            torch.maximum(top, term, out=top)
+        top.clamp_min_(torch.finfo(top.dtype).min)  # every term -inf: exp(-inf - min) = 0, the sum's log -inf
+        total = terms[0].sub_(top).exp_()
+        for term in terms[1:]:
+            total.add_(term.sub_(top).exp_())
+        top.add_(total.log_())
+    return out.view(expert_logits[0].shape)
+
+
 # Copy of scale_cl.tuner.routing.likelihood.running_ratio: the same code.
 def running_ratio(
     evidence: torch.Tensor, starts: torch.Tensor, decay: float, initial: torch.Tensor | None = None, chunk: int = 64
@@ -210,14 +256,15 @@ def likelihood_mix(
     ``r_t = decay r_{t-1} + ln p_base(x_t) - ln p_new(x_t)`` (0 at a sequence start and at EOS; no evidence from
     padding); returns it, ``w`` (B, T) and the memory for the next call (``r`` and the last position's log-ratio
     row). A standalone copy of scale-cl's ``likelihood_mix``, tested equal to it."""
-    log_base = F.log_softmax(base_logits.float(), dim=-1)
-    log_new = F.log_softmax(new_logits.float(), dim=-1)
-    ids = input_ids.to(log_base.device)
-    evidence = torch.zeros(ids.shape, device=log_base.device)
+    norm_base, norm_new = log_normalisers(base_logits), log_normalisers(new_logits)
+    ids = input_ids.to(base_logits.device)
+    evidence = torch.zeros(ids.shape, device=base_logits.device)
     with torch.no_grad():
         if ids.shape[1] > 1:
             nxt = ids[:, 1:, None]
-            evidence[:, 1:] = (log_base[:, :-1].gather(-1, nxt) - log_new[:, :-1].gather(-1, nxt)).squeeze(-1)
+            log_base_next = base_logits[:, :-1].gather(-1, nxt).squeeze(-1).float() - norm_base[:, :-1]
+            log_new_next = new_logits[:, :-1].gather(-1, nxt).squeeze(-1).float() - norm_new[:, :-1]
+            evidence[:, 1:] = log_base_next - log_new_next
         if memory is not None:
             evidence[:, 0] = memory[1].gather(-1, ids[:, :1]).squeeze(-1)
         if attention_mask is not None:
@@ -229,8 +276,12 @@ def likelihood_mix(
             starts |= ids == eos
         ratio = running_ratio(evidence, starts, decay, None if memory is None else memory[0])
         score = prior + ratio
-    mixed = torch.logaddexp(F.logsigmoid(score)[..., None] + log_base, F.logsigmoid(-score)[..., None] + log_new)
-    next_memory = (ratio[:, -1].detach(), (log_base[:, -1] - log_new[:, -1]).detach())
+    mixed = mixture_log_probs(
+        (base_logits, new_logits), (F.logsigmoid(score) - norm_base, F.logsigmoid(-score) - norm_new)
+    )
+    last_base = base_logits[:, -1].float() - norm_base[:, -1, None]
+    last_log_ratio = last_base - (new_logits[:, -1].float() - norm_new[:, -1, None])
+    next_memory = (ratio[:, -1].detach(), last_log_ratio.detach())
     return mixed.to(new_logits.dtype), torch.sigmoid(score), next_memory
 
 
@@ -251,14 +302,15 @@ def nested_mix(
     (0 at a sequence start and at EOS; no evidence from padding); returns it, every expert's weight (E, B, T) and
     the memory for the next call (``r`` (E, B) and the last position's log-probabilities (E, B, V)). A standalone
     copy of scale-cl's ``nested_mix``, tested equal to it."""
-    log_p = torch.stack([F.log_softmax(z.float(), dim=-1) for z in expert_logits])
-    experts, rows, length, _ = log_p.shape
-    ids = input_ids.to(log_p.device)
+    norms = torch.stack([log_normalisers(z) for z in expert_logits])  # (E, B, T): z - norm are log-probabilities
+    experts, rows, length = norms.shape
+    ids = input_ids.to(norms.device)
     with torch.no_grad():
-        evidence = torch.zeros(experts, rows, length, device=log_p.device)
+        evidence = torch.zeros(experts, rows, length, device=norms.device)
         if length > 1:
-            nxt = ids[None, :, 1:, None].expand(experts, -1, -1, 1)
-            evidence[:, :, 1:] = log_p[:, :, :-1].gather(-1, nxt).squeeze(-1)
+            nxt = ids[:, 1:, None]
+            chosen = torch.stack([z[:, :-1].gather(-1, nxt).squeeze(-1).float() for z in expert_logits])
+            evidence[:, :, 1:] = chosen - norms[:, :, :-1]
         if memory is not None:
             evidence[:, :, :1] = memory[1].gather(-1, ids[None, :, :1].expand(experts, -1, -1))
         if attention_mask is not None:
@@ -271,11 +323,12 @@ def nested_mix(
         initial = None if memory is None else memory[0].reshape(-1)
         ratio = running_ratio(evidence.reshape(-1, length), starts.repeat(experts, 1), decay, initial)
         ratio = ratio.view(experts, rows, length)
-        priors = torch.zeros(experts, device=log_p.device)
+        priors = torch.zeros(experts, device=norms.device)
         priors[0] = prior
         log_w = torch.log_softmax(ratio + priors[:, None, None], dim=0)
-    mixed = torch.logsumexp(log_w[..., None] + log_p, dim=0)
-    next_memory = (ratio[:, :, -1].detach(), log_p[:, :, -1].detach())
+    mixed = mixture_log_probs(expert_logits, list(log_w - norms))
+    last_log_probs = torch.stack([z[:, -1].float() for z in expert_logits]) - norms[:, :, -1, None]
+    next_memory = (ratio[:, :, -1].detach(), last_log_probs.detach())
     return mixed.to(expert_logits[-1].dtype), log_w.exp(), next_memory
 
 

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
+from scale_cl.tuner.routing.mixing import log_normalisers, mixture_log_probs
 from scale_cl.tuner.routing.router import HeadPaths, Router, register_router
 
 if TYPE_CHECKING:
@@ -106,21 +107,26 @@ def likelihood_mix(
     ``input_ids`` (B, T) are the tokens whose positions the logits (B, T, V) belong to; ``memory``: the previous
     call's (generation with a KV cache), or None at the start of the sequences.
     """
-    log_base = F.log_softmax(base_logits.float(), dim=-1)
-    log_new = F.log_softmax(new_logits.float(), dim=-1)
-    ids = input_ids.to(log_base.device)
-    evidence = torch.zeros(ids.shape, device=log_base.device)
+    norm_base, norm_new = log_normalisers(base_logits), log_normalisers(new_logits)
+    ids = input_ids.to(base_logits.device)
+    evidence = torch.zeros(ids.shape, device=base_logits.device)
     with torch.no_grad():
         if ids.shape[1] > 1:
             nxt = ids[:, 1:, None]
-            evidence[:, 1:] = (log_base[:, :-1].gather(-1, nxt) - log_new[:, :-1].gather(-1, nxt)).squeeze(-1)
+            log_base_next = base_logits[:, :-1].gather(-1, nxt).squeeze(-1).float() - norm_base[:, :-1]
+            log_new_next = new_logits[:, :-1].gather(-1, nxt).squeeze(-1).float() - norm_new[:, :-1]
+            evidence[:, 1:] = log_base_next - log_new_next
         if memory is not None:
             evidence[:, 0] = memory.last_log_ratio.gather(-1, ids[:, :1]).squeeze(-1)
         evidence = padding_free(evidence, attention_mask)
         ratio = running_ratio(evidence, document_starts(ids, eos_ids), decay, None if memory is None else memory.ratio)
         score = prior + ratio
-    mixed = torch.logaddexp(F.logsigmoid(score)[..., None] + log_base, F.logsigmoid(-score)[..., None] + log_new)
-    next_memory = RouterMemory(ratio[:, -1].detach(), (log_base[:, -1] - log_new[:, -1]).detach())
+    mixed = mixture_log_probs(
+        (base_logits, new_logits), (F.logsigmoid(score) - norm_base, F.logsigmoid(-score) - norm_new)
+    )
+    last_base = base_logits[:, -1].float() - norm_base[:, -1, None]
+    last_log_ratio = last_base - (new_logits[:, -1].float() - norm_new[:, -1, None])
+    next_memory = RouterMemory(ratio[:, -1].detach(), last_log_ratio.detach())
     return mixed.to(new_logits.dtype), torch.sigmoid(score), next_memory
 
 

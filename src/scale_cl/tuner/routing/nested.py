@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from scale_cl.tuner.routing.likelihood import document_starts, padding_free, running_ratio
+from scale_cl.tuner.routing.mixing import log_normalisers, mixture_log_probs
 from scale_cl.tuner.routing.router import HeadPaths, Router, register_router
 
 if TYPE_CHECKING:
@@ -63,14 +64,15 @@ def nested_mix(
 
     ``expert_logits``: E tensors (B, T, V), the base's first; ``input_ids`` (B, T) the tokens of those positions.
     """
-    log_p = torch.stack([F.log_softmax(z.float(), dim=-1) for z in expert_logits])  # (E, B, T, V)
-    experts, rows, length, _ = log_p.shape
-    ids = input_ids.to(log_p.device)
+    norms = torch.stack([log_normalisers(z) for z in expert_logits])  # (E, B, T): z - norm are log-probabilities
+    experts, rows, length = norms.shape
+    ids = input_ids.to(norms.device)
     with torch.no_grad():
-        evidence = torch.zeros(experts, rows, length, device=log_p.device)
+        evidence = torch.zeros(experts, rows, length, device=norms.device)
         if length > 1:
-            nxt = ids[None, :, 1:, None].expand(experts, -1, -1, 1)
-            evidence[:, :, 1:] = log_p[:, :, :-1].gather(-1, nxt).squeeze(-1)
+            nxt = ids[:, 1:, None]
+            chosen = torch.stack([z[:, :-1].gather(-1, nxt).squeeze(-1).float() for z in expert_logits])
+            evidence[:, :, 1:] = chosen - norms[:, :, :-1]
         if memory is not None:
             first = ids[None, :, :1].expand(experts, -1, -1)
             evidence[:, :, :1] = memory.last_log_probs.gather(-1, first)
@@ -79,11 +81,12 @@ def nested_mix(
         initial = None if memory is None else memory.ratio.reshape(-1)
         ratio = running_ratio(evidence.reshape(-1, length), starts.repeat(experts, 1), decay, initial)
         ratio = ratio.view(experts, rows, length)
-        priors = torch.zeros(experts, device=log_p.device)
+        priors = torch.zeros(experts, device=norms.device)
         priors[0] = prior
         log_w = torch.log_softmax(ratio + priors[:, None, None], dim=0)
-    mixed = torch.logsumexp(log_w[..., None] + log_p, dim=0)
-    next_memory = NestedMemory(ratio[:, :, -1].detach(), log_p[:, :, -1].detach())
+    mixed = mixture_log_probs(expert_logits, list(log_w - norms))
+    last_log_probs = torch.stack([z[:, -1].float() for z in expert_logits]) - norms[:, :, -1, None]
+    next_memory = NestedMemory(ratio[:, :, -1].detach(), last_log_probs.detach())
     return mixed.to(expert_logits[-1].dtype), log_w.exp(), next_memory
 
 
