@@ -29,6 +29,7 @@ COPIES = {
     "likelihood_mix",
     "nested_mix",
     "log_normalisers",
+    "chunk_rows",
     "mixture_log_probs",
     "capture_router_inputs",
     "RouteHead",

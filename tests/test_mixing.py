@@ -20,7 +20,7 @@ def textbook(logits: list[torch.Tensor], weights: torch.Tensor) -> torch.Tensor:
 @pytest.fixture(autouse=True)
 def small_chunks(monkeypatch):
     """Chunks of 3 positions at the tests' vocabulary of 50: several chunks per call, the last one partial."""
-    monkeypatch.setattr(mixing, "CHUNK_ELEMENTS", 150)
+    monkeypatch.setattr(mixing, "CPU_CHUNK_ELEMENTS", 150)
 
 
 @pytest.mark.parametrize("experts", [2, 4])

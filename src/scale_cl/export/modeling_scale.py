@@ -168,7 +168,15 @@ def route_mask(z_p: torch.Tensor, z_a: torch.Tensor, tau: float) -> torch.Tensor
     return (p.unsqueeze(-2) @ a.unsqueeze(-1))[..., 0, 0] / norms.clamp_min(1e-8) > tau
 
 
-CHUNK_ELEMENTS = 2**17  # as scale_cl.tuner.routing.mixing's: a CPU chunk's elements per expert
+CPU_CHUNK_ELEMENTS = 2**17  # as scale_cl.tuner.routing.mixing's: a CPU chunk's elements per expert
+ACCELERATOR_CHUNK_ELEMENTS = 2**24  # a GPU's
+
+
+# Copy of scale_cl.tuner.routing.mixing.chunk_rows: the same code.
+def chunk_rows(vocab: int, device: torch.device) -> int:
+    """Positions per chunk of a mixture over ``vocab`` entries on ``device``."""
+    elements = CPU_CHUNK_ELEMENTS if device.type == "cpu" else ACCELERATOR_CHUNK_ELEMENTS
+    return max(1, elements // vocab)
 
 
 # Copy of scale_cl.tuner.routing.mixing.log_normalisers: the same code.
@@ -178,7 +186,7 @@ def log_normalisers(logits: torch.Tensor) -> torch.Tensor:
     if torch.is_grad_enabled() and logits.requires_grad:
         return torch.logsumexp(logits.float(), dim=-1)
     flat = logits.reshape(-1, logits.shape[-1])
-    rows = max(1, CHUNK_ELEMENTS // flat.shape[1]) if flat.device.type == "cpu" else flat.shape[0]
+    rows = chunk_rows(flat.shape[1], flat.device)
     out = torch.empty(flat.shape[0], device=flat.device)
     for first in range(0, flat.shape[0], rows):
         out[first : first + rows] = torch.logsumexp(flat[first : first + rows].float(), dim=-1)
@@ -198,7 +206,7 @@ def mixture_log_probs(expert_logits: Sequence[torch.Tensor], shifts: Sequence[to
     flat = [z.reshape(-1, vocab) for z in expert_logits]
     columns = [s.reshape(-1, 1).float() for s in shifts]
     out = torch.empty(flat[0].shape, device=flat[0].device)
-    rows = max(1, CHUNK_ELEMENTS // vocab) if out.device.type == "cpu" else out.shape[0]
+    rows = chunk_rows(vocab, out.device)
     for first in range(0, out.shape[0], rows):
         part = slice(first, first + rows)
         terms = [z[part].float() + shift[part] for z, shift in zip(flat, columns, strict=True)]

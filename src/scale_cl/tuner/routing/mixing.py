@@ -3,12 +3,13 @@
 The likelihood and nested routers mix full-vocabulary distributions at every position. That work is elementwise
 and memory-bound: written as ``log_softmax`` per expert and a ``logaddexp`` / ``logsumexp`` over them, each step
 materialises a (B, T, V) fp32 tensor (200 MB at 4 x 256 positions and SmolLM2's 49,152 tokens), and on a CPU the
-fresh allocations and the passes through main memory cost more than the arithmetic (measured: 0.81 s against
-0.48-0.55 s for the same mixture computed below, one thread, (4, 256, 49152), two experts).
+fresh allocations and the passes through main memory cost more than the arithmetic (`benchmarks/mixture_time.py`,
+two experts at (4, 256, 49152) on the project's 2-core CPU: 1.06 s a call that way, 0.25 s as computed here).
 
-So where no gradient is needed (inference, reading a trained model) the two functions here work ``rows`` positions
-at a time, in buffers that stay in the CPU's cache, and write the mixture once; where one is (training through the
-mixture) they are the plain differentiable expressions. Both give the same values to fp32 rounding (tested).
+So where no gradient is needed (inference, reading a trained model) the two functions here work a few positions
+at a time, in buffers that stay in the CPU's cache (on a GPU: chunks of bounded size, few kernel launches), and
+write the mixture once; where one is (training through the mixture) they are the plain differentiable
+expressions. Both give the same values to fp32 rounding (tested).
 """
 
 from __future__ import annotations
@@ -17,7 +18,15 @@ from collections.abc import Sequence
 
 import torch
 
-CHUNK_ELEMENTS = 2**17  # a CPU chunk's elements per expert (512 KiB of fp32): fits a core's L2 cache
+CPU_CHUNK_ELEMENTS = 2**17  # a CPU chunk's elements per expert (512 KiB of fp32): stays in a core's L2 cache
+ACCELERATOR_CHUNK_ELEMENTS = 2**24  # a GPU's (64 MiB of fp32): few kernel launches, temporaries of bounded size
+
+
+# Copy in export/modeling_scale.py (chunk_rows): the same code (tests/test_export_copies.py).
+def chunk_rows(vocab: int, device: torch.device) -> int:
+    """Positions per chunk of a mixture over ``vocab`` entries on ``device``."""
+    elements = CPU_CHUNK_ELEMENTS if device.type == "cpu" else ACCELERATOR_CHUNK_ELEMENTS
+    return max(1, elements // vocab)
 
 
 # Copy in export/modeling_scale.py (log_normalisers): the same code (tests/test_export_copies.py).
@@ -27,7 +36,7 @@ def log_normalisers(logits: torch.Tensor) -> torch.Tensor:
     if torch.is_grad_enabled() and logits.requires_grad:
         return torch.logsumexp(logits.float(), dim=-1)
     flat = logits.reshape(-1, logits.shape[-1])
-    rows = max(1, CHUNK_ELEMENTS // flat.shape[1]) if flat.device.type == "cpu" else flat.shape[0]
+    rows = chunk_rows(flat.shape[1], flat.device)
     out = torch.empty(flat.shape[0], device=flat.device)
     for first in range(0, flat.shape[0], rows):
         out[first : first + rows] = torch.logsumexp(flat[first : first + rows].float(), dim=-1)
@@ -47,7 +56,7 @@ def mixture_log_probs(expert_logits: Sequence[torch.Tensor], shifts: Sequence[to
     flat = [z.reshape(-1, vocab) for z in expert_logits]
     columns = [s.reshape(-1, 1).float() for s in shifts]
     out = torch.empty(flat[0].shape, device=flat[0].device)
-    rows = max(1, CHUNK_ELEMENTS // vocab) if out.device.type == "cpu" else out.shape[0]
+    rows = chunk_rows(vocab, out.device)
     for first in range(0, out.shape[0], rows):
         part = slice(first, first + rows)
         terms = [z[part].float() + shift[part] for z, shift in zip(flat, columns, strict=True)]
