@@ -26,6 +26,7 @@ checkpoints of the same run.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -221,7 +222,8 @@ class CheckpointingTrainer(Trainer):
             if final.exists():
                 shutil.rmtree(final)
             os.replace(staging / name, final)
-            staging.rmdir()  # empty now: the run folder holds checkpoints and results only
+            with contextlib.suppress(OSError):  # empty now, unless another process still writes there
+                staging.rmdir()  # the run folder holds checkpoints and results only
             _fsync_dir(run_dir)
             rotate_checkpoints(
                 output_dir=str(run_dir),
