@@ -23,7 +23,8 @@ from pathlib import Path
 
 from scale_cl.methods import method_spec
 
-REFERENCE = ("no-old-data", "fft__lr=")  # FFT at its preset rate, nothing added
+# FFT at its preset rate, nothing added: the no-old-data sweep's, else the router sweep's (its control is a reading)
+REFERENCES = (("no-old-data", "fft__lr="), ("router", "fft__lr="))
 
 
 def at_target(curve: list[dict], target: float) -> tuple[float, float] | None:
@@ -73,7 +74,12 @@ def main() -> None:
     points = sorted(p for p in args.root.glob("*/points/*") if p.is_dir())
     if not points:
         raise SystemExit(f"no sweep points under {args.root}/*/points")
-    reference = next(p for p in points if p.parent.parent.name == REFERENCE[0] and p.name.startswith(REFERENCE[1]))
+    candidates = [
+        p for sweep, name in REFERENCES for p in points if p.parent.parent.name == sweep and p.name.startswith(name)
+    ]
+    if not candidates:
+        raise SystemExit(f"no FFT reference under {args.root}: run the no-old-data or router sweep of bio_teacher.sh")
+    reference = candidates[0]
     start = {s: run["curve"][0]["task0"]["overall"] for s, run in runs(reference).items()}
     fft_at = {s: at_target(run["curve"], args.target) for s, run in runs(reference).items()}
     fft_loss = {s: start[s] - v[1] for s, v in fft_at.items() if v is not None}  # seeds where FFT reaches it
