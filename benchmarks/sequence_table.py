@@ -53,7 +53,8 @@ def control_run(run: dict) -> dict:
         "total": last["total"] * models,
         "inference_flops_per_token": last["inference_flops_per_token"] * models,
     }
-    return {**run, "matrix": control["matrix"], "ppl_matrix": control["ppl_matrix"], "parameters": [cost]}
+    perplexities = {"ppl_matrix": control["ppl_matrix"]} if "ppl_matrix" in control else {}  # a cpt run's only
+    return {**run, "matrix": control["matrix"], **perplexities, "parameters": [cost]}
 
 
 def spread(values: list[float], scale: float) -> str:
