@@ -262,3 +262,27 @@ def test_route_mlp_runs_the_halves_apart_and_keeps_nothing_of_the_preserve_halfs
     wide = [shape for shape in shapes if len(shape) == 3 and shape[-1] == up.out_features]
     assert wide and all(shape[0] == 2 for shape in wide)
     assert any(shape[0] == 4 for shape in ref_shapes if len(shape) == 3 and shape[-1] == up.out_features)
+
+
+@pytest.mark.parametrize("method", ["preserve", "adapt"])
+def test_the_head_sums_z_up_into_z_in_place_with_the_values_and_gradients_of_a_copy(method):
+    """The head accumulates ``alpha Z_up`` into ``Z``'s own memory unless ``Z`` is kept (the free teacher's
+    ``capture_base``); both give the same logits and parameter gradients, and the kept ``Z`` stays the base's."""
+    base = make_model("llama-gqa2-tied").double()
+    cfg = ScaleConfig(hidden_up=hidden_up_for(base), ffn_up=16, method=method, w21_init="random", w22_init="random")
+    model = randomize_new_weights(upscale(copy.deepcopy(base), cfg), seed=1, w12_scale=0.3, head_scale=0.3)
+    set_live_settings(model, up_logit_scale=0.7)
+    ids, mask = token_batch(padded=True)
+    in_place = _grads(model, ids, mask)
+    logits = model(input_ids=ids, attention_mask=mask).logits.detach()
+    model.scale_route.capture_base = True
+    copied = _grads(model, ids, mask)
+    kept = model.scale_route.base_logits
+    with torch.no_grad():
+        copied_logits = model(input_ids=ids, attention_mask=mask).logits
+    assert in_place.keys() == copied.keys() and in_place
+    for name in in_place:
+        torch.testing.assert_close(in_place[name], copied[name], atol=1e-12, rtol=1e-10, msg=name)
+    torch.testing.assert_close(logits, copied_logits, atol=1e-12, rtol=0)
+    if method == "preserve":  # its Z is the base's logits exactly
+        torch.testing.assert_close(kept, base(input_ids=ids, attention_mask=mask).logits.detach(), atol=1e-10, rtol=0)

@@ -477,9 +477,10 @@ class ScaleHead(SplitInput):
         if route is None or not route.active:
             x, x_up = hidden.split((self.hidden_size, self.hidden_up), dim=-1)
             z = original_logits(self.original(x), self.weight, self.bias, self.weight_new)
-            if route is not None:
+            kept = route is not None and route.capture_base
+            if kept:
                 route.keep_base(z[..., : self.out_features])  # the base's logits in SCALE-Preserve
-            return self._plus_up(z, x_up, alpha)
+            return self._plus_up(z, x_up, alpha, in_place=not kept)
         paths = self._paths(hidden, stacked=route.stacked, alpha=alpha)
         return router_named(route.setting("router")).combine(paths, route)
 
@@ -499,13 +500,15 @@ class ScaleHead(SplitInput):
             self.out_features,
         )
 
-    def _plus_up(self, z: torch.Tensor, x_up: torch.Tensor, alpha: float) -> torch.Tensor:
+    def _plus_up(self, z: torch.Tensor, x_up: torch.Tensor, alpha: float, in_place: bool) -> torch.Tensor:
         """``Z + alpha W_out_up x_up`` as one product accumulating onto ``Z``: the logits are a step's largest
-        tensors (tokens x vocabulary), and ``Z_up`` apart would be one more of them, written and read again."""
-        flat = torch.addmm(
-            z.reshape(-1, z.shape[-1]), x_up.reshape(-1, x_up.shape[-1]), self.weight_up.t(), alpha=alpha
-        )
-        return flat.view(z.shape)
+        tensors (tokens x vocabulary), and ``Z_up`` apart would be one more of them, written and read again.
+        ``in_place``: into ``Z``'s own memory (nothing else holds ``Z``; no backward reads it), not a copy of it,
+        where the three share a dtype (under autocast only the out-of-place product casts its inputs)."""
+        flat, rows, up = z.reshape(-1, z.shape[-1]), x_up.reshape(-1, x_up.shape[-1]), self.weight_up.t()
+        if in_place and flat.dtype == rows.dtype == up.dtype:
+            return flat.addmm_(rows, up, alpha=alpha).view(z.shape)
+        return flat.addmm(rows, up, alpha=alpha).view(z.shape)
 
     def extra_repr(self) -> str:
         active = self.route is not None and self.route.active
