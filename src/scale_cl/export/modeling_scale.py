@@ -32,6 +32,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
+from itertools import accumulate
 from typing import Any
 
 import torch
@@ -180,45 +181,61 @@ def chunk_rows(vocab: int, device: torch.device) -> int:
 
 
 # Copy of scale_cl.tuner.routing.mixing.log_normalisers: the same code.
-def log_normalisers(logits: torch.Tensor) -> torch.Tensor:
-    """``logsumexp`` over the last dimension in fp32, a CPU chunk of positions at a time unless a gradient is
-    needed: ``z - log_normalisers(z)`` are the log-probabilities."""
-    if torch.is_grad_enabled() and logits.requires_grad:
-        return torch.logsumexp(logits.float(), dim=-1)
-    flat = logits.reshape(-1, logits.shape[-1])
-    rows = chunk_rows(flat.shape[1], flat.device)
-    out = torch.empty(flat.shape[0], device=flat.device)
-    for first in range(0, flat.shape[0], rows):
-        out[first : first + rows] = torch.logsumexp(flat[first : first + rows].float(), dim=-1)
-    return out.view(logits.shape[:-1])
+def log_normalisers(experts: Sequence[torch.Tensor], increments: bool = False) -> torch.Tensor:
+    """Each expert's ``logsumexp`` over the last dimension, stacked (E, ...), in fp32, a CPU chunk of positions at a
+    time unless a gradient is needed: ``z_j - log_normalisers(...)[j]`` are expert j's log-probabilities.
+
+    ``increments``: ``experts`` are the first expert's logits and each next one's increment (module doc)."""
+    if torch.is_grad_enabled() and any(z.requires_grad for z in experts):
+        summed = accumulate(z.float() for z in experts) if increments else (z.float() for z in experts)
+        return torch.stack([torch.logsumexp(z, dim=-1) for z in summed])
+    vocab = experts[0].shape[-1]
+    flat = [z.reshape(-1, vocab) for z in experts]
+    out = torch.empty(len(flat), flat[0].shape[0], device=flat[0].device)
+    rows = chunk_rows(vocab, out.device)
+    for first in range(0, out.shape[1], rows):
+        part = slice(first, first + rows)
+        running = flat[0][part].float()
+        out[0, part] = torch.logsumexp(running, dim=-1)
+        for index, z in enumerate(flat[1:], start=1):
+            running = running + z[part] if increments else z[part].float()
+            out[index, part] = torch.logsumexp(running, dim=-1)
+    return out.view(len(flat), *experts[0].shape[:-1])
 
 
 # Copy of scale_cl.tuner.routing.mixing.mixture_log_probs: the same code.
-def mixture_log_probs(expert_logits: Sequence[torch.Tensor], shifts: Sequence[torch.Tensor]) -> torch.Tensor:
+def mixture_log_probs(
+    experts: Sequence[torch.Tensor], shifts: Sequence[torch.Tensor], increments: bool = False
+) -> torch.Tensor:
     """``log sum_j exp(z_j + shift_j)`` (fp32, the logits' shape) for E >= 2 experts' logits ``z_j`` (..., V) and
-    shifts (...): with ``shift_j = log w_j - log_normalisers(z_j)``, the log of the mixture ``sum_j w_j
-    softmax(z_j)``. Shifted by the largest term per entry, so no term under- or overflows."""
-    inputs = [*expert_logits, *shifts]
+    shifts (...): with ``shift_j = log w_j - log_normalisers(...)[j]``, the log of the mixture ``sum_j w_j
+    softmax(z_j)``. Summed by ``logaddexp``, so no term under- or overflows and an entry every expert rules out
+    stays ``-inf``. ``increments``: ``experts`` are the first expert's logits and each next one's increment."""
+    inputs = [*experts, *shifts]
     if torch.is_grad_enabled() and any(t.requires_grad for t in inputs):
-        terms = torch.stack([z.float() + s[..., None] for z, s in zip(expert_logits, shifts, strict=True)])
+        summed = accumulate(z.float() for z in experts) if increments else (z.float() for z in experts)
+        terms = torch.stack([z + s[..., None] for z, s in zip(summed, shifts, strict=True)])
         return torch.logsumexp(terms, dim=0)
-    vocab = expert_logits[0].shape[-1]
-    flat = [z.reshape(-1, vocab) for z in expert_logits]
+    vocab = experts[0].shape[-1]
+    flat = [z.reshape(-1, vocab) for z in experts]
     columns = [s.reshape(-1, 1).float() for s in shifts]
     out = torch.empty(flat[0].shape, device=flat[0].device)
     rows = chunk_rows(vocab, out.device)
     for first in range(0, out.shape[0], rows):
         part = slice(first, first + rows)
-        terms = [z[part].float() + shift[part] for z, shift in zip(flat, columns, strict=True)]
-        top = torch.maximum(terms[0], terms[1], out=out[part])
-        for term in terms[2:]:
-            torch.maximum(top, term, out=top)
-        top.clamp_min_(torch.finfo(top.dtype).min)  # every term -inf: exp(-inf - min) = 0, the sum's log -inf
-        total = terms[0].sub_(top).exp_()
-        for term in terms[1:]:
-            total.add_(term.sub_(top).exp_())
-        top.add_(total.log_())
-    return out.view(expert_logits[0].shape)
+        total = out[part]
+        if increments:  # z_0 + log(e^(s_0) + e^(s_1 + d_1) + e^(s_2 + d_1 + d_2) + ...): z_0 added last
+            running = flat[1][part].float()
+            torch.logaddexp(running + columns[1][part], columns[0][part], out=total)
+            for z, shift in zip(flat[2:], columns[2:], strict=True):
+                running = running + z[part]
+                torch.logaddexp(total, running + shift[part], out=total)
+            total.add_(flat[0][part])
+        else:
+            torch.add(flat[0][part], columns[0][part], out=total)
+            for z, shift in zip(flat[1:], columns[1:], strict=True):
+                torch.logaddexp(total, z[part].float() + shift[part], out=total)
+    return out.view(experts[0].shape)
 
 
 # Copy of scale_cl.tuner.routing.likelihood.running_ratio: the same code.
@@ -259,20 +276,23 @@ def likelihood_mix(
     eos_ids: tuple[int, ...],
     attention_mask: torch.Tensor | None = None,
     memory: tuple[torch.Tensor, torch.Tensor] | None = None,
+    increment: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
     """``p = w p_base + (1 - w) p_new`` as log-probabilities, with ``w_t = sigmoid(prior + r_t)`` and
     ``r_t = decay r_{t-1} + ln p_base(x_t) - ln p_new(x_t)`` (0 at a sequence start and at EOS; no evidence from
     padding); returns it, ``w`` (B, T) and the memory for the next call (``r`` and the last position's log-ratio
-    row). A standalone copy of scale-cl's ``likelihood_mix``, tested equal to it."""
-    norm_base, norm_new = log_normalisers(base_logits), log_normalisers(new_logits)
+    row). ``increment``: ``new_logits`` is what the new path adds to the base's. A standalone copy of scale-cl's
+    ``likelihood_mix``, tested equal to it."""
+    experts = (base_logits, new_logits)
+    norm_base, norm_new = log_normalisers(experts, increment)
     ids = input_ids.to(base_logits.device)
     evidence = torch.zeros(ids.shape, device=base_logits.device)
     with torch.no_grad():
         if ids.shape[1] > 1:
             nxt = ids[:, 1:, None]
-            log_base_next = base_logits[:, :-1].gather(-1, nxt).squeeze(-1).float() - norm_base[:, :-1]
-            log_new_next = new_logits[:, :-1].gather(-1, nxt).squeeze(-1).float() - norm_new[:, :-1]
-            evidence[:, 1:] = log_base_next - log_new_next
+            base_next = base_logits[:, :-1].gather(-1, nxt).squeeze(-1).float()
+            new_next = new_logits[:, :-1].gather(-1, nxt).squeeze(-1).float() + (base_next if increment else 0)
+            evidence[:, 1:] = (base_next - norm_base[:, :-1]) - (new_next - norm_new[:, :-1])
         if memory is not None:
             evidence[:, 0] = memory[1].gather(-1, ids[:, :1]).squeeze(-1)
         if attention_mask is not None:
@@ -284,11 +304,10 @@ def likelihood_mix(
             starts |= ids == eos
         ratio = running_ratio(evidence, starts, decay, None if memory is None else memory[0])
         score = prior + ratio
-    mixed = mixture_log_probs(
-        (base_logits, new_logits), (F.logsigmoid(score) - norm_base, F.logsigmoid(-score) - norm_new)
-    )
-    last_base = base_logits[:, -1].float() - norm_base[:, -1, None]
-    last_log_ratio = last_base - (new_logits[:, -1].float() - norm_new[:, -1, None])
+    mixed = mixture_log_probs(experts, (F.logsigmoid(score) - norm_base, F.logsigmoid(-score) - norm_new), increment)
+    last_base = base_logits[:, -1].float()
+    last_new = new_logits[:, -1].float() + (last_base if increment else 0)
+    last_log_ratio = last_base - norm_base[:, -1, None] - (last_new - norm_new[:, -1, None])
     next_memory = (ratio[:, -1].detach(), last_log_ratio.detach())
     return mixed.to(new_logits.dtype), torch.sigmoid(score), next_memory
 
@@ -304,13 +323,15 @@ def nested_mix(
     eos_ids: tuple[int, ...],
     attention_mask: torch.Tensor | None = None,
     memory: tuple[torch.Tensor, torch.Tensor] | None = None,
+    increments: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
     """``p = sum_j w_j p_j`` over the experts (the base's logits first) as log-probabilities, with ``w_t =
     softmax_j(prior_j + r_j,t)`` (``prior_0 = prior``, the others 0) and ``r_j,t = decay r_j,t-1 + ln p_j(x_t)``
     (0 at a sequence start and at EOS; no evidence from padding); returns it, every expert's weight (E, B, T) and
-    the memory for the next call (``r`` (E, B) and the last position's log-probabilities (E, B, V)). A standalone
-    copy of scale-cl's ``nested_mix``, tested equal to it."""
-    norms = torch.stack([log_normalisers(z) for z in expert_logits])  # (E, B, T): z - norm are log-probabilities
+    the memory for the next call (``r`` (E, B) and the last position's log-probabilities (E, B, V)). ``increments``:
+    each tensor after the first is what its expert adds to the one before. A standalone copy of scale-cl's
+    ``nested_mix``, tested equal to it."""
+    norms = log_normalisers(expert_logits, increments)  # (E, B, T): expert - norm are log-probabilities
     experts, rows, length = norms.shape
     ids = input_ids.to(norms.device)
     with torch.no_grad():
@@ -318,6 +339,7 @@ def nested_mix(
         if length > 1:
             nxt = ids[:, 1:, None]
             chosen = torch.stack([z[:, :-1].gather(-1, nxt).squeeze(-1).float() for z in expert_logits])
+            chosen = chosen.cumsum(0) if increments else chosen
             evidence[:, :, 1:] = chosen - norms[:, :, :-1]
         if memory is not None:
             evidence[:, :, :1] = memory[1].gather(-1, ids[None, :, :1].expand(experts, -1, -1))
@@ -334,8 +356,9 @@ def nested_mix(
         priors = torch.zeros(experts, device=norms.device)
         priors[0] = prior
         log_w = torch.log_softmax(ratio + priors[:, None, None], dim=0)
-    mixed = mixture_log_probs(expert_logits, list(log_w - norms))
-    last_log_probs = torch.stack([z[:, -1].float() for z in expert_logits]) - norms[:, :, -1, None]
+    mixed = mixture_log_probs(expert_logits, list(log_w - norms), increments)
+    last = torch.stack([z[:, -1].float() for z in expert_logits])
+    last_log_probs = (last.cumsum(0) if increments else last) - norms[:, :, -1, None]
     next_memory = (ratio[:, :, -1].detach(), last_log_probs.detach())
     return mixed.to(expert_logits[-1].dtype), log_w.exp(), next_memory
 
@@ -422,24 +445,22 @@ class RouteHead(nn.Linear):
             half = hidden.shape[0] // 2
             base = F.linear(x[:half], w_out)
             new = F.linear(x[half:], w_out) + F.linear(x_up[half:], w_up)
-        else:
-            base = F.linear(x, w_out)
-            new = base + F.linear(x_up, w_up)
-        logits, self.last_weight, self.memory = likelihood_mix(base, new, *self._router_inputs(), **self._settings())
+        else:  # one path: the new path's logits given as their increment over the base's
+            base, new = F.linear(x, w_out), F.linear(x_up, w_up)
+        settings = {**self._settings(), "increment": not self.stacked}
+        logits, self.last_weight, self.memory = likelihood_mix(base, new, *self._router_inputs(), **settings)
         return logits
 
     def _nested(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Copy of scale_cl.tuner.routing.nested.nested_logits: the base's logits, the model's after each earlier
-        stage (the cumulative sums of the stages' columns' products) and its own, mixed by ``nested_mix``."""
+        """Copy of scale_cl.tuner.routing.nested.nested_logits: the base's logits, then what each earlier stage's
+        columns and the current stage add (the experts are their cumulative sums), mixed by ``nested_mix``."""
         d = self.split
         earlier = [width for width, _ in self.config.scale_norm_groups or []]
         widths = (d - sum(earlier), *earlier)  # the base's hidden size, then what each earlier stage added
         parts, columns = hidden[..., :d].split(widths, dim=-1), self.weight[:, :d].split(widths, dim=1)
-        experts = [F.linear(parts[0], columns[0])]
-        for x, w in zip(parts[1:], columns[1:], strict=True):
-            experts.append(experts[-1] + F.linear(x, w))
-        experts.append(experts[-1] + F.linear(hidden[..., d:], self.weight[:, d:]))
-        logits, weights, self.memory = nested_mix(experts, *self._router_inputs(), **self._settings())
+        experts = [F.linear(x, w) for x, w in zip(parts, columns, strict=True)]
+        experts.append(F.linear(hidden[..., d:], self.weight[:, d:]))
+        logits, weights, self.memory = nested_mix(experts, *self._router_inputs(), **self._settings(), increments=True)
         self.last_weight = weights[0]
         return logits
 

@@ -101,31 +101,33 @@ def likelihood_mix(
     eos_ids: tuple[int, ...],
     attention_mask: torch.Tensor | None = None,
     memory: RouterMemory | None = None,
+    increment: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, RouterMemory]:
     """The mixture's log-probabilities (as logits), ``w`` per position (B, T), and the memory for the next call.
 
     ``input_ids`` (B, T) are the tokens whose positions the logits (B, T, V) belong to; ``memory``: the previous
-    call's (generation with a KV cache), or None at the start of the sequences.
+    call's (generation with a KV cache), or None at the start of the sequences. ``increment``: ``new_logits`` is
+    what the new path adds to the base's (one path: ``alpha Z_up``), never summed as a whole tensor.
     """
-    norm_base, norm_new = log_normalisers(base_logits), log_normalisers(new_logits)
+    experts = (base_logits, new_logits)
+    norm_base, norm_new = log_normalisers(experts, increment)
     ids = input_ids.to(base_logits.device)
     evidence = torch.zeros(ids.shape, device=base_logits.device)
     with torch.no_grad():
         if ids.shape[1] > 1:
             nxt = ids[:, 1:, None]
-            log_base_next = base_logits[:, :-1].gather(-1, nxt).squeeze(-1).float() - norm_base[:, :-1]
-            log_new_next = new_logits[:, :-1].gather(-1, nxt).squeeze(-1).float() - norm_new[:, :-1]
-            evidence[:, 1:] = log_base_next - log_new_next
+            base_next = base_logits[:, :-1].gather(-1, nxt).squeeze(-1).float()
+            new_next = new_logits[:, :-1].gather(-1, nxt).squeeze(-1).float() + (base_next if increment else 0)
+            evidence[:, 1:] = (base_next - norm_base[:, :-1]) - (new_next - norm_new[:, :-1])
         if memory is not None:
             evidence[:, 0] = memory.last_log_ratio.gather(-1, ids[:, :1]).squeeze(-1)
         evidence = padding_free(evidence, attention_mask)
         ratio = running_ratio(evidence, document_starts(ids, eos_ids), decay, None if memory is None else memory.ratio)
         score = prior + ratio
-    mixed = mixture_log_probs(
-        (base_logits, new_logits), (F.logsigmoid(score) - norm_base, F.logsigmoid(-score) - norm_new)
-    )
-    last_base = base_logits[:, -1].float() - norm_base[:, -1, None]
-    last_log_ratio = last_base - (new_logits[:, -1].float() - norm_new[:, -1, None])
+    mixed = mixture_log_probs(experts, (F.logsigmoid(score) - norm_base, F.logsigmoid(-score) - norm_new), increment)
+    last_base = base_logits[:, -1].float()
+    last_new = new_logits[:, -1].float() + (last_base if increment else 0)
+    last_log_ratio = last_base - norm_base[:, -1, None] - (last_new - norm_new[:, -1, None])
     next_memory = RouterMemory(ratio[:, -1].detach(), last_log_ratio.detach())
     return mixed.to(new_logits.dtype), torch.sigmoid(score), next_memory
 
@@ -150,8 +152,7 @@ class LikelihoodRouter(Router):
             adapt = paths.original_logits(paths.x[half:])
             new = torch.add(adapt, paths.up_logits(paths.x_up[half:]), alpha=paths.alpha)
         else:  # one path (SCALE-Preserve, or no collaborative layer): its original stream is the base's
-            base = paths.original_logits(paths.x)
-            new = torch.add(base, paths.up_logits(paths.x_up), alpha=paths.alpha)
+            base, new = paths.original_logits(paths.x), paths.scaled_up_logits(paths.x_up)  # new: the increment
         state.keep_base(base[..., : paths.vocab])
         ids = state.inputs.get("input_ids")
         if ids is None:
@@ -168,6 +169,7 @@ class LikelihoodRouter(Router):
             eos_ids=state.eos_ids,
             attention_mask=state.inputs.get("attention_mask"),
             memory=state.memory,
+            increment=not paths.stacked,
         )
         state.last_cosine, state.last_mask = None, weight
         return logits

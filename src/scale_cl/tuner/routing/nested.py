@@ -59,12 +59,15 @@ def nested_mix(
     eos_ids: tuple[int, ...],
     attention_mask: torch.Tensor | None = None,
     memory: NestedMemory | None = None,
+    increments: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, NestedMemory]:
     """The mixture's log-probabilities (as logits), each expert's weight (E, B, T) and the memory for the next call.
 
     ``expert_logits``: E tensors (B, T, V), the base's first; ``input_ids`` (B, T) the tokens of those positions.
+    ``increments``: each tensor after the first is what its expert adds to the one before (a grown model's stages,
+    `nested_logits`), never summed as a whole tensor.
     """
-    norms = torch.stack([log_normalisers(z) for z in expert_logits])  # (E, B, T): z - norm are log-probabilities
+    norms = log_normalisers(expert_logits, increments)  # (E, B, T): expert - norm are log-probabilities
     experts, rows, length = norms.shape
     ids = input_ids.to(norms.device)
     with torch.no_grad():
@@ -72,6 +75,7 @@ def nested_mix(
         if length > 1:
             nxt = ids[:, 1:, None]
             chosen = torch.stack([z[:, :-1].gather(-1, nxt).squeeze(-1).float() for z in expert_logits])
+            chosen = chosen.cumsum(0) if increments else chosen
             evidence[:, :, 1:] = chosen - norms[:, :, :-1]
         if memory is not None:
             first = ids[None, :, :1].expand(experts, -1, -1)
@@ -84,22 +88,22 @@ def nested_mix(
         priors = torch.zeros(experts, device=norms.device)
         priors[0] = prior
         log_w = torch.log_softmax(ratio + priors[:, None, None], dim=0)
-    mixed = mixture_log_probs(expert_logits, list(log_w - norms))
-    last_log_probs = torch.stack([z[:, -1].float() for z in expert_logits]) - norms[:, :, -1, None]
+    mixed = mixture_log_probs(expert_logits, list(log_w - norms), increments)
+    last = torch.stack([z[:, -1].float() for z in expert_logits])
+    last_log_probs = (last.cumsum(0) if increments else last) - norms[:, :, -1, None]
     next_memory = NestedMemory(ratio[:, :, -1].detach(), last_log_probs.detach())
     return mixed.to(expert_logits[-1].dtype), log_w.exp(), next_memory
 
 
 # Copied to export/modeling_scale.py (RouteHead._nested): change both (tests/test_export.py).
 def nested_logits(paths: HeadPaths, widths: Sequence[int]) -> list[torch.Tensor]:
-    """The experts' logits from the head's input: the cumulative sums of each stage's columns' products (module
-    doc), the base's first and the model's own (``Z + alpha Z_up``) last."""
+    """The experts' logits from the head's input as increments: the base's ``Z_0``, then each stage's columns'
+    product ``Z_j`` (the module doc's cumulative sums are the experts), the current stage's ``alpha Z_up`` last."""
     parts = paths.x.split(tuple(widths), dim=-1)
     columns = paths.weight.split(tuple(widths), dim=1)
     experts = [F.linear(parts[0], columns[0], paths.bias)]
-    for x, w in zip(parts[1:], columns[1:], strict=True):
-        experts.append(experts[-1] + F.linear(x, w))
-    experts.append(torch.add(experts[-1], paths.up_logits(paths.x_up), alpha=paths.alpha))
+    experts.extend(F.linear(x, w) for x, w in zip(parts[1:], columns[1:], strict=True))
+    experts.append(paths.scaled_up_logits(paths.x_up))
     return experts
 
 
@@ -130,6 +134,7 @@ class NestedRouter(Router):
             eos_ids=state.eos_ids,
             attention_mask=state.inputs.get("attention_mask"),
             memory=state.memory,
+            increments=True,
         )
         state.last_cosine, state.last_mask, state.last_weights = None, weights[0], weights
         return logits

@@ -57,6 +57,11 @@ class HeadPaths:
         """``Z_up = W_out_up x_up``."""
         return F.linear(x_up, self.weight_up)
 
+    def scaled_up_logits(self, x_up: torch.Tensor) -> torch.Tensor:
+        """``alpha Z_up``: what the new stream adds to the logits ``Z`` on one path."""
+        z_up = self.up_logits(x_up)
+        return z_up if self.alpha == 1 else z_up.mul_(self.alpha)
+
 
 class Router(ABC):
     """Combines SCALE-Route's two paths into the model's logits (module doc).
