@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One prepared GPU check (issue 38): the card and versions, the GPU-gated tests, a micro `scale-cl bio` run in bf16,
-# and `scale-cl bench` at Llama-3.2-1B's shape (eager, then torch.compile'd for FFT and SCALE-Preserve), into one
-# results folder whose summary.md says which of issue 38's targets are met or missed.
+# and `scale-cl bench` at Llama-3.2-1B's shape (eager, the likelihood readings' inference, then torch.compile'd for
+# FFT and SCALE-Preserve), into one results folder whose summary.md says which of issues 38's and 40's targets are
+# met or missed.
 #
 # Time budget: 8 minutes on one H100 or H200 (each step has its own limit, in the table below; a step that runs out
 # is recorded as timed out and the next one starts). Where it runs: a machine whose Python already has torch,
@@ -11,7 +12,8 @@
 #   bash scripts/gpu_check.sh [--out DIR] [--python PYTHON]    # on the GPU machine (default out: outputs/gpu-check)
 #   bash scripts/gpu_check.sh --skip tests,bio-micro,bench     # a second call: what the first had no time for
 #   bash scripts/gpu_check.sh --dry-run [--out DIR]            # on a CPU: the same steps at toy sizes (CI runs it)
-# Steps: versions, tests, bio-micro, bench, bench-memory, bench-compiled (the last gets what is left of the budget).
+# Steps: versions, tests, bio-micro, bench, bench-memory, bench-readings, bench-compiled (the last gets what is left
+# of the budget).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT="$(pwd)"
@@ -25,7 +27,7 @@ while [ $# -gt 0 ]; do
     --out) OUT="$2"; shift 2 ;;
     --python) PYTHON="$2"; shift 2 ;;
     --skip) SKIP=",$2,"; shift 2 ;;
-    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
     *) echo "gpu_check.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -94,6 +96,11 @@ else
   step bench-memory 120 "$PYTHON" "${BENCH[@]}" --methods fft scale_preserve --skip-training --skip-flops \
     --out "$OUT/bench-memory"
 fi
+
+# Issue 40: the one-pass likelihood readings' inference (forward and generate()) against FFT's, and the control.
+step bench-readings 120 "$PYTHON" -m scale_cl.cli bench "${BENCH_SHAPE[@]}" "${DEVICE[@]}" --skip-upscale \
+  --skip-training --skip-memory --no-progress --methods fft scale_preserve \
+  --readings preserve-likelihood control preserve-nested --out "$OUT/bench-readings"
 
 LEFT=$(( BUDGET - ($(date +%s) - START) - 10 ))
 if [ "$DRY_RUN" -eq 1 ]; then

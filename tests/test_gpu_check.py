@@ -29,14 +29,18 @@ def test_the_dry_run_runs_every_step_and_summarises(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     found = json.loads((out / "summary.json").read_text())
     assert found["dry_run"] and found["budget_s"] == 480
-    assert {s["step"]: s["rc"] for s in found["steps"]} == {"versions": 0, "tests": 0, "bio-micro": 0, "bench": 0}
+    steps = {s["step"]: s["rc"] for s in found["steps"]}
+    assert steps == {"versions": 0, "tests": 0, "bio-micro": 0, "bench": 0, "bench-readings": 0}
     assert found["tests"]["collected"] > 100  # the GPU-gated tests exist and are selected
     assert found["bio_micro"] is not None
     names = {t["target"] for t in found["targets"]}
     for method in ("scale_preserve", "scale_adapt", "scale_route"):
         assert f"{method} training FLOPs counted / its floor" in names and f"{method} step time / fft (GPU)" in names
+    assert "preserve-likelihood forward time / fft (1 / its speed ratio)" in names  # issue 40's, from bench-readings
+    assert set(found["readings"]["tiny"]) == {"preserve-likelihood", "control", "preserve-nested"}
     summary = (out / "summary.md").read_text()
-    assert summary.startswith("# GPU check (dry run") and "Issue 38's targets" in summary
+    assert summary.startswith("# GPU check (dry run") and "Issues 38's and 40's targets" in summary
+    assert "Inference read with the likelihood router at tiny" in summary
 
 
 def test_an_output_folder_in_use_is_refused(tmp_path):
@@ -72,13 +76,28 @@ def test_the_summary_reads_a_gpu_run(tmp_path):
     peaks = {"fft": {"peak_train_mib": 60000.0}, "scale_preserve": {"peak_train_mib": 31000.4}}
     memory = {"meta": {}, "config": {}, "shapes": {"llama-1b": {"methods": peaks}}}
     (tmp_path / "bench-memory" / "results.json").write_text(json.dumps(memory))
+    (tmp_path / "bench-readings").mkdir()
+    versus = {"fwd_flops_per_token": 1.3, "forward_tokens_per_s": 0.8, "generate_tokens_per_s": 0.75}
+    cost = {"issue": 40, "target": "preserve-likelihood forward time / fft (1 / its speed ratio)", "value": 1.25}
+    entry = {
+        "readings": {"preserve-likelihood": {"vs_fft": versus}},
+        "targets": [{**cost, "limit": 1.5, "at_most": True, "met": True}, {**target, "at_most": True, "met": True}],
+    }
+    readings = {"meta": {}, "config": {}, "shapes": {"llama-1b": entry}}
+    (tmp_path / "bench-readings" / "results.json").write_text(json.dumps(readings))
     assert main(["summary", str(tmp_path), "--budget", "480", "--seconds", "300"]) == 0
     found = json.loads((tmp_path / "summary.json").read_text())
     assert found["tests"] == {"passed": 1, "failed": ["tests.test_gpu::test_b[cuda]"], "skipped": 1}
     assert [r["compiled_s"] / r["eager_s"] for r in found["compiled"]] == [0.75, 0.8]
     summary = (tmp_path / "summary.md").read_text()
     assert "| tests | **failed** (exit 1) | 150 (180) |" in summary
-    assert "| llama-1b | scale_preserve step time / fft (GPU) | 0.500 | <= 0.6 | yes |" in summary
+    assert "| 38 | llama-1b | scale_preserve step time / fft (GPU) | 0.500 | <= 0.6 | yes |" in summary
+    assert summary.count("scale_preserve step time / fft (GPU)") == 1  # issue 38's read from the eager bench alone
+    assert (
+        "| 40 | llama-1b | preserve-likelihood forward time / fft (1 / its speed ratio) | 1.250 | <= 1.5 | yes |"
+        in summary
+    )
+    assert "| preserve-likelihood | 1.30x | 0.80x | 0.75x |" in summary
     assert "MFU at llama-1b: fft 40.0%, scale_preserve 30.0%." in summary
     peak_line = "Peak training memory at llama-1b (a fresh process each): fft 60,000 MiB, scale_preserve 31,000 MiB."
     assert peak_line in summary

@@ -109,11 +109,13 @@ def summary(out: Path, budget: int, seconds: int, dry_run: bool) -> dict[str, An
     """Everything the check found, as a dictionary (summary.json) and as markdown (summary.md)."""
     info = json.loads((out / "versions.json").read_text()) if (out / "versions.json").is_file() else {}
     eager, compiled = _bench(out / "bench" / "results.json"), _bench(out / "bench-compiled" / "results.json")
+    readings = _bench(out / "bench-readings" / "results.json")
     targets = [
         {"shape": shape, **t}
-        for shape, entry in (eager or {}).get("shapes", {}).items()
+        for run, issue in ((eager, 38), (readings, 40))
+        for shape, entry in (run or {}).get("shapes", {}).items()
         for t in entry.get("targets", [])
-        if t.get("issue") == 38
+        if t.get("issue") == issue
     ]
     memory = _bench(out / "bench-memory" / "results.json")
     bio = out / "bio-micro" / "results.json"
@@ -131,6 +133,10 @@ def summary(out: Path, budget: int, seconds: int, dry_run: bool) -> dict[str, An
             for shape, entry in (eager or {}).get("shapes", {}).items()
         },
         "compiled": _compiled(eager, compiled),
+        "readings": {
+            shape: {name: r.get("vs_fft", {}) for name, r in entry.get("readings", {}).items()}
+            for shape, entry in (readings or {}).get("shapes", {}).items()
+        },
         "peak_train_mib": {
             shape: {m: r.get("peak_train_mib") for m, r in entry.get("methods", {}).items()}
             for shape, entry in (memory or {}).get("shapes", {}).items()
@@ -170,12 +176,18 @@ def _markdown(found: dict[str, Any]) -> str:
     if found["bio_micro"]:
         lines += ["", f"bio micro (bf16): finished on {found['bio_micro'].get('device')}."]
     if found["targets"]:
-        lines += ["", "Issue 38's targets:", "", "| shape | target | measured | limit | met |", "|---|---|---|---|---|"]
+        lines += ["", "Issues 38's and 40's targets:", "", "| issue | shape | target | measured | limit | met |"]
+        lines.append("|---|---|---|---|---|---|")
         for t in found["targets"]:
             bound = f"{'<=' if t['at_most'] else '>='} {t['limit']:g}"
-            lines.append(
-                f"| {t['shape']} | {t['target']} | {t['value']:.3f} | {bound} | {'yes' if t['met'] else '**no**'} |"
-            )
+            met = "yes" if t["met"] else "**no**"
+            lines.append(f"| {t['issue']} | {t['shape']} | {t['target']} | {t['value']:.3f} | {bound} | {met} |")
+    for shape, rows in found.get("readings", {}).items():
+        lines += ["", f"Inference read with the likelihood router at {shape}, against FFT's model alone:", ""]
+        lines += ["| reading | forward FLOPs | forward speed | generate() speed |", "|---|---|---|---|"]
+        for name, versus in rows.items():
+            cells = [versus.get(k) for k in ("fwd_flops_per_token", "forward_tokens_per_s", "generate_tokens_per_s")]
+            lines.append(f"| {name} | " + " | ".join("—" if c is None else f"{c:.2f}x" for c in cells) + " |")
     for shape, mfu in found["mfu"].items():
         cells = ", ".join(f"{m} {100 * v:.1f}%" for m, v in mfu.items() if v is not None)
         lines += ["", f"MFU at {shape}: {cells or 'not measured (no known peak)'}."]

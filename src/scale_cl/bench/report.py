@@ -138,8 +138,9 @@ def evaluate_targets(entry: dict[str, Any]) -> list[dict[str, Any]]:
 
     Issue 5 states its targets for the SmolLM2 shape (training, generation) and the Llama-3.2-1B shape (upscale) on a
     2-core CPU; issue 38 for the Llama-3.2-1B shape in bf16 on one H100 or H200 at the GPU's default batch (step
-    times, memory) and, on the CPU, the same ratios in counted FLOPs, each SCALE method within 10% of its floor. They
-    are evaluated on every shape measured, for information.
+    times, memory) and, on the CPU, the same ratios in counted FLOPs, each SCALE method within 10% of its floor; issue
+    40 a one-pass likelihood reading's forward pass (SCALE-Preserve's with its router) at <= 1.5x FFT's. They are
+    evaluated on every shape measured, for information.
     """
     methods = entry.get("methods", {})
     targets: list[dict[str, Any]] = []
@@ -190,6 +191,12 @@ def evaluate_targets(entry: dict[str, Any]) -> list[dict[str, Any]]:
         if record.get("train_flops_per_token") and record.get("train_floor_flops_per_token"):
             ratio = record["train_flops_per_token"] / record["train_floor_flops_per_token"]
             add(38, f"{method} training FLOPs counted / its floor", ratio, 1.1)
+    for name, reading in entry.get("readings", {}).items():
+        if name.endswith("-likelihood"):  # issue 40: a one-pass likelihood reading's inference cost
+            versus = reading.get("vs_fft") or {}
+            add(40, f"{name} forward FLOPs / fft", versus.get("fwd_flops_per_token"), 1.5)
+            speed = versus.get("forward_tokens_per_s")
+            add(40, f"{name} forward time / fft (1 / its speed ratio)", 1 / speed if speed else None, 1.5)
     return targets
 
 
@@ -278,7 +285,8 @@ def shape_markdown(name: str, entry: dict[str, Any]) -> str:
     if targets:
         lines += [
             "Targets (issue 5: SmolLM2's shape on a 2-core CPU; issue 38: Llama-3.2-1B's shape, bf16, one H100 or "
-            "H200 at the GPU's default batch, and the same ratios in counted FLOPs; evaluated here for information):",
+            "H200 at the GPU's default batch, and the same ratios in counted FLOPs; issue 40: a one-pass likelihood "
+            "reading's forward at <= 1.5x FFT's; evaluated here for information):",
             "",
             "| issue | target | measured | limit | met |",
             "|---|---|---|---|---|",
