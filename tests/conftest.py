@@ -37,6 +37,34 @@ from scale_cl.experiments.settings import MethodSettings
 VOCAB = 96
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _datasets_cache(tmp_path_factory):
+    """The datasets cache (sources converted to Arrow, token caches, packed blocks) in this session's temporary
+    folder, for the tests and the commands they start, never the user's home folder."""
+    import datasets
+
+    folder = tmp_path_factory.mktemp("hf-datasets")
+    previous = os.environ.get("HF_DATASETS_CACHE")
+    os.environ["HF_DATASETS_CACHE"] = str(folder)
+    original = datasets.config.HF_DATASETS_CACHE
+    datasets.config.HF_DATASETS_CACHE = str(folder)
+    yield folder
+    datasets.config.HF_DATASETS_CACHE = original
+    if previous is None:
+        os.environ.pop("HF_DATASETS_CACHE", None)
+    else:
+        os.environ["HF_DATASETS_CACHE"] = previous
+
+
+@pytest.fixture
+def hf_cache(tmp_path, monkeypatch):
+    """A datasets cache of the test's own (nothing cached by another test is reused)."""
+    import datasets
+
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "hf-cache"))
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf-cache"))
+
+
 def _llama_like(config_cls, model_cls, heads: int, kv_heads: int, tied: bool, **extra):
     config = config_cls(
         vocab_size=VOCAB,

@@ -1,12 +1,15 @@
-"""Text corpora for continual pre-training: readers, packing, held-out split, caps, errors, streaming."""
+"""Text corpora for continual pre-training: sources read by datasets, packing, held-out split, caps, errors, the token
+cache, weighted mixing, streaming, document masking."""
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
-import logging
-from types import SimpleNamespace
+from collections import Counter
+from dataclasses import replace
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -14,23 +17,23 @@ import torch
 from transformers import default_data_collator
 
 from scale_cl.cli.options import add_dataclass_options
-from scale_cl.data import corpus as corpus_module
+from scale_cl.data import tokens as tokens_module
 from scale_cl.data.corpus import (
+    Blocks,
     CorpusConfig,
-    CorpusStats,
     HubSource,
     PackedDataset,
-    PackedStream,
     build_corpus,
     check_corpus,
     eval_sets,
     is_heldout,
+    is_stream,
     pack,
-    pack_blocks,
     parse_hub_source,
     read_documents,
     split_documents,
 )
+from scale_cl.data.packing import BlockCutter, document_positions
 from scale_cl.data.tokenizer import train_bpe_tokenizer
 from scale_cl.experiments.overrides import nest
 
@@ -46,14 +49,6 @@ MANY = [f"Document {i} is about topic {i % 7}, with word{i} and more words to re
 @pytest.fixture(scope="module")
 def tok():
     return train_bpe_tokenizer(DOCS + MANY, vocab_size=320)
-
-
-@pytest.fixture
-def hf_cache(tmp_path, monkeypatch):
-    """``datasets`` writes its arrow cache under tmp_path, not the home folder."""
-    import datasets
-
-    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "hf-cache"))
 
 
 def write_jsonl(path, docs, field="text"):
@@ -86,16 +81,53 @@ def count_tokens(tok, docs):
 # Readers
 
 
+def write_jsonl_gz(path, docs):
+    with gzip.open(path, "wt", encoding="utf-8") as file:
+        file.writelines(json.dumps({"text": doc}) + "\n" for doc in docs)
+    return path
+
+
 def test_every_file_format_reads_the_same_documents(tmp_path):
+    import datasets
+
+    datasets.Dataset.from_dict({"text": DOCS}).save_to_disk(str(tmp_path / "saved"))
+    arrow = next((tmp_path / "saved").glob("*.arrow"))
     sources = {
         "txt": str(write_txts(tmp_path / "txt", DOCS) / "*.txt"),
         "jsonl": str(write_jsonl(tmp_path / "docs.jsonl", DOCS)),
+        "jsonl.gz": str(write_jsonl_gz(tmp_path / "docs.jsonl.gz", DOCS)),
         "parquet": str(write_parquet(tmp_path / "docs.parquet", DOCS)),
+        "arrow": str(arrow),
+        "save_to_disk folder": str(tmp_path / "saved"),
         "jsonl-body": str(write_jsonl(tmp_path / "body.jsonl", DOCS, field="body")),
     }
     for name, source in sources.items():
         field = "body" if name == "jsonl-body" else "text"
         assert list(read_documents(source, text_field=field)) == DOCS, name
+        assert list(read_documents(source, text_field=field, streaming=True)) == DOCS, name
+
+
+def test_a_txt_file_is_split_as_the_option_says_and_a_single_file_is_never_one_document(tmp_path):
+    book = tmp_path / "book.txt"
+    book.write_text("First paragraph,\nstill the first.\n\nSecond paragraph.\n\nThird.\n", encoding="utf-8")
+    lines = tmp_path / "lines.txt"
+    lines.write_text("one document\nanother document\na third\n", encoding="utf-8")
+    assert list(read_documents(str(book), txt_documents="file")) == [book.read_text()]
+    assert list(read_documents(str(book), txt_documents="paragraph")) == [
+        "First paragraph,\nstill the first.",
+        "Second paragraph.",
+        "Third.\n",
+    ]
+    assert list(read_documents(str(book), txt_documents="line")) == [
+        "First paragraph,",
+        "still the first.",
+        "Second paragraph.",
+        "Third.",
+    ]
+    # auto: a single file by paragraph when it has a blank line, else by line; several files: one document each
+    assert list(read_documents(str(book))) == list(read_documents(str(book), txt_documents="paragraph"))
+    assert list(read_documents(str(lines))) == ["one document", "another document", "a third"]
+    assert list(read_documents(f"{tmp_path}/*.txt")) == [book.read_text(), lines.read_text()]
 
 
 def test_glob_reads_matching_files_in_sorted_order_across_formats(tmp_path):
@@ -147,25 +179,29 @@ def test_old_domain_sets_are_named_by_name_equals_or_by_the_source():
 # Packing
 
 
-def test_pack_blocks_concatenates_and_drops_the_remainder():
+def cut(docs, seq_len):
+    cutter = BlockCutter(seq_len)
+    return [block.tolist() for doc in docs for block in cutter.add(np.array(doc, dtype=np.int64))]
+
+
+def test_the_cutter_concatenates_and_drops_the_remainder():
     docs = [[1, 2, 9], [3, 9], [4, 5, 6, 9]]  # 9 = EOS, already appended
-    assert list(pack_blocks(docs, 4)) == [[1, 2, 9, 3], [9, 4, 5, 6]]  # [9] left over: dropped
-    assert list(pack_blocks(docs, 3)) == [[1, 2, 9], [3, 9, 4], [5, 6, 9]]
-    assert list(pack_blocks(docs, 10)) == []
-    assert list(pack_blocks([[7] * 7], 3)) == [[7] * 3, [7] * 3]  # one long document spans blocks
+    assert cut(docs, 4) == [[1, 2, 9, 3], [9, 4, 5, 6]]  # [9] left over: dropped
+    assert cut(docs, 3) == [[1, 2, 9], [3, 9, 4], [5, 6, 9]]
+    assert cut(docs, 10) == []
+    assert cut([[7] * 7], 3) == [[7] * 3, [7] * 3]  # one long document spans blocks
 
 
 def test_pack_puts_eos_after_every_document_and_cuts_exact_blocks(tok):
     stream = token_stream(tok, DOCS)
     seq_len = 16
     assert len(stream) % seq_len, "the test needs a remainder to drop"
-    stats = CorpusStats()
-    blocks = pack(DOCS, tok, seq_len, stats=stats)
+    blocks = pack(DOCS, tok, seq_len)
     full = len(stream) // seq_len
     assert blocks.dtype == torch.long and blocks.shape == (full, seq_len)
     assert blocks.flatten().tolist() == stream[: full * seq_len]
     assert (blocks == tok.eos_token_id).sum().item() == stream[: full * seq_len].count(tok.eos_token_id) >= 3
-    assert (stats.documents, stats.tokens, stats.sequences) == (len(DOCS), len(stream), full)
+    assert torch.equal(pack(DOCS, tok, seq_len, max_sequences=2), blocks[:2])
 
 
 def test_packed_dataset_gives_labels_equal_to_inputs_and_collates(tok):
@@ -226,30 +262,20 @@ def test_build_corpus_packs_each_split_from_its_own_documents(tmp_path, tok):
 # Caps
 
 
-def test_a_cap_stops_reading_early(tok):
-    pulled = 0
-
-    def documents():
-        nonlocal pulled
-        for doc in MANY * 50:  # 10,000 documents
-            pulled += 1
-            yield doc
-
-    blocks = pack(documents(), tok, 16, max_sequences=2)
-    assert blocks.shape == (2, 16)
-    assert pulled <= 16  # the first tokenizer batch or two, not the corpus
-    assert torch.equal(blocks, pack(MANY, tok, 16)[:2])
-
-
-def test_max_train_tokens_never_reads_past_what_it_needs(tmp_path, tok):
+def test_a_cap_keeps_the_first_blocks(tmp_path, tok):
     source = write_jsonl(tmp_path / "new.jsonl", MANY)
-    with (tmp_path / "new.jsonl").open("ab") as file:
-        file.write(b'{"text": "bad \xff byte"}\n')  # past the cap: never read, so no error
+    whole = build_corpus(CorpusConfig(train=[str(source)], seq_len=16, heldout_fraction=0.0), tok)
     config = CorpusConfig(train=[str(source)], seq_len=16, max_train_tokens=40, heldout_fraction=0.0)
     assert config.max_train_sequences == 2
-    corpus = build_corpus(config, tok)
-    assert len(corpus.train) == 2
-    assert corpus.stats["train"].documents < 20
+    capped = build_corpus(config, tok)
+    assert torch.equal(capped.train.blocks, whole.train.blocks[:2])
+    assert capped.stats["train"].sequences == 2 and capped.stats["train"].documents == len(MANY)
+
+
+def test_a_bad_line_anywhere_is_named_before_training(tmp_path, tok):
+    source = write_jsonl(tmp_path / "new.jsonl", MANY)
+    with (tmp_path / "new.jsonl").open("ab") as file:
+        file.write(b'{"text": "bad \xff byte"}\n')  # the whole file is tokenised once: found
     with pytest.raises(ValueError, match=r"new\.jsonl line 201: not valid UTF-8"):
         build_corpus(CorpusConfig(train=[str(source)], seq_len=16, heldout_fraction=0.0), tok)
 
@@ -279,7 +305,12 @@ def _bad_inputs(tmp_path, tok):
         "missing file": ([f"{p}/nope.jsonl"], {}, FileNotFoundError, r"nope\.jsonl: no such file"),
         "glob matches nothing": ([f"{p}/*.nothing"], {}, FileNotFoundError, r"no file matches '.*\*\.nothing'"),
         "unsupported extension": ([f"{p}/data.csv"], {}, ValueError, r"unsupported file type '\.csv'; use one of"),
-        "a folder": ([f"{p}/folder"], {}, ValueError, r"is a folder: give a glob such as .*folder/\*\.jsonl"),
+        "a folder": (
+            [f"{p}/folder"],
+            {},
+            ValueError,
+            r"is a folder but not one written by save_to_disk: give a glob such as .*folder/\*\.jsonl",
+        ),
         "empty txt": ([f"{p}/empty.txt"], {}, ValueError, r"empty\.txt is empty \(0 bytes\)"),
         "empty jsonl": ([f"{p}/blank.jsonl"], {}, ValueError, r"blank\.jsonl is empty \(no JSON lines\)"),
         "empty parquet": ([f"{p}/empty.parquet"], {}, ValueError, r"empty\.parquet is empty \(0 rows\)"),
@@ -296,7 +327,7 @@ def _bad_inputs(tmp_path, tok):
             r"body\.parquet has no field 'text'; its fields are \['body', 'id'\]",
         ),
         "jsonl not an object": ([f"{p}/list.jsonl"], {}, ValueError, r"list\.jsonl line 1: expected a JSON object"),
-        "txt not utf-8": ([f"{p}/latin1.txt"], {}, ValueError, r"latin1\.txt line 2: not valid UTF-8.*'skip'"),
+        "txt not utf-8": ([f"{p}/latin1.txt"], {}, ValueError, r"latin1\.txt line 2: not valid UTF-8.*iconv"),
         "jsonl not utf-8": ([f"{p}/latin1.jsonl"], {}, ValueError, r"latin1\.jsonl line 3: not valid UTF-8"),
         "jsonl not json": ([f"{p}/broken.jsonl"], {}, ValueError, r"broken\.jsonl line 2: not valid JSON"),
         "smaller than one sequence": (
@@ -309,13 +340,13 @@ def _bad_inputs(tmp_path, tok):
             [f"{p}/spaces.jsonl"],
             {"heldout_fraction": 0.0},
             ValueError,
-            r"has no documents with text \(3 empty, 0 undecodable skipped\)",
+            r"has no documents with text \(3 empty skipped\)",
         ),
         "held-out split empty": (
             [f"{p}/tiny.txt"],
             {"seq_len": 2, "heldout_fraction": 0.001},
             ValueError,
-            r"held-out split \(heldout_fraction=0\.001 .*\) has no documents with text",
+            r"held-out split \(heldout_fraction=0\.001 .*\) has no documents with text.*none of the new-domain",
         ),
         "no training source": ([], {}, ValueError, r"no new-domain training data: set train"),
         "hf folder missing": ([f"hf:{p}/missing"], {}, FileNotFoundError, r"hf:.*missing: no such folder"),
@@ -382,7 +413,11 @@ def test_check_corpus_finds_unreadable_sources_without_reading_the_corpus(tmp_pa
     ("overrides", "pattern"),
     [
         ({"seq_len": 1}, "data.seq_len must be >= 2, got 1"),
-        ({"on_decode_error": "ignore"}, r"on_decode_error must be one of \('error', 'skip'\)"),
+        ({"txt_documents": "page"}, r"txt_documents must be one of \('auto', 'file', 'paragraph', 'line'\)"),
+        ({"weights": [0.5]}, r"data.weights gives 1 weight\(s\) for 2 data.train source\(s\)"),
+        ({"weights": [0.5, 0.6]}, r"data.weights must be positive and sum to 1, got \[0.5, 0.6\]"),
+        ({"replay": ["a.jsonl"], "replay_weights": [0.2, 0.8]}, r"data.replay_weights gives 2 weight\(s\) for 1"),
+        ({"shuffle_buffer": 100}, "data.shuffle_buffer shuffles a stream"),
         ({"heldout_fraction": 1.0}, r"heldout_fraction must be in \[0, 1\)"),
         ({"max_train_tokens": 100, "seq_len": 128}, r"data.max_train_tokens must be 0 .* or at least data.seq_len=128"),
         ({"max_eval_sequences": 0}, "data.max_eval_sequences must be >= 1, got 0"),
@@ -391,49 +426,84 @@ def test_check_corpus_finds_unreadable_sources_without_reading_the_corpus(tmp_pa
 )
 def test_config_rejects_bad_settings(overrides, pattern):
     with pytest.raises(ValueError, match=pattern):
-        CorpusConfig(train=["x.jsonl"], **overrides)
+        CorpusConfig(train=["x.jsonl", "y.parquet"], **overrides)
 
 
-def test_skip_policy_skips_and_counts_undecodable_documents(tmp_path, tok, caplog):
-    path = tmp_path / "mixed.jsonl"
-    lines = [json.dumps({"text": doc}).encode() for doc in DOCS]
-    path.write_bytes(
-        b"\n".join([lines[0], b'{"text": "caf\xe9"}', lines[1], b'{"text": "cut', lines[2], b"", lines[3]])
+# ---------------------------------------------------------------------------------------------
+# The token cache, weighted mixing
+
+
+def test_blocks_are_read_from_the_cache_and_a_second_launch_reads_no_text(tmp_path, tok, hf_cache, monkeypatch):
+    from datasets.packaged_modules.json import json as json_builder
+
+    source = write_jsonl(tmp_path / "new.jsonl", MANY)
+    config = CorpusConfig(train=[str(source)], seq_len=8, heldout_fraction=0.1)
+    first = build_corpus(config, tok)
+    assert isinstance(first.train, Blocks) and first.train.rows.cache_files, "blocks live in Arrow files on disk"
+    calls = Counter()
+    encode, tables = tokens_module._encode_batch, json_builder.Json._generate_tables
+
+    def counting_encode(*args, **kwargs):
+        calls["tokenised"] += 1
+        return encode(*args, **kwargs)
+
+    def counting_tables(*args, **kwargs):
+        calls["json read"] += 1
+        yield from tables(*args, **kwargs)
+
+    monkeypatch.setattr(tokens_module, "_encode_batch", counting_encode)
+    monkeypatch.setattr(json_builder.Json, "_generate_tables", counting_tables)
+    again = build_corpus(config, tok)
+    assert not calls, f"the second launch read or tokenised text: {dict(calls)}"
+    assert torch.equal(again.train.blocks, first.train.blocks) and torch.equal(
+        again.heldout.blocks, first.heldout.blocks
     )
-    (tmp_path / "latin1.txt").write_bytes(b"caf\xe9")
-    (tmp_path / "good.txt").write_text(DOCS[0], encoding="utf-8")
-    (tmp_path / "empty-text.jsonl").write_text('{"text": " "}\n', encoding="utf-8")
-    stats = CorpusStats()
-    source = str(tmp_path / "*")
-    assert list(read_documents(source, on_decode_error="skip", stats=stats)) == [*DOCS[:1], *DOCS]
-    assert (stats.skipped_decode, stats.skipped_empty) == (3, 1)
-    config = CorpusConfig(train=[source], seq_len=8, heldout_fraction=0.0, on_decode_error="skip")
-    with caplog.at_level(logging.WARNING, logger=corpus_module.__name__):
-        corpus = build_corpus(config, tok)
-    assert corpus.stats["train"].skipped_decode == 3
-    assert "train: skipped 3 undecodable documents" in caplog.text
-    assert "3 undecodable" in corpus.summary()[0]
+    other = build_corpus(CorpusConfig(train=[str(source)], seq_len=16, heldout_fraction=0.1), tok)
+    assert not calls, "another seq_len packs again from the cached tokens"
+    assert len(other.train) < len(first.train)
+    write_jsonl(tmp_path / "new.jsonl", MANY[:150])  # a changed file is read again
+    changed = build_corpus(config, tok)
+    assert calls["tokenised"] and len(changed.train) < len(first.train)
+
+
+def test_sources_mixed_by_weight_draw_blocks_in_those_proportions(tmp_path, tok, hf_cache):
+    import datasets
+
+    english = [f"English text number {i} about the weather and the sea." for i in range(400)]
+    numbers = [" ".join(str((i * 7 + j) % 100) for j in range(12)) for i in range(400)]
+    datasets.Dataset.from_dict({"text": numbers}).save_to_disk(str(tmp_path / "numbers"))
+    sources = [str(write_jsonl_gz(tmp_path / "en.jsonl.gz", english)), str(tmp_path / "numbers")]
+    alone = [build_corpus(CorpusConfig(train=[s], seq_len=8, heldout_fraction=0.0), tok).train.blocks for s in sources]
+    config = CorpusConfig(train=sources, weights=[0.8, 0.2], seq_len=8, heldout_fraction=0.0)
+    mixed = build_corpus(config, tok, seed=3).train.blocks
+    origin = Counter(next(i for i, blocks in enumerate(alone) if (blocks == row).all(-1).any()) for row in mixed)
+    share = origin[0] / len(mixed)
+    assert 0.72 < share < 0.88, f"source 0 gave {share:.0%} of the blocks, weight 80%"
+    assert len(mixed) <= len(alone[0]) / 0.72  # it stops when a source runs out (first_exhausted)
+    assert torch.equal(build_corpus(config, tok, seed=3).train.blocks, mixed), "the same seed draws the same mixture"
+    assert not torch.equal(build_corpus(config, tok, seed=4).train.blocks, mixed)
 
 
 # ---------------------------------------------------------------------------------------------
 # Streaming
 
 
-def test_streaming_yields_the_same_blocks_as_in_memory(tmp_path, tok):
+def stacked(dataset):
+    return torch.stack([item["input_ids"] for item in dataset])
+
+
+def test_streaming_yields_the_same_blocks_as_the_cache(tmp_path, tok):
     source = str(write_jsonl(tmp_path / "new.jsonl", MANY))
     for cap in (0, 8 * 30):
         settings = {"train": [source], "seq_len": 8, "heldout_fraction": 0.1, "max_train_tokens": cap}
         memory = build_corpus(CorpusConfig(**settings), tok)
         stream = build_corpus(CorpusConfig(**settings, streaming=True), tok)
-        assert isinstance(stream.train, PackedStream)
+        assert is_stream(stream.train)
         items = list(stream.train)
         assert all(torch.equal(item["input_ids"], item["labels"]) for item in items)
-        assert torch.equal(torch.stack([item["input_ids"] for item in items]), memory.train.blocks)
+        assert torch.equal(stacked(items), memory.train.blocks)
         assert torch.equal(stream.heldout.blocks, memory.heldout.blocks)
-        assert stream.stats["train"].sequences == len(memory.train) == (cap // 8 or len(items))
-        again = [item["input_ids"] for item in stream.train]  # every epoch reads from the start
-        assert len(again) == len(items) and torch.equal(again[-1], items[-1]["input_ids"])
-        assert stream.stats["train"].documents == memory.stats["train"].documents  # counted afresh each epoch
+        assert torch.equal(stacked(stream.train), stacked(items)), "every epoch reads from the start"
     with pytest.raises(ValueError, match="but one sequence needs seq_len=4096"):
         build_corpus(CorpusConfig(train=[source], seq_len=4096, heldout_fraction=0.0, streaming=True), tok)
 
@@ -444,20 +514,79 @@ def test_streaming_over_a_hub_folder_matches_the_parquet_files(tmp_path, tok, hf
     write_parquet(tmp_path / "folder" / "part-1.parquet", MANY[120:])
     files = build_corpus(CorpusConfig(train=[f"{tmp_path}/folder/*.parquet"], seq_len=8), tok)
     hub = build_corpus(CorpusConfig(train=[f"hf:{tmp_path}/folder"], seq_len=8, streaming=True), tok)
-    assert torch.equal(torch.stack([item["input_ids"] for item in hub.train]), files.train.blocks)
-    assert torch.equal(hub.heldout.blocks, files.heldout.blocks)
+    config = CorpusConfig(train=[f"{tmp_path}/folder/part-{i}.parquet" for i in (0, 1)], seq_len=8)
+    held = split_documents(config, "heldout")
+    train = [[d for d in split_documents(replace(config, train=[file]), "train")] for file in config.train]
+    assert torch.equal(stacked(hub.train), torch.cat([pack(docs, tok, 8) for docs in train])), "each file apart"
+    assert torch.equal(hub.heldout.blocks, files.heldout.blocks) and torch.equal(
+        hub.heldout.blocks, pack(list(held), tok, 8, 64)
+    )
 
 
-def test_stream_shards_blocks_across_dataloader_workers(tok, monkeypatch):
-    stream = PackedStream(lambda stats: iter(MANY[:40]), tok, 8)
-    everything = [item["input_ids"] for item in stream]
-    shards = []
-    for worker in (0, 1):
-        monkeypatch.setattr(corpus_module, "get_worker_info", lambda w=worker: SimpleNamespace(num_workers=2, id=w))
-        shards.append([item["input_ids"] for item in stream])
-    assert len(shards[0]) + len(shards[1]) == len(everything) > 2
-    assert torch.equal(torch.stack(shards[0]), torch.stack(everything[0::2]))
-    assert torch.equal(torch.stack(shards[1]), torch.stack(everything[1::2]))
+def test_a_shuffle_buffer_reorders_the_blocks_by_seed_and_epoch(tmp_path, tok):
+    sources = [str(write_jsonl(tmp_path / f"part{i}.jsonl", MANY[i * 50 : (i + 1) * 50])) for i in range(4)]
+    plain = build_corpus(CorpusConfig(train=sources, seq_len=8, heldout_fraction=0.0, streaming=True), tok).train
+    config = CorpusConfig(train=sources, seq_len=8, heldout_fraction=0.0, streaming=True, shuffle_buffer=16)
+    shuffled = build_corpus(config, tok, seed=1).train
+    first = stacked(shuffled)
+    assert not torch.equal(first, stacked(plain))
+    assert sorted(map(tuple, first.tolist())) == sorted(map(tuple, stacked(plain).tolist())), "the same blocks"
+    assert torch.equal(stacked(build_corpus(config, tok, seed=1).train), first), "the seed fixes the order"
+    shuffled.set_epoch(1)
+    assert not torch.equal(stacked(shuffled), first), "each epoch draws its own order"
+
+
+def test_dataloader_workers_each_read_their_own_files(tmp_path, tok):
+    from torch.utils.data import DataLoader
+
+    sources = [str(write_jsonl(tmp_path / f"part{i}.jsonl", MANY[i * 50 : (i + 1) * 50])) for i in range(4)]
+    stream = build_corpus(CorpusConfig(train=sources, seq_len=8, heldout_fraction=0.0, streaming=True), tok).train
+    seen = [item["input_ids"] for item in DataLoader(stream, batch_size=None, num_workers=2)]
+    apart = torch.cat([pack(MANY[i * 50 : (i + 1) * 50], tok, 8) for i in range(4)])  # each worker packs its own files
+    assert sorted(map(tuple, torch.stack(seen).tolist())) == sorted(map(tuple, apart.tolist()))
+
+
+# ---------------------------------------------------------------------------------------------
+# Document masking
+
+
+def test_document_positions_restart_after_every_eos():
+    ids = torch.tensor([[5, 6, 9, 7, 9, 8, 8, 8], [9, 1, 2, 3, 4, 9, 9, 5]])
+    assert document_positions(ids, 9).tolist() == [[0, 1, 2, 0, 1, 0, 1, 2], [0, 0, 1, 2, 3, 4, 0, 0]]
+
+
+def test_a_document_masked_block_computes_each_document_as_if_alone(tmp_path, tok):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=len(tok),
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=64,
+        )
+    ).eval()
+    source = write_jsonl(tmp_path / "new.jsonl", MANY[:20])
+    corpus = build_corpus(CorpusConfig(train=[str(source)], seq_len=24, heldout_fraction=0.0, document_mask=True), tok)
+    batch = corpus.collator([corpus.train[1], corpus.train[2]])
+    assert set(batch) == {"input_ids", "labels", "position_ids", "use_cache"} and batch["use_cache"] is False
+    eos = tok.eos_token_id
+    with torch.no_grad():
+        logits = model(**{k: v for k, v in batch.items() if k != "labels"}).logits
+        unmasked = model(input_ids=batch["input_ids"]).logits
+        for b, row in enumerate(batch["input_ids"]):
+            ends = [i + 1 for i, t in enumerate(row.tolist()) if t == eos and i + 1 < len(row)]
+            assert ends, "the test needs a block that holds a document boundary"
+            for start, end in zip([0, *ends], [*ends, len(row)], strict=True):
+                alone = model(input_ids=row[start:end].unsqueeze(0)).logits[0]
+                torch.testing.assert_close(logits[b, start:end], alone, atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(unmasked[:, ends[0] :], logits[:, ends[0] :], atol=1e-3), (
+        "without it, blocks attend across"
+    )
 
 
 # ---------------------------------------------------------------------------------------------

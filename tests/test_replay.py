@@ -11,7 +11,7 @@ import torch
 from transformers import AutoTokenizer
 
 from conftest import tiny_config
-from scale_cl.data.corpus import CorpusConfig, PackedStream, build_corpus, read_documents
+from scale_cl.data.corpus import CorpusConfig, build_corpus, is_stream, read_documents
 from scale_cl.data.replay import REPLAY_KEY, ReplayMix, ReplayStream, is_replay, replay_before, whole_per_batch
 from scale_cl.experiments.cpt.config import CptConfig
 from scale_cl.experiments.cpt.pipeline import load_run_corpus, run_cpt, training_data
@@ -179,7 +179,7 @@ def test_each_seed_draws_its_own_mix_and_no_replay_keeps_the_training_split(work
     assert training_data(replace(cfg, data=replace(cfg.data, replay_ratio=0.0)), corpus) is corpus.train
     streamed = replace(cfg, data=replace(cfg.data, streaming=True, max_train_tokens=32 * 20))
     stream_corpus = load_run_corpus(streamed, AutoTokenizer.from_pretrained(workspace / "base"))
-    assert isinstance(stream_corpus.train, PackedStream) and len(stream_corpus.replay) == 20
+    assert is_stream(stream_corpus.train) and len(stream_corpus.replay) == 20
     assert isinstance(training_data(streamed, stream_corpus), ReplayStream)
 
 

@@ -1,86 +1,138 @@
-"""Text corpora for continual pre-training: read documents, hold some out, pack them into token blocks.
+"""Text corpora for continual pre-training: sources read by `datasets`, tokenised once, held out, packed into blocks.
 
-Sources (``CorpusConfig.train`` and ``CorpusConfig.old_eval``), one string each:
+The settings (`CorpusConfig`) name new-domain sources (``train``), old-domain evaluation sets (``old_eval``) and
+replay sources (``replay``); `build_corpus` turns them into what the trainer reads (`Corpus`):
 
-- a file: ``notes.txt`` (the whole file is one document), ``docs.jsonl`` (one JSON object per line,
-  the document in its ``text_field``), ``docs.parquet`` (the document in column ``text_field``);
-- a glob of such files, read in sorted order: ``data/*.jsonl``, ``data/**/*.parquet``;
-- ``hf:PATH[:CONFIG[:SPLIT]]``: ``datasets.load_dataset(PATH, CONFIG, split=SPLIT)``, split ``train``
-  by default. ``hf:wikimedia/wikipedia:20231101.ko:train``, ``hf:user/corpus::validation`` (no
-  config), ``hf:./my_folder`` (a local folder of parquet/jsonl/... files that ``load_dataset``
-  reads), split slices too: ``hf:user/corpus::train[:1%]``. A folder written by ``save_to_disk``
-  is loaded with ``load_from_disk``. ``streaming=True`` streams hub datasets instead of
-  downloading them whole. Local files are always read lazily, one record at a time.
+1. **Read** (`scale_cl.data.sources`): each source by the datasets builder of its files (``.txt``, ``.jsonl(.gz)``,
+   ``.parquet``, ``.arrow``), a ``save_to_disk`` folder, or ``hf:PATH[:CONFIG[:SPLIT]]``.
+2. **Tokenise once** (`scale_cl.data.tokens`): ``datasets.map`` with ``num_proc`` workers into the datasets cache
+   (``cache_dir``); a second launch or a resume reads no text. With ``streaming`` nothing is cached: the training split
+   is read, tokenised and packed as it trains (`scale_cl.data.stream`), in a shuffle buffer when one is set.
+3. **Hold out** a share of the new-domain documents: a document is held out when a hash of its text falls below
+   ``heldout_fraction`` (`scale_cl.data.tokens.is_heldout`). The split is made on documents before packing, so no block
+   mixes held-out and training text; it depends on the text alone (not on file order, caps or streaming), and copies
+   of a document land on the same side, so duplicates cannot leak.
+4. **Pack** (`scale_cl.data.packing`): each document's tokens then EOS, concatenated in order, cut into blocks of
+   ``seq_len``; the training split written once into the cache and read from disk a block at a time; the held-out
+   and old-domain sets (``max_eval_sequences`` blocks each) in memory. ``max_train_tokens`` keeps the first blocks.
+5. **Mix**: without ``weights`` the training sources are one stream, in order; with them each source is packed apart
+   and `datasets.interleave_datasets` draws blocks from them with those probabilities (the run's seed), until one
+   runs out. Replay sources (``replay``, ``replay_weights`` likewise) are packed the same way without every document
+   an old-domain evaluation set evaluates on (by its hash), so replayed text is never evaluated on; the training loop
+   mixes them in at an exact share of every batch (``replay_ratio``, `scale_cl.data.replay`).
 
-Packing: each document is tokenised (no special tokens), followed by EOS, the documents are
-concatenated in order and cut into blocks of ``seq_len`` tokens; the last partial block is dropped.
-A block may span documents (attention crosses the EOS, as in GPT-2 / nanoGPT pre-training).
-Labels are the input ids; the model shifts them.
-
-Held-out split of the new-domain data ("learning perplexity"): a document is held out when a hash of
-its text falls below ``heldout_fraction`` (``is_heldout``). The split is made on documents before
-packing, so no block mixes held-out and training text; it depends on the text alone (not on file
-order, caps or streaming), and copies of a document land on the same side, so duplicates cannot
-leak. The held-out and old-domain sets are packed the same way and capped at
-``max_eval_sequences`` blocks each.
-
-Caps: ``max_train_tokens`` (rounded down to whole blocks) stops reading as soon as enough blocks are
-packed; documents are tokenised in batches that grow from 8 to 1024, so a small cap reads little.
-
-Replay (``replay`` sources, ``replay_ratio``): old-domain text packed the same way, as many blocks as
-the training split has (``max_train_tokens`` when streaming), leaving out every document that any
-old-domain evaluation set read (by a hash of its text), so replayed text is never evaluated on; the
-training loop mixes it in at an exact share of every batch (`scale_cl.data.replay`).
+Every input error is raised before training: cheap ones by `check_corpus` before a model loads (a missing file, an
+empty one, a field that is not there), the rest by `build_corpus` (a split too small for one block, with its cause).
 """
 
 from __future__ import annotations
 
-import glob
 import hashlib
-import json
 import logging
-import os
-import re
-from collections.abc import Callable, Iterable, Iterator, Sequence
+import math
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from itertools import islice
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
+import numpy as np
 import torch
-from torch.utils.data import Dataset, IterableDataset, get_worker_info
-from tqdm.auto import tqdm
 
 from scale_cl.bounds import check_fields
+from scale_cl.data.packing import (
+    Blocks,
+    DocumentMaskCollator,
+    KeyFilter,
+    PackedDataset,
+    first_blocks,
+    packed_blocks,
+    token_batches,
+)
+from scale_cl.data.sources import (
+    HUB_PREFIX,
+    TXT_DOCUMENTS,
+    HubSource,
+    check_source,
+    eval_sets,
+    explain_source,
+    load_documents,
+    parse_hub_source,
+)
+from scale_cl.data.stream import stream_blocks
+from scale_cl.data.tokens import (
+    document_key,
+    encode,
+    eos_id,
+    is_heldout,
+    process_place,
+    tokenized_documents,
+)
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-logger = logging.getLogger(__name__)
+__all__ = [
+    "HUB_PREFIX",
+    "Blocks",
+    "Corpus",
+    "CorpusConfig",
+    "CorpusStats",
+    "DocumentMaskCollator",
+    "HubSource",
+    "PackedDataset",
+    "build_corpus",
+    "check_corpus",
+    "document_key",
+    "eos_id",
+    "eval_sets",
+    "is_heldout",
+    "is_stream",
+    "pack",
+    "parse_hub_source",
+    "read_documents",
+    "split_documents",
+]
 
-HUB_PREFIX = "hf:"
-EXTENSIONS = (".txt", ".jsonl", ".parquet")
-DECODE_POLICIES = ("error", "skip")
-FIRST_BATCH, MAX_BATCH = 8, 1024  # documents per tokenizer call: small first, so a small cap reads little
-_NAMED = re.compile(r"^([\w.-]+)=(.+)$")  # "name=source" for old-domain evaluation sets
-_DECODE_HINT = "fix the file (e.g. `iconv -f latin1 -t utf-8`) or set on_decode_error='skip' to skip such documents"
+logger = logging.getLogger(__name__)
+CACHE_FOLDER = "scale-cl"  # under the datasets cache, unless cache_dir names another folder
 
 
 @dataclass
 class CorpusConfig:
-    """Text for continual pre-training: new-domain sources, old-domain evaluation sets, packing."""
+    """Text for continual pre-training: new-domain sources, old-domain evaluation sets, replay, packing."""
 
     section: ClassVar[str] = "data."  # where its settings are given (messages name them so)
 
     train: list[str] = field(
         default_factory=list,
-        metadata={"help": "new-domain sources: .txt/.jsonl/.parquet files, globs, or hf:PATH[:CONFIG[:SPLIT]]"},
+        metadata={
+            "help": "new-domain sources: .txt, .jsonl, .jsonl.gz, .parquet or .arrow files, globs of them, folders "
+            "written by save_to_disk, or hf:PATH[:CONFIG[:SPLIT]] (datasets.load_dataset)"
+        },
+    )
+    weights: list[float] = field(
+        default_factory=list,
+        metadata={
+            "type": float,
+            "help": "one weight per train source, summing to 1: blocks are drawn from the sources with these "
+            "probabilities (datasets.interleave_datasets, the run's seed); empty = the sources read as one, in order",
+        },
     )
     old_eval: list[str] = field(
         default_factory=list,
         metadata={"help": "old-domain evaluation sets, one source each; NAME=SOURCE gives one a name"},
     )
     text_field: str = field(default="text", metadata={"help": "JSONL field / parquet or dataset column of the text"})
+    txt_documents: str = field(
+        default="auto",
+        metadata={
+            "help": "what one document of a .txt file is: file (the whole file), paragraph (text between blank "
+            "lines), line, or auto: file when a source names several files; for a single file, paragraph if it has "
+            "a blank line, else line",
+            "choices": TXT_DOCUMENTS,
+        },
+    )
     seq_len: int = field(default=512, metadata={"ge": 2, "help": "tokens per packed training sequence"})
     max_train_tokens: int = field(
         default=0, metadata={"ge": 0, "help": "read only this many training tokens (whole sequences); 0 = all"}
@@ -93,17 +145,54 @@ class CorpusConfig:
         default=64, metadata={"ge": 1, "help": "sequences in the held-out set and in each old-domain set, at most"}
     )
     streaming: bool = field(
-        default=False, metadata={"help": "pack training data on the fly (needs max_steps); streams hub datasets"}
+        default=False,
+        metadata={
+            "help": "read, tokenise and pack the training split as it trains (no cache; needs max_steps or a token "
+            "budget): for a corpus too large to tokenise ahead, or a hub dataset not to download whole"
+        },
     )
-    on_decode_error: str = field(
-        default="error",
-        metadata={"help": f"a document that is not UTF-8 or a JSONL line that is not JSON: one of {DECODE_POLICIES}"},
+    shuffle_buffer: int = field(
+        default=0,
+        metadata={
+            "ge": 0,
+            "help": "with streaming: shuffle the files' order and the blocks through a buffer of this many blocks "
+            "(the run's seed); 0 = corpus order. Without streaming the Trainer shuffles the blocks whole",
+        },
+    )
+    num_proc: int = field(
+        default=0,
+        metadata={
+            "ge": 0,
+            "help": "processes that tokenise (datasets.map num_proc), per training process; 0 = as many CPUs as "
+            "the corpus keeps busy (one per 10,000 documents)",
+        },
+    )
+    cache_dir: str = field(
+        default="",
+        metadata={
+            "help": "folder of the datasets cache (sources converted to Arrow, their tokens, packed blocks); "
+            "empty = the datasets default (HF_DATASETS_CACHE), in its scale-cl folder for tokens and blocks"
+        },
+    )
+    document_mask: bool = field(
+        default=False,
+        metadata={
+            "help": "attention does not cross a document boundary inside a packed block (position_ids restart "
+            "after every EOS; transformers masks by them); off = a block attends across its EOS, as GPT-2 does"
+        },
     )
     replay: list[str] = field(
         default_factory=list,
         metadata={
             "help": "old-domain sources to replay during training (NAME=SOURCE or SOURCE); documents any "
             "old-domain evaluation set reads are left out"
+        },
+    )
+    replay_weights: list[float] = field(
+        default_factory=list,
+        metadata={
+            "type": float,
+            "help": "one weight per replay source, summing to 1 (as weights for train); empty = read in order",
         },
     )
     replay_ratio: float = field(
@@ -119,8 +208,8 @@ class CorpusConfig:
 
     def __post_init__(self) -> None:
         check_fields(self)  # every field's type (train, old_eval, replay lists) and declared range
-        if self.on_decode_error not in DECODE_POLICIES:
-            raise ValueError(f"on_decode_error must be one of {DECODE_POLICIES}, got {self.on_decode_error!r}")
+        if self.txt_documents not in TXT_DOCUMENTS:
+            raise ValueError(f"{self.section}txt_documents must be one of {TXT_DOCUMENTS}, got {self.txt_documents!r}")
         if 0 < self.max_train_tokens < self.seq_len:
             raise ValueError(
                 f"data.max_train_tokens must be 0 (all) or at least data.seq_len={self.seq_len} (one sequence), "
@@ -130,537 +219,368 @@ class CorpusConfig:
             raise ValueError("text_field must name the JSONL field / column that holds the text")
         if isinstance(self.replay_ratio, int) and not isinstance(self.replay_ratio, bool):
             self.replay_ratio = float(self.replay_ratio)  # 0 and 0.0 are one setting (cache keys, run folders)
+        self.weights = [float(w) for w in self.weights]
+        self.replay_weights = [float(w) for w in self.replay_weights]
+        check_weights(self.weights, self.train, "weights", "train")
+        check_weights(self.replay_weights, self.replay, "replay_weights", "replay")
         if self.replay_ratio > 0 and not self.replay:
             raise ValueError(
                 f"replay_ratio={self.replay_ratio} needs old-domain text to replay: set replay to NAME=SOURCE"
             )
         if self.replay and self.streaming and not self.max_train_tokens:
             raise ValueError("replay with streaming needs max_train_tokens: it bounds the replay text read into memory")
+        if self.shuffle_buffer and not self.streaming:
+            raise ValueError(
+                "data.shuffle_buffer shuffles a stream (data.streaming); without streaming the Trainer shuffles every "
+                "block already: drop data.shuffle_buffer or set data.streaming"
+            )
 
     @property
     def max_train_sequences(self) -> int:
         """The training cap in whole sequences; 0 = no cap."""
         return self.max_train_tokens // self.seq_len
 
+    def cache(self) -> Path:
+        """The folder of the tokens and blocks this corpus caches."""
+        if self.cache_dir:
+            return Path(self.cache_dir).expanduser()
+        import datasets
+
+        return Path(datasets.config.HF_DATASETS_CACHE) / CACHE_FOLDER
+
+
+def is_stream(data: Any) -> bool:
+    """Whether training data is read as a stream (no length: the Trainer needs max_steps)."""
+    return not hasattr(data, "__len__")
+
+
+def check_weights(weights: Sequence[float], sources: Sequence[str], name: str, of: str) -> None:
+    """Weights are one per source, positive and summing to 1 (within rounding)."""
+    if not weights:
+        return
+    if len(weights) != len(sources):
+        raise ValueError(
+            f"data.{name} gives {len(weights)} weight(s) for {len(sources)} data.{of} source(s): give one per source"
+        )
+    if any(w <= 0 for w in weights) or not math.isclose(sum(weights), 1.0, abs_tol=1e-6):
+        raise ValueError(f"data.{name} must be positive and sum to 1, got {list(weights)} (sum {sum(weights):g})")
+
 
 @dataclass
 class CorpusStats:
-    """What the reader saw for one split, for the run log.
+    """What one split holds, for the run log: documents, tokens, and the blocks taken."""
 
-    The held-out and training splits are read in separate passes over the same sources, so both
-    may count the same skipped documents.
-    """
-
-    documents: int = 0  # documents tokenised into this split (the last one may be cut by a cap)
-    skipped_decode: int = 0  # not UTF-8 or not JSON, skipped under on_decode_error="skip"
-    skipped_empty: int = 0  # empty or whitespace-only documents
-    tokens: int = 0  # tokens of the documents tokenised, one EOS each included
-    sequences: int = 0  # packed blocks of seq_len tokens
+    documents: int = 0  # documents with text in this split
+    skipped_empty: int = 0  # empty or whitespace-only documents of its sources
+    tokens: int = 0  # tokens of its documents, one EOS each included
+    sequences: int = 0  # packed blocks of seq_len tokens used (a stream: counted as read)
     skipped_evaluated: int = 0  # replay documents left out because an old-domain evaluation set read them
+    streamed: bool = False  # read as it trains: documents and tokens are not counted ahead
 
     def summary(self) -> str:
+        if self.streamed:
+            return f"streamed: read only as far as needed ({self.sequences:,} sequences taken ahead)"
         evaluated = f", {self.skipped_evaluated:,} evaluated on" if self.skipped_evaluated else ""
         return (
             f"{self.documents:,} documents, {self.tokens:,} tokens -> {self.sequences:,} sequences "
-            f"(skipped: {self.skipped_decode:,} undecodable, {self.skipped_empty:,} empty{evaluated})"
+            f"(skipped: {self.skipped_empty:,} empty{evaluated})"
         )
-
-
-# ---------------------------------------------------------------------------------------------
-# Sources
-
-
-@dataclass(frozen=True)
-class HubSource:
-    """``hf:PATH[:CONFIG[:SPLIT]]``: arguments of ``datasets.load_dataset``."""
-
-    path: str
-    config: str | None = None
-    split: str = "train"
-
-
-def parse_hub_source(source: str) -> HubSource:
-    """Split ``hf:PATH[:CONFIG[:SPLIT]]``; the split keeps any further colons (``train[:10%]``)."""
-    path, config, split = ([*source.removeprefix(HUB_PREFIX).split(":", 2), "", ""])[:3]
-    if not path:
-        example = "hf:wikimedia/wikipedia:20231101.ko:train"
-        raise ValueError(f"{source!r}: expected hf:PATH[:CONFIG[:SPLIT]], like {example}")
-    return HubSource(path, config or None, split or "train")
-
-
-def resolve_files(source: str) -> list[Path]:
-    """The files of a path or glob, sorted; every one must have a supported extension."""
-    if glob.has_magic(source):
-        paths = sorted(Path(p) for p in glob.glob(os.path.expanduser(source), recursive=True) if Path(p).is_file())
-        if not paths:
-            raise FileNotFoundError(f"no file matches {source!r} (relative to {Path.cwd()})")
-    else:
-        path = Path(source).expanduser()
-        if not path.exists():
-            raise FileNotFoundError(f"{source}: no such file (relative to {Path.cwd()})")
-        if path.is_dir():
-            raise ValueError(
-                f"{source} is a folder: give a glob such as {source}/*.jsonl, "
-                f"or {HUB_PREFIX}{source} to read it with datasets.load_dataset"
-            )
-        paths = [path]
-    for path in paths:
-        if path.suffix.lower() not in EXTENSIONS:
-            raise ValueError(
-                f"{path}: unsupported file type {path.suffix!r}; use one of {EXTENSIONS}, "
-                f"or {HUB_PREFIX}PATH for anything datasets.load_dataset reads"
-            )
-    return paths
-
-
-def eval_sets(sources: Sequence[str]) -> dict[str, str]:
-    """``{name: source}`` of the old-domain sets (evaluation or replay): ``NAME=SOURCE``, or the source as its name."""
-    named: dict[str, str] = {}
-    for entry in sources:
-        match = _NAMED.match(entry)
-        name, source = match.groups() if match else (entry, entry)
-        if name in named:
-            raise ValueError(f"two old-domain sources are named {name!r}; name them with NAME=SOURCE")
-        named[name] = source
-    return named
-
-
-# ---------------------------------------------------------------------------------------------
-# Readers: each yields the raw text of every record, "" for a null, None for a skipped undecodable one.
-
-
-def _decode(data: bytes, where: str, policy: str, count_lines: bool = False) -> str | None:
-    """UTF-8 text of ``data``; None under the skip policy, else an error naming the place (and line)."""
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as err:
-        if policy == "skip":
-            return None
-        if count_lines:
-            line = data[: err.start].count(b"\n") + 1
-            where = f"{where} line {line}"
-        bad = data[err.start : err.start + 4]
-        raise ValueError(f"{where}: not valid UTF-8 (bytes {bad!r} at offset {err.start}); {_DECODE_HINT}") from None
-
-
-def _read_txt(path: Path, text_field: str, policy: str) -> Iterator[str | None]:
-    data = path.read_bytes()
-    if not data:
-        raise ValueError(f"{path} is empty (0 bytes); remove it or fill it")
-    yield _decode(data, str(path), policy, count_lines=True)
-
-
-def _read_jsonl(path: Path, text_field: str, policy: str) -> Iterator[str | None]:
-    records = 0
-    with path.open("rb") as file:
-        for number, raw in enumerate(file, start=1):
-            if not raw.strip():
-                continue
-            records += 1
-            where = f"{path} line {number}"
-            line = _decode(raw, where, policy)
-            if line is None:
-                yield None
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as err:
-                if policy == "skip":
-                    yield None
-                    continue
-                raise ValueError(f"{where}: not valid JSON ({err.msg}); {_DECODE_HINT}") from None
-            if not isinstance(record, dict):
-                raise ValueError(f"{where}: expected a JSON object with a {text_field!r} field, got {line[:80]!r}")
-            yield _text_of(record, text_field, where)
-    if not records:
-        raise ValueError(f"{path} is empty (no JSON lines); remove it or fill it")
-
-
-def _read_parquet(path: Path, text_field: str, policy: str) -> Iterator[str | None]:
-    import pyarrow.parquet as pq
-
-    file = pq.ParquetFile(path)
-    _require_column(file.schema_arrow.names, text_field, str(path))
-    if file.metadata.num_rows == 0:
-        raise ValueError(f"{path} is empty (0 rows); remove it or fill it")
-    row = 0
-    for batch in file.iter_batches(batch_size=MAX_BATCH, columns=[text_field]):
-        for value in batch.column(0).to_pylist():
-            row += 1
-            if isinstance(value, bytes):  # a binary column: decode it ourselves, with the policy
-                value = _decode(value, f"{path} row {row}", policy)
-                if value is None:
-                    yield None
-                    continue
-            yield _text_of({text_field: value}, text_field, f"{path} row {row}")
-
-
-def _load_hub(spec: HubSource, streaming: bool) -> Any:
-    """``load_dataset`` (or ``load_from_disk`` for a ``save_to_disk`` folder); errors name the source."""
-    import datasets
-
-    local = Path(spec.path).expanduser()
-    if not local.exists() and spec.path.startswith((".", "/", "~")):
-        raise FileNotFoundError(f"{HUB_PREFIX}{spec.path}: no such folder (relative to {Path.cwd()})")
-    try:
-        if (local / "state.json").is_file() or (local / "dataset_dict.json").is_file():
-            dataset = datasets.load_from_disk(str(local))
-            if isinstance(dataset, datasets.DatasetDict):
-                if spec.split not in dataset:
-                    raise ValueError(f"no split {spec.split!r}; the splits are {sorted(dataset)}")
-                dataset = dataset[spec.split]
-            return dataset.to_iterable_dataset() if streaming else dataset
-        return datasets.load_dataset(spec.path, spec.config, split=spec.split, streaming=streaming)
-    except Exception as err:
-        raise ValueError(
-            f"cannot load {HUB_PREFIX}{spec.path} (config {spec.config!r}, split {spec.split!r}): {err}"
-        ) from err
-
-
-def _read_hub(spec: HubSource, text_field: str, streaming: bool) -> Iterator[str | None]:
-    dataset = _load_hub(spec, streaming)
-    where = f"{HUB_PREFIX}{spec.path}"
-    if dataset.column_names is not None:  # None: a stream whose features are unknown until read
-        _require_column(dataset.column_names, text_field, where)
-        dataset = dataset.select_columns([text_field])
-    row = 0
-    for batch in dataset.iter(batch_size=MAX_BATCH):
-        _require_column(list(batch), text_field, where)
-        for value in batch[text_field]:
-            row += 1
-            yield _text_of({text_field: value}, text_field, f"{where} row {row}")
-
-
-def _require_column(names: Sequence[str], text_field: str, where: str) -> None:
-    if text_field not in names:
-        raise ValueError(
-            f"{where} has no field {text_field!r}; its fields are {sorted(names)}. "
-            "Set text_field to the one that holds the text"
-        )
-
-
-def _text_of(record: dict, text_field: str, where: str) -> str:
-    _require_column(list(record), text_field, where)
-    value = record[text_field]
-    if value is None:
-        return ""
-    if not isinstance(value, str):
-        raise ValueError(f"{where}: field {text_field!r} must hold text, got {type(value).__name__}")
-    return value
-
-
-_READERS: dict[str, Callable[[Path, str, str], Iterator[str | None]]] = {
-    ".txt": _read_txt,
-    ".jsonl": _read_jsonl,
-    ".parquet": _read_parquet,
-}
-
-
-def read_documents(
-    source: str,
-    text_field: str = "text",
-    on_decode_error: str = "error",
-    streaming: bool = False,
-    stats: CorpusStats | None = None,
-) -> Iterator[str]:
-    """The documents of one source, in order, read lazily; skipped ones are counted in ``stats``."""
-    if on_decode_error not in DECODE_POLICIES:
-        raise ValueError(f"on_decode_error must be one of {DECODE_POLICIES}, got {on_decode_error!r}")
-    stats = stats if stats is not None else CorpusStats()
-    if source.startswith(HUB_PREFIX):
-        records = _read_hub(parse_hub_source(source), text_field, streaming)
-    else:
-        paths = resolve_files(source)
-        records = (r for path in paths for r in _READERS[path.suffix.lower()](path, text_field, on_decode_error))
-    for text in records:
-        if text is None:
-            stats.skipped_decode += 1
-        elif not text.strip():
-            stats.skipped_empty += 1
-        else:
-            yield text
-
-
-def document_key(text: str) -> bytes:
-    """A hash of a document's text: equal texts, equal keys (the held-out split and replay's exclusions use it)."""
-    return hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest()
-
-
-def recording(documents: Iterable[str], keys: set[bytes]) -> Iterator[str]:
-    """``documents``, adding each one's `document_key` to ``keys`` as it is read."""
-    for text in documents:
-        keys.add(document_key(text))
-        yield text
-
-
-def is_heldout(text: str, fraction: float) -> bool:
-    """Whether a document is in the held-out split: its text's hash, as a number in [0, 1), is below ``fraction``.
-
-    A hash of the text alone: the same split whatever the file order, cap or streaming, and exact
-    copies of a document always land on the same side.
-    """
-    return int.from_bytes(document_key(text), "big") < fraction * 2**64
-
-
-def split_documents(config: CorpusConfig, split: str, stats: CorpusStats | None = None) -> Iterator[str]:
-    """The new-domain documents of ``split`` ("train" or "heldout"), all train sources in order."""
-    if split not in ("train", "heldout"):
-        raise ValueError(f"split must be 'train' or 'heldout', got {split!r}")
-    want_heldout = split == "heldout"
-    for source in config.train:
-        for text in read_documents(source, config.text_field, config.on_decode_error, config.streaming, stats):
-            if is_heldout(text, config.heldout_fraction) == want_heldout:
-                yield text
-
-
-# ---------------------------------------------------------------------------------------------
-# Tokenising and packing
-
-
-def eos_id(tokenizer: PreTrainedTokenizerBase) -> int:
-    if tokenizer.eos_token_id is None:
-        raise ValueError("the tokenizer has no EOS token, which separates packed documents; set tokenizer.eos_token")
-    return tokenizer.eos_token_id
-
-
-def tokenize_documents(
-    documents: Iterable[str], tokenizer: PreTrainedTokenizerBase, stats: CorpusStats | None = None
-) -> Iterator[list[int]]:
-    """Each document's token ids followed by EOS; batched for speed, in growing batches so a cap reads little."""
-    eos = eos_id(tokenizer)
-    stats = stats if stats is not None else CorpusStats()
-    documents, size = iter(documents), FIRST_BATCH
-    while batch := list(islice(documents, size)):
-        for ids in tokenizer(batch, add_special_tokens=False, verbose=False)["input_ids"]:
-            stats.documents += 1
-            stats.tokens += len(ids) + 1
-            yield [*ids, eos]
-        size = min(2 * size, MAX_BATCH)
-
-
-def pack_blocks(token_documents: Iterable[list[int]], seq_len: int) -> Iterator[list[int]]:
-    """Concatenate the documents' tokens and cut them into blocks of ``seq_len``; the remainder is dropped."""
-    buffer: list[int] = []
-    for ids in token_documents:
-        buffer.extend(ids)
-        full = len(buffer) // seq_len * seq_len
-        for start in range(0, full, seq_len):
-            yield buffer[start : start + seq_len]
-        del buffer[:full]
-
-
-def pack(
-    documents: Iterable[str],
-    tokenizer: PreTrainedTokenizerBase,
-    seq_len: int,
-    max_sequences: int = 0,
-    stats: CorpusStats | None = None,
-    desc: str = "packing",
-) -> torch.Tensor:
-    """The documents packed into a ``[n, seq_len]`` LongTensor; stops reading at ``max_sequences`` (0 = all)."""
-    stats = stats if stats is not None else CorpusStats()
-    blocks = pack_blocks(tokenize_documents(documents, tokenizer, stats), seq_len)
-    if max_sequences:
-        blocks = islice(blocks, max_sequences)
-    progress = tqdm(blocks, total=max_sequences or None, desc=desc, unit="seq", disable=None, leave=False)
-    rows = [torch.tensor(block, dtype=torch.long) for block in progress]
-    stats.sequences = len(rows)
-    return torch.stack(rows) if rows else torch.empty((0, seq_len), dtype=torch.long)
-
-
-def _require_sequences(name: str, stats: CorpusStats, seq_len: int) -> None:
-    """A clear error for a split too small for one sequence."""
-    if stats.sequences:
-        return
-    if not stats.documents:
-        raise ValueError(
-            f"{name} has no documents with text ({stats.skipped_empty} empty, "
-            f"{stats.skipped_decode} undecodable skipped)"
-        )
-    raise ValueError(
-        f"{name} has {stats.tokens} tokens ({stats.documents} documents, one EOS each), but one sequence needs "
-        f"seq_len={seq_len} tokens; add text or lower seq_len"
-    )
-
-
-# ---------------------------------------------------------------------------------------------
-# Datasets for the HF Trainer
-
-
-class PackedDataset(Dataset):
-    """Map-style dataset over packed blocks ``[n, seq_len]``: ``{"input_ids", "labels"}``, labels = inputs."""
-
-    def __init__(self, blocks: torch.Tensor) -> None:
-        if blocks.dtype != torch.long or blocks.dim() != 2:
-            raise ValueError(f"blocks must be a [n, seq_len] LongTensor, got {blocks.dtype} {tuple(blocks.shape)}")
-        self.blocks = blocks
-
-    def __len__(self) -> int:
-        return self.blocks.shape[0]
-
-    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
-        return {"input_ids": self.blocks[index], "labels": self.blocks[index]}
-
-
-class PackedStream(IterableDataset):
-    """Blocks packed on the fly from re-readable documents, for corpora larger than memory.
-
-    It has no length, so the HF Trainer needs ``max_steps``. Corpus order is kept (no shuffling).
-    Each ``__iter__`` reads from the start, and resets ``stats``. With several DataLoader workers
-    every worker reads the stream and keeps every ``num_workers``-th block, so none is duplicated.
-    """
-
-    def __init__(
-        self,
-        documents: Callable[[CorpusStats], Iterable[str]],
-        tokenizer: PreTrainedTokenizerBase,
-        seq_len: int,
-        max_sequences: int = 0,
-    ) -> None:
-        self.documents, self.tokenizer, self.seq_len, self.max_sequences = documents, tokenizer, seq_len, max_sequences
-        self.stats = CorpusStats()
-
-    def blocks(self) -> Iterator[list[int]]:
-        vars(self.stats).update(vars(CorpusStats()))  # in place: callers may hold this object
-        blocks = pack_blocks(tokenize_documents(self.documents(self.stats), self.tokenizer, self.stats), self.seq_len)
-        return islice(blocks, self.max_sequences) if self.max_sequences else blocks
-
-    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
-        worker = get_worker_info()
-        for index, block in enumerate(self.blocks()):
-            self.stats.sequences = index + 1
-            if worker is None or index % worker.num_workers == worker.id:
-                ids = torch.tensor(block, dtype=torch.long)
-                yield {"input_ids": ids, "labels": ids}
-
-
-# ---------------------------------------------------------------------------------------------
-# Up-front checks and the whole corpus
-
-
-def check_source(source: str, text_field: str = "text", on_decode_error: str = "error") -> None:
-    """Fail fast on a source that cannot be read: it resolves, no file is empty, its first record has the text.
-
-    Reads one record per file (and loads a hub dataset as a stream), not the whole corpus.
-    """
-    if source.startswith(HUB_PREFIX):
-        next(_read_hub(parse_hub_source(source), text_field, streaming=True), None)
-        return
-    for path in resolve_files(source):
-        next(_READERS[path.suffix.lower()](path, text_field, on_decode_error), None)
-
-
-def check_corpus(config: CorpusConfig, tokenizer: PreTrainedTokenizerBase | None = None) -> None:
-    """Cheap checks to run before loading a model: sources exist and have the text field, the tokenizer has EOS.
-
-    Decoding errors and a corpus too small for one sequence are found by ``build_corpus``, which
-    reads the data before training starts (only the first block when streaming).
-    """
-    if not config.train:
-        raise ValueError("no new-domain training data: set train to files, globs or hf:PATH[:CONFIG[:SPLIT]]")
-    if tokenizer is not None:
-        eos_id(tokenizer)
-    for source in [*config.train, *eval_sets(config.old_eval).values(), *eval_sets(config.replay).values()]:
-        check_source(source, config.text_field, config.on_decode_error)
 
 
 @dataclass
 class Corpus:
     """Everything the trainer reads: training blocks, the held-out split, old-domain sets, and their stats."""
 
-    train: PackedDataset | PackedStream
+    train: Any  # Blocks (from the cache) or a datasets IterableDataset (streaming) or a mixture of them
     heldout: PackedDataset | None
     old_eval: dict[str, PackedDataset]
-    stats: dict[str, CorpusStats]  # "train", "heldout", "old_eval/NAME", "replay"; streaming train fills as read
-    replay: PackedDataset | None = None  # old-domain blocks to mix into training (none evaluated on)
+    stats: dict[str, CorpusStats]  # "train", "heldout", "old_eval/NAME", "replay"
+    replay: Any = None  # old-domain blocks to mix into training (none evaluated on)
+    collator: Any = None  # batches the training blocks (document masking); None = the Trainer's default
 
     def summary(self) -> list[str]:
         return [f"{name}: {stats.summary()}" for name, stats in self.stats.items()]
 
 
-def build_corpus(config: CorpusConfig, tokenizer: PreTrainedTokenizerBase) -> Corpus:
-    """Read, split and pack the corpus; every input error is raised here, before training.
+# ---------------------------------------------------------------------------------------------
+# Documents (what the other readers of the text use: vocabulary extension, the clean base)
 
-    In memory the training split is packed whole (up to ``max_train_tokens``); with ``streaming``
-    it is packed on the fly and only its first block is read here, to check it has one.
+
+def read_documents(
+    source: str, text_field: str = "text", txt_documents: str = "auto", streaming: bool = False
+) -> Iterator[str]:
+    """The documents with text of one source, in order (read by `datasets`)."""
+    documents = load_documents(source, text_field, txt_documents=txt_documents, streaming=streaming)
+    for batch in documents.iter(batch_size=1024):
+        yield from (text for text in batch["text"] if text is not None and text.strip())
+
+
+def split_documents(config: CorpusConfig, split: str) -> Iterator[str]:
+    """The new-domain documents of ``split`` ("train" or "heldout"), all train sources in order."""
+    if split not in ("train", "heldout"):
+        raise ValueError(f"split must be 'train' or 'heldout', got {split!r}")
+    for source in config.train:
+        for text in read_documents(source, config.text_field, config.txt_documents, config.streaming):
+            if is_heldout(text, config.heldout_fraction) == (split == "heldout"):
+                yield text
+
+
+def pack(documents: Sequence[str], tokenizer: PreTrainedTokenizerBase, seq_len: int, max_sequences: int = 0) -> Any:
+    """Documents packed into a ``[n, seq_len]`` LongTensor, the first ``max_sequences`` (0 = all): the blocks every
+    path cuts (`scale_cl.data.packing`), for texts in memory."""
+    encoded = encode(list(documents), tokenizer, eos_id(tokenizer))
+    lengths = np.array([len(ids) for ids in encoded["input_ids"]], dtype=np.int64)
+    flat = np.array([t for ids in encoded["input_ids"] for t in ids], dtype=np.int64)
+    keys = np.array(encoded["key"], dtype=np.uint64)
+    nonempty = lengths > 0
+    return first_blocks([(flat, lengths[nonempty], keys[nonempty])], seq_len, max_sequences)[0]
+
+
+# ---------------------------------------------------------------------------------------------
+# Checks before loading a model
+
+
+def check_corpus(config: CorpusConfig, tokenizer: PreTrainedTokenizerBase | None = None) -> None:
+    """Cheap checks to run before loading a model: sources exist and have the text field, the tokenizer has EOS.
+
+    A corpus too small for one sequence is found by `build_corpus`, which reads the data before training starts.
+    """
+    if not config.train:
+        raise ValueError("no new-domain training data: set train to files, globs or hf:PATH[:CONFIG[:SPLIT]]")
+    if tokenizer is not None:
+        eos_id(tokenizer)
+    for source in [*config.train, *eval_sets(config.old_eval).values(), *eval_sets(config.replay).values()]:
+        check_source(source, config.text_field)
+
+
+# ---------------------------------------------------------------------------------------------
+# The corpus
+
+
+class _Reader:
+    """One corpus's sources, each tokenised once (cached) and read from there."""
+
+    def __init__(self, config: CorpusConfig, tokenizer: PreTrainedTokenizerBase) -> None:
+        self.config, self.tokenizer = config, tokenizer
+        self.cache = config.cache()
+        self._tokens: dict[str, Any] = {}
+
+    def documents(self, source: str, streaming: bool = False) -> Any:
+        c = self.config
+        return load_documents(
+            source,
+            c.text_field,
+            txt_documents=c.txt_documents,
+            streaming=streaming,
+            cache_dir=c.cache_dir or None,
+            num_proc=c.num_proc or None,
+        )
+
+    def tokens(self, source: str) -> Any:
+        """The source's token cache (`scale_cl.data.tokens`)."""
+        if source not in self._tokens:
+            self._tokens[source] = tokenized_documents(
+                self.documents(source),
+                self.tokenizer,
+                self.cache,
+                self.config.num_proc,
+                desc=f"tokenising {source}",
+                explain=lambda: explain_source(source, self.config.text_field),
+            )
+        return self._tokens[source]
+
+    def batches(self, sources: Sequence[str], keep: KeyFilter) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        """The kept documents' tokens: from the caches, or (streaming) read and tokenised as they come."""
+        if not self.config.streaming:
+            for source in sources:
+                yield from token_batches(self.tokens(source), keep)
+            return
+        eos = eos_id(self.tokenizer)
+        for source in sources:
+            for batch in self.documents(source, streaming=True).iter(batch_size=256):
+                encoded = encode(batch["text"], self.tokenizer, eos)
+                lengths = np.array([len(ids) for ids in encoded["input_ids"]], dtype=np.int64)
+                keys = np.array(encoded["key"], dtype=np.uint64)
+                mask = (lengths > 0) & keep(keys)
+                if mask.any():
+                    flat = np.array([t for ids, m in zip(encoded["input_ids"], mask, strict=True) if m for t in ids])
+                    yield flat.astype(np.int64), lengths[mask], keys[mask]
+
+    def stats(self, sources: Sequence[str], keep: KeyFilter) -> CorpusStats:
+        """Documents, empty ones and tokens of the kept side of ``sources`` (from the caches: a few columns)."""
+        import pyarrow.compute as pc
+
+        stats = CorpusStats()
+        for source in sources:
+            tokens = self.tokens(source)
+            lengths = pc.list_value_length(tokens.data.column("input_ids")).to_numpy(zero_copy_only=False)
+            keys = tokens.data.column("key").to_numpy()
+            empty = lengths == 0
+            kept = ~empty & keep(keys)
+            stats.skipped_empty += int(empty.sum())
+            stats.documents += int(kept.sum())
+            stats.tokens += int(lengths[kept].sum())
+        return stats
+
+
+def _require_sequences(name: str, stats: CorpusStats, seq_len: int, cause: str = "") -> None:
+    """A clear error for a split too small for one sequence, naming why."""
+    if stats.sequences:
+        return
+    if not stats.documents:
+        raise ValueError(f"{name} has no documents with text ({stats.skipped_empty} empty skipped){cause}")
+    raise ValueError(
+        f"{name} has {stats.tokens} tokens ({stats.documents} documents, one EOS each), but one sequence needs "
+        f"seq_len={seq_len} tokens; add text or lower seq_len"
+    )
+
+
+def _heldout_cause(config: CorpusConfig, stats: CorpusStats) -> str:
+    hint = (
+        " (a .txt file is one document unless data.txt_documents is paragraph or line)"
+        if any(source.lower().endswith(".txt") for source in config.train)
+        else ""
+    )
+    return (
+        f": the held-out split takes each document whose text hash falls below heldout_fraction="
+        f"{config.heldout_fraction}, and none of the new-domain documents does{hint}; give more documents, raise "
+        "data.heldout_fraction, or set it to 0 to measure no held-out perplexity"
+    )
+
+
+def build_corpus(config: CorpusConfig, tokenizer: PreTrainedTokenizerBase, seed: int = 0) -> Corpus:
+    """Read, split and pack the corpus (module doc); every input error is raised here, before training.
+
+    ``seed`` draws the weighted mixture of sources (``weights``, ``replay_weights``).
     """
     check_corpus(config, tokenizer)
+    reader = _Reader(config, tokenizer)
+    c = config
     stats: dict[str, CorpusStats] = {}
     heldout = None
-    if config.heldout_fraction > 0:
-        stats["heldout"] = CorpusStats()
-        blocks = pack(
-            split_documents(config, "heldout", stats["heldout"]),
-            tokenizer,
-            config.seq_len,
-            config.max_eval_sequences,
-            stats["heldout"],
-            desc="held-out",
-        )
-        name = f"held-out split (heldout_fraction={config.heldout_fraction} of the new-domain documents)"
-        _require_sequences(name, stats["heldout"], config.seq_len)
+    if c.heldout_fraction > 0:
+        side = KeyFilter(c.heldout_fraction, "heldout")
+        blocks, _ = first_blocks(reader.batches(c.train, side), c.seq_len, c.max_eval_sequences)
+        stats["heldout"] = _split_stats(reader, c.train, side, len(blocks))
+        name = f"held-out split (heldout_fraction={c.heldout_fraction} of the new-domain documents)"
+        _require_sequences(name, stats["heldout"], c.seq_len, _heldout_cause(c, stats["heldout"]))
         heldout = PackedDataset(blocks)
 
-    name = "new-domain training data" + (" after the held-out split" if config.heldout_fraction > 0 else "")
-    if config.streaming:
-        train: PackedDataset | PackedStream = PackedStream(
-            lambda s: split_documents(config, "train", s), tokenizer, config.seq_len, config.max_train_sequences
-        )
-        probe = PackedStream(lambda s: split_documents(config, "train", s), tokenizer, config.seq_len, 1)
-        if not any(True for _ in probe):
-            _require_sequences(name, probe.stats, config.seq_len)
-        stats["train"] = train.stats
-    else:
-        stats["train"] = CorpusStats()
-        blocks = pack(
-            split_documents(config, "train", stats["train"]),
-            tokenizer,
-            config.seq_len,
-            config.max_train_sequences,
-            stats["train"],
-            desc="training data",
-        )
-        _require_sequences(name, stats["train"], config.seq_len)
-        train = PackedDataset(blocks)
+    train_side = KeyFilter(c.heldout_fraction, "train")
+    name = "new-domain training data" + (" after the held-out split" if c.heldout_fraction > 0 else "")
+    train, stats["train"] = _training_blocks(reader, c.train, c.weights, train_side, c.max_train_sequences, seed)
+    _require_sequences(name, stats["train"], c.seq_len)
 
     old_eval, evaluated = {}, set()
-    for set_name, source in eval_sets(config.old_eval).items():
+    for set_name, source in eval_sets(c.old_eval).items():
         key = f"old_eval/{set_name}"
-        stats[key] = CorpusStats()
-        documents = read_documents(source, config.text_field, config.on_decode_error, config.streaming, stats[key])
-        blocks = pack(
-            recording(documents, evaluated), tokenizer, config.seq_len, config.max_eval_sequences, stats[key], set_name
-        )
-        _require_sequences(f"old-domain evaluation set {set_name!r}", stats[key], config.seq_len)
+        blocks, used = first_blocks(reader.batches([source], KeyFilter()), c.seq_len, c.max_eval_sequences)
+        evaluated |= used
+        stats[key] = _split_stats(reader, [source], KeyFilter(), len(blocks))
+        _require_sequences(f"old-domain evaluation set {set_name!r}", stats[key], c.seq_len)
         old_eval[set_name] = PackedDataset(blocks)
 
     replay = None
-    if config.replay:
-        stats["replay"] = CorpusStats()
-        wanted = config.max_train_sequences if config.streaming else len(train)
-        replay = PackedDataset(
-            pack(
-                replay_documents(config, evaluated, stats["replay"]),
-                tokenizer,
-                config.seq_len,
-                wanted,
-                stats["replay"],
-                "replay",
-            )
-        )
-        _require_sequences("replay text (after leaving out the evaluated documents)", stats["replay"], config.seq_len)
-
-    for split, split_stats in stats.items():
-        if split_stats.skipped_decode:
-            logger.warning("%s: skipped %d undecodable documents", split, split_stats.skipped_decode)
-    return Corpus(train, heldout, old_eval, stats, replay)
+    if c.replay:
+        sources = list(eval_sets(c.replay).values())
+        keep = KeyFilter(exclude=evaluated)
+        wanted = c.max_train_sequences if c.streaming else len(train)
+        replay, stats["replay"] = _training_blocks(reader, sources, c.replay_weights, keep, wanted, seed, memory=False)
+        stats["replay"].skipped_evaluated = _excluded(reader, sources, evaluated)
+        _require_sequences("replay text (after leaving out the evaluated documents)", stats["replay"], c.seq_len)
+    collator = DocumentMaskCollator(eos_id(tokenizer)) if c.document_mask else None
+    return Corpus(train, heldout, old_eval, stats, replay, collator)
 
 
-def replay_documents(config: CorpusConfig, evaluated: set[bytes], stats: CorpusStats) -> Iterator[str]:
-    """The replay sources' documents in order, without those an old-domain evaluation set read (``evaluated``)."""
-    for source in eval_sets(config.replay).values():
-        for text in read_documents(source, config.text_field, config.on_decode_error, config.streaming, stats):
-            if document_key(text) in evaluated:
-                stats.skipped_evaluated += 1
-            else:
-                yield text
+def _split_stats(reader: _Reader, sources: Sequence[str], keep: KeyFilter, sequences: int) -> CorpusStats:
+    if reader.config.streaming:  # read only as far as the blocks needed: documents and tokens not counted
+        return CorpusStats(sequences=sequences, documents=int(sequences > 0), streamed=True)
+    stats = reader.stats(sources, keep)
+    stats.sequences = sequences
+    return stats
+
+
+def _excluded(reader: _Reader, sources: Sequence[str], evaluated: set[int]) -> int:
+    """Documents of ``sources`` left out because an evaluation set read them (streamed: not counted)."""
+    if reader.config.streaming or not evaluated:
+        return 0
+    found = np.array(sorted(evaluated), dtype=np.uint64)
+    return sum(int(np.isin(reader.tokens(s).data.column("key").to_numpy(), found).sum()) for s in sources)
+
+
+def _training_blocks(
+    reader: _Reader,
+    sources: Sequence[str],
+    weights: Sequence[float],
+    keep: KeyFilter,
+    limit: int,
+    seed: int,
+    memory: bool = True,
+) -> tuple[Any, CorpusStats]:
+    """The blocks of a training split (or replay): one stream of the sources in order, or with ``weights`` each
+    source's blocks drawn with those probabilities; from the cache, or streamed (``memory``: a streamed replay split
+    is small and bounded, so it is read into memory)."""
+    import datasets
+
+    c = reader.config
+    groups = [list(sources)] if not weights else [[s] for s in sources]
+    if c.streaming:
+        if memory:
+            streams = [
+                stream_blocks(
+                    group,
+                    reader.tokenizer,
+                    c.seq_len,
+                    text_field=c.text_field,
+                    txt_documents=c.txt_documents,
+                    keep=keep,
+                    shuffle_buffer=c.shuffle_buffer,
+                    seed=seed,
+                )
+                for group in groups
+            ]
+            stream = streams[0] if len(streams) == 1 else datasets.interleave_datasets(streams, list(weights), seed)
+            stream = stream.take(limit) if limit else stream
+            if next(iter(stream.take(1)), None) is not None:  # reads the first documents only
+                return stream, CorpusStats(sequences=1, documents=1, streamed=True)
+            lengths = [length for _, found, _ in reader.batches(sources, keep) for length in found.tolist()]
+            return stream, CorpusStats(documents=len(lengths), tokens=sum(lengths))  # not one block: the cause
+        blocks, _ = first_blocks(reader.batches(sources, keep), c.seq_len, limit)
+        return PackedDataset(blocks), CorpusStats(sequences=len(blocks), documents=int(len(blocks) > 0), streamed=True)
+    stats = reader.stats(sources, keep)
+    if stats.tokens < c.seq_len:  # not one block: the caller names the cause
+        return PackedDataset(torch.empty((0, c.seq_len), dtype=torch.long)), stats
+    parts = []
+    for group in groups:
+        if weights and reader.stats(group, keep).tokens < c.seq_len:
+            raise ValueError(f"{group[0]} has fewer tokens than one sequence (seq_len={c.seq_len}): add text to it")
+        tokens = [reader.tokens(source) for source in group]
+        with _one_process_first():  # one process packs into the cache, the others read it
+            parts.append(packed_blocks(tokens, c.seq_len, reader.cache, keep=keep, limit=0 if weights else limit))
+    if len(parts) == 1:
+        rows = parts[0]
+    else:
+        rows = datasets.interleave_datasets(parts, probabilities=list(weights), seed=seed)
+        rows = rows.select(range(min(limit, len(rows)))) if limit else rows
+    stats.sequences = len(rows)
+    return Blocks(rows), stats
+
+
+@contextmanager
+def _one_process_first() -> Iterator[None]:
+    """Under several processes, the main one first (it writes what the others then read); alone, nothing."""
+    if process_place()[1] > 1:
+        from accelerate import PartialState
+
+        with PartialState().main_process_first():
+            yield
+    else:
+        yield
+
+
+def corpus_fingerprint(config: CorpusConfig, tokenizer: PreTrainedTokenizerBase) -> str:
+    """A short name for a corpus's settings and tokenizer (for logs)."""
+    from scale_cl.data.tokens import tokenizer_fingerprint
+
+    text = f"{sorted(vars(config).items())}|{tokenizer_fingerprint(tokenizer)}"
+    return hashlib.sha256(text.encode()).hexdigest()[:12]

@@ -152,13 +152,14 @@ class ReplayMix(Dataset):
 
 
 class ReplayStream(IterableDataset):
-    """`ReplayMix` for a streamed training split (`scale_cl.data.corpus.PackedStream`): the new-domain blocks in
-    corpus order, replay blocks in the slots the schedule gives them; an epoch ends with the stream."""
+    """`ReplayMix` for a streamed training split (`scale_cl.data.stream`): the new-domain blocks in the stream's
+    order, replay blocks (rows of a tensor or a dataset of blocks) in the slots the schedule gives them; an epoch ends
+    with the stream."""
 
     in_order = True
 
     def __init__(
-        self, new: Iterable[dict[str, torch.Tensor]], replay: torch.Tensor, ratio: float, seed: int, mark: bool = False
+        self, new: Iterable[dict[str, torch.Tensor]], replay: Sequence[Any], ratio: float, seed: int, mark: bool = False
     ) -> None:
         _check_replay(replay, ratio)
         self.new, self.replay, self.ratio, self.mark = new, replay, ratio, mark
@@ -166,6 +167,8 @@ class ReplayStream(IterableDataset):
 
     def set_epoch(self, epoch: int) -> None:
         self.replay_order.set_epoch(epoch)
+        if hasattr(self.new, "set_epoch"):  # the stream's shuffle buffer draws its epoch's order
+            self.new.set_epoch(epoch)
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         new = iter(self.new)

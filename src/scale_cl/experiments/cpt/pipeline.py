@@ -44,7 +44,7 @@ from accelerate import PartialState
 from safetensors.torch import load_file, save_file
 from transformers import AutoConfig, PreTrainedModel, PreTrainedTokenizerBase, TrainingArguments
 
-from scale_cl.data.corpus import Corpus, PackedStream, build_corpus, check_corpus, eos_id, split_documents
+from scale_cl.data.corpus import Corpus, build_corpus, check_corpus, eos_id, is_stream, split_documents
 from scale_cl.data.pseudo_replay import cached_blocks, generate_blocks
 from scale_cl.data.replay import ReplayMix, ReplayStream, describe_share
 from scale_cl.eval.mixture import ModelMixture
@@ -163,10 +163,10 @@ def training_data(cfg: CptConfig, corpus: Corpus, pseudo_replay: torch.Tensor | 
     elif corpus.replay is None:
         raise ValueError(f"data.replay_ratio={ratio} but the corpus was packed without replay text (data.replay)")
     else:
-        replay = corpus.replay.blocks
-    if isinstance(corpus.train, PackedStream):
+        replay = corpus.replay
+    if is_stream(corpus.train):
         return ReplayStream(corpus.train, replay, ratio, cfg.seed, mark=mark)
-    return ReplayMix(corpus.train.blocks, replay, ratio, cfg.seed, cfg.train.batch_size, mark=mark)
+    return ReplayMix(corpus.train, replay, ratio, cfg.seed, cfg.train.batch_size, mark=mark)
 
 
 def pseudo_replay_blocks(
@@ -388,7 +388,8 @@ def run_method(
         run_info["layers"] = layer_choice["chosen"]
 
     def replay_sequences(count: int) -> list[dict[str, torch.Tensor]]:  # the calibration sample
-        return sequence_batches(corpus.replay.blocks[:count], cfg.eval.batch_size)
+        first = torch.stack([corpus.replay[i]["input_ids"] for i in range(min(count, len(corpus.replay)))])
+        return sequence_batches(first, cfg.eval.batch_size)
 
     calibration = options.route_calibration(method, model, replay_sequences, args.bf16)
     lr_ratios = options.lr_ratios(method)
