@@ -156,8 +156,54 @@ def test_the_fixtures_tokenizer_is_the_one_the_hashes_were_taken_with(tokenizer)
 
 TOKENIZER_CHECK = "04d0237878d0cb1d"
 
+ROOT = Path(__file__).parents[1]
+CLEAN_MODEL = ROOT / "outputs" / "clean-en" / "model"
 
-if __name__ == "__main__":  # print the hashes (run against the old reader to fill EXPECTED)
+
+def clean_cases() -> dict[str, CorpusConfig]:
+    """The corpora the clean-base results were measured on: cpt's clean-en preset (with and without English replay,
+    benchmarks/cpt_clean_replay.sh) and the base's own (paths relative to the repository, as the presets name them)."""
+    from dataclasses import replace
+
+    from scale_cl.experiments.base.config import preset as base_preset
+    from scale_cl.experiments.cpt.config import preset as cpt_preset
+
+    cpt = cpt_preset("clean-en").data
+    replay = replace(cpt, replay=["english=outputs/corpora/english-base/train.jsonl"], replay_ratio=0.25)
+    return {"cpt clean-en": cpt, "cpt clean-en, 25% replay": replay, "base clean-en": base_preset("clean-en").data}
+
+
+EXPECTED_CLEAN: dict[str, dict[str, str]] = {  # the old reader's, 2026-11-28, on the corpora and base built then
+    "cpt clean-en": {
+        "train": "1d659c2e7a3a678c",
+        "heldout": "42ea4676caed239c",
+        "old_eval/en": "e127b679296a2a86",
+        "old_eval/handbook": "efa1eb139c23f2bb",
+    },
+    "cpt clean-en, 25% replay": {
+        "train": "1d659c2e7a3a678c",
+        "heldout": "42ea4676caed239c",
+        "old_eval/en": "e127b679296a2a86",
+        "old_eval/handbook": "efa1eb139c23f2bb",
+        "replay": "b4a2e3e7379464d5",
+    },
+    "base clean-en": {"train": "45057ba43ef28164", "old_eval/en": "2100cb444b2741f2"},
+}
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not CLEAN_MODEL.is_dir(), reason="the clean base and its corpora are not built on this machine")
+@pytest.mark.parametrize("name", sorted(EXPECTED_CLEAN))
+def test_the_clean_base_corpora_pack_to_the_blocks_their_results_were_measured_on(name, monkeypatch, hf_cache):
+    from transformers import AutoTokenizer
+
+    monkeypatch.chdir(ROOT)
+    tokenizer = AutoTokenizer.from_pretrained(CLEAN_MODEL)
+    assert corpus_hashes(clean_cases()[name], tokenizer) == EXPECTED_CLEAN[name]
+
+
+if __name__ == "__main__":  # print the hashes (run against the old reader to fill EXPECTED and EXPECTED_CLEAN)
+    import os
     import sys
     import tempfile
 
@@ -168,3 +214,10 @@ if __name__ == "__main__":  # print the hashes (run against the old reader to fi
         write_fixtures(Path(tmp) / "data")
         found = {name: corpus_hashes(config, tok) for name, config in cases(Path(tmp) / "data").items()}
     json.dump(found, sys.stdout, indent=4)
+    if CLEAN_MODEL.is_dir():
+        from transformers import AutoTokenizer
+
+        os.chdir(ROOT)
+        clean = AutoTokenizer.from_pretrained(CLEAN_MODEL)
+        print("\nEXPECTED_CLEAN =")
+        json.dump({name: corpus_hashes(c, clean) for name, c in clean_cases().items()}, sys.stdout, indent=4)

@@ -87,7 +87,7 @@ LEAVES = dict(_leaf_parsers(build_parser()))
 
 def test_every_subcommand_is_built_from_its_settings():
     assert set(LEAVES) == {
-        ("demo",), ("bio",), ("cpt",), ("base",), ("eval",), ("export",), ("bench",), ("sweep", "bio"),
+        ("demo",), ("bio",), ("cpt",), ("base",), ("train",), ("eval",), ("export",), ("bench",), ("sweep", "bio"),
         ("sweep", "cpt"),
     }  # fmt: skip
     for path, parser in LEAVES.items():
@@ -284,6 +284,7 @@ def test_device_and_precision_are_every_training_stages_settings(dash):
     settings = {
         ("cpt",): lambda s: [s.cpt.train],
         ("base",): lambda s: [s.base.train],
+        ("train",): lambda s: [s.train.train],
         ("sweep", "cpt"): lambda s: [s.cpt.train],
         ("bio",): lambda s: [s.bio.pretrain, s.bio.task0, s.bio.task1],
         ("sweep", "bio"): lambda s: [s.bio.pretrain, s.bio.task0, s.bio.task1],
@@ -478,7 +479,7 @@ def test_help_shows_the_named_presets_defaults(argv, shown, capsys):
     assert shown in " ".join(capsys.readouterr().out.split())  # help text wraps lines
 
 
-@pytest.mark.parametrize("name", ["bio", "cpt", "base"])
+@pytest.mark.parametrize("name", ["bio", "cpt", "base", "train"])
 def test_an_experiment_command_is_declared_one_way(name):
     """Its usage line offers every preset its settings know (cpt's once left out clean-en), its description says
     where settings come from and which preset the defaults are, and its settings share the experiment base."""

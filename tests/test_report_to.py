@@ -89,16 +89,17 @@ def test_backend_not_installed_is_refused_before_anything_is_written(workspace, 
     assert not (tmp_path / "out").exists()
 
 
-def test_wandb_runs_offline_unless_the_user_said_otherwise(tmp_path, monkeypatch):
+def test_wandb_follows_its_own_settings(tmp_path, monkeypatch):
+    """As with transformers: scale-cl neither forces W&B offline nor online; WANDB_MODE is the user's."""
     monkeypatch.setattr(reporting, "backend_installed", lambda module: True)
     monkeypatch.setenv("WANDB_MODE", "")  # records the environment as it was, so that it is restored afterwards
     monkeypatch.delenv("WANDB_MODE")
     args = training_arguments(StageConfig(report_to=["wandb"]), tmp_path, 0)
     assert args.report_to == ["wandb"]
-    assert os.environ["WANDB_MODE"] == "offline"
-    monkeypatch.setenv("WANDB_MODE", "online")
+    assert "WANDB_MODE" not in os.environ
+    monkeypatch.setenv("WANDB_MODE", "offline")
     training_arguments(StageConfig(report_to=["wandb"]), tmp_path, 0)
-    assert os.environ["WANDB_MODE"] == "online"
+    assert os.environ["WANDB_MODE"] == "offline"
 
 
 def test_report_to_is_no_part_of_a_runs_identity(tmp_path):

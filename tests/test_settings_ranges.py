@@ -91,6 +91,17 @@ def inputs(workspace, tmp_path_factory) -> dict[str, list[str]]:
         "bench": ["--shapes", "tiny"],
         "sweep bio": [],
         "sweep cpt": cpt,
+        "train": [
+            *cpt[: cpt.index("--methods")],
+            *(
+                "--options.scale.hidden_up",
+                "32",
+                "--options.scale.ffn_up",
+                "32",
+                "--options.scale.preserve_layers",
+                "1",
+            ),
+        ],
     }
 
 
@@ -162,6 +173,7 @@ CUDA_OPTIONS = {
     "cpt": "train.device",
     "base": "train.device",
     "sweep cpt": "train.device",
+    "train": "train.device",
     "bio": "task1.device",
     "sweep bio": "pretrain.device",
 }

@@ -32,6 +32,7 @@ class Shape:
     hidden_up: int  # SCALE width added to the residual stream (a multiple of head_dim x GQA group)
     ffn_up: int  # SCALE width added to every FFN
     freeze_layers: int  # Freeze: bottom decoder layers kept fixed (with the embedding)
+    hub_ids: tuple[str, ...] = ()  # the hub models of this shape (a plan uses it where their config cannot be read)
 
     @property
     def layers(self) -> int:
@@ -97,6 +98,7 @@ SHAPES: dict[str, Shape] = {
         192,  # SmolLM2's minimal head-aligned width (3 KV heads x 64), as in the cpt preset
         192,
         6,  # as in the cpt smollm2 preset (the paper's 3 of 16, scaled)
+        ("HuggingFaceTB/SmolLM2-135M", "HuggingFaceTB/SmolLM2-135M-Instruct"),
     ),
     "llama-1b": Shape(
         "llama-1b",
@@ -106,8 +108,14 @@ SHAPES: dict[str, Shape] = {
         256,  # the paper's setting for Llama-3.2-1B (hidden_up 256, ffn_up 1024)
         1024,
         3,
+        ("meta-llama/Llama-3.2-1B", "meta-llama/Llama-3.2-1B-Instruct"),
     ),
 }
+
+
+def shape_of_hub_id(name: str) -> Shape | None:
+    """The shape of a hub model this module knows (``meta-llama/Llama-3.2-1B``), or None."""
+    return next((shape for shape in SHAPES.values() if name in shape.hub_ids), None)
 
 
 def build_base(shape: Shape, seed: int = 0) -> PreTrainedModel:

@@ -1,6 +1,6 @@
 """The ``scale-cl`` command: every subcommand is a `Command` (a settings dataclass and a run function).
 
-Subcommands, one module each: ``demo`` (`scale_cl.cli.demo`), ``bio``, ``cpt`` and ``base``
+Subcommands, one module each: ``demo`` (`scale_cl.cli.demo`), ``bio``, ``cpt``, ``base`` and ``train``
 (`scale_cl.cli.experiments`), ``eval`` (`scale_cl.cli.eval`), ``export`` (`scale_cl.cli.export`),
 ``bench`` (`scale_cl.cli.bench`), ``sweep bio|cpt`` (`scale_cl.cli.sweep`). Their options are built from
 the settings dataclasses by `scale_cl.cli.options`, and registered and run by `scale_cl.cli.command`.
@@ -27,6 +27,7 @@ def commands() -> tuple[Command, ...]:
         experiments.BIO,
         experiments.CPT,
         experiments.BASE,
+        experiments.TRAIN,
         eval.COMMAND,
         export.COMMAND,
         bench.COMMAND,

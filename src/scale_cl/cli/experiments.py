@@ -1,5 +1,6 @@
-"""``scale-cl bio``, ``scale-cl cpt`` and ``scale-cl base``: each a `Command` over its experiment's settings (preset,
-then YAML, then options) and output folder, which live with the experiment (``experiments/<name>/config.py``)."""
+"""``scale-cl bio``, ``scale-cl cpt``, ``scale-cl base`` and ``scale-cl train``: each a `Command` over its settings
+(preset, then YAML, then options) and output folder, which live with the experiment
+(``experiments/<name>/config.py``)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ from scale_cl.experiments.bio.config import PRESETS as BIO_PRESETS
 from scale_cl.experiments.bio.config import BioCommand, bio_settings
 from scale_cl.experiments.cpt.config import PRESETS as CPT_PRESETS
 from scale_cl.experiments.cpt.config import CptCommand, cpt_settings
+from scale_cl.experiments.train.config import PRESETS as TRAIN_PRESETS
+from scale_cl.experiments.train.config import WHY_DEFAULT, TrainCommand, train_settings
 
 
 def experiment_command(
@@ -159,4 +162,59 @@ BASE = experiment_command(
     settings=base_settings,
     run=run_base_command,
     config_example="{train: {max_steps: 3000}, model: {layers: 8}}",
+)
+
+
+def run_train_command(settings: TrainCommand) -> int:
+    cfg = settings.train
+    out = Path(settings.out or f"outputs/train-{cfg.preset}-{cfg.method}")
+    if settings.dry_run:
+        from scale_cl.bench.plan import plan, plan_config
+
+        config, note = plan_config(cfg)
+        print(f"[train] the plan for {out} (--dry_run: nothing was loaded or written)")
+        print(plan(cfg, config, settings.processes, note))
+        return 0
+    from scale_cl.experiments.cpt.pipeline import process_state
+    from scale_cl.experiments.train.pipeline import FIGURE, MODEL_DIR, run_train
+
+    summary = run_train(cfg, out, settings.command)
+    if process_state().is_main_process:
+        last = (summary.get("curve") or [{}])[-1]
+        measured = ", ".join(
+            [*([f"held-out ppl {last['learning_ppl']:.4g}"] if "learning_ppl" in last else [])]
+            + [f"{name} ppl {value:.4g}" for name, value in last.get("forgetting_ppl", {}).items()]
+        )
+        print(f"[train] {cfg.method}: {summary['steps']:,} steps; {measured}")
+        print(f"[train] wrote {out / MODEL_DIR} (model and card), {out / 'metrics.jsonl'}, {out / FIGURE}")
+    return 0
+
+
+TRAIN = experiment_command(
+    name="train",
+    help="train one model on your own corpus with one method: checkpoints kept, resumable, a model and its card",
+    what=(
+        "Continually pre-train a base model (hub id, local folder, .gguf file, 'smollm2', 'clean-en') on your "
+        "new-domain text with one method, for a token budget (--train.tokens 2B) or a number of steps, measuring "
+        "held-out new-domain perplexity (learning) and every old-domain set's (forgetting) as it goes. The corpus is "
+        "read by the datasets library (.txt, .jsonl, .jsonl.gz, .parquet, .arrow, save_to_disk folders, hub ids, "
+        "globs; several sources mixed by --data.weights), tokenised once into its cache, or streamed "
+        "(--data.streaming). Checkpoints are kept (--train.save_every, --train.save_minutes, "
+        "--train.save_total_limit); rerunning the same command resumes exactly where it stopped, on one process or "
+        "under torchrun / accelerate launch. Writes model/ (what scale-cl eval, export and load_trained take, with a "
+        f"model card), metrics.jsonl, train_log.jsonl and curves.png. --dry_run prints the plan first. {WHY_DEFAULT}"
+    ),
+    examples=(
+        "  scale-cl train --data.train 'ko/*.jsonl.gz' --data.old_eval en=en_eval.jsonl --train.tokens 50M --dry_run\n"
+        "  scale-cl train --model Qwen/Qwen2.5-0.5B --data.train ko.parquet --data.old_eval en=hf:user/en::test \\\n"
+        "                 --train.tokens 2B --train.schedule wsd --out outputs/qwen-ko\n"
+        "  accelerate launch --num_processes 8 -m scale_cl.cli train --config configs/train-llama-3.2-1b-8gpu.yaml\n"
+        "  scale-cl train --preset clean-en                       # the clean English base learns Korean, 2M tokens"
+    ),
+    usage="scale-cl train --data.train SOURCE... [--data.old_eval NAME=SOURCE...] [--train.tokens N] "
+    "[--preset {presets}] [--model M] [--method M] [--reading R] [--out DIR] [--dry_run] [options]",
+    presets=TRAIN_PRESETS,
+    settings=train_settings,
+    run=run_train_command,
+    config_example="{data: {train: [ko/*.jsonl]}, train: {tokens: 2B}}",
 )

@@ -74,10 +74,10 @@ def _shown(value: Any) -> str:
 
 
 def _help(f: Field, value: Any) -> str:
-    text = f.metadata.get("help", "")
+    text = f.metadata.get("help", "").replace("%", "%%")  # argparse formats help with %: a share is "50%"
     if value is None or f.metadata.get("show_default") is False:
         return text
-    return f"{text} (default: {_shown(value)})"
+    return f"{text} (default: {_shown(value).replace('%', '%%')})"
 
 
 def dashed(option: str) -> str:

@@ -115,6 +115,8 @@ class CorpusConfig:
         default_factory=list,
         metadata={
             "type": float,
+            "gt": 0,
+            "le": 1,
             "help": "one weight per train source, summing to 1: blocks are drawn from the sources with these "
             "probabilities (datasets.interleave_datasets, the run's seed); empty = the sources read as one, in order",
         },
@@ -167,6 +169,14 @@ class CorpusConfig:
             "the corpus keeps busy (one per 10,000 documents)",
         },
     )
+    loader_workers: int = field(
+        default=0,
+        metadata={
+            "ge": 0,
+            "help": "DataLoader worker processes per training process (a stream: each reads its own files); 0 = the "
+            "training process reads the blocks itself (enough from the cache: scale-cl's data_throughput benchmark)",
+        },
+    )
     cache_dir: str = field(
         default="",
         metadata={
@@ -192,6 +202,8 @@ class CorpusConfig:
         default_factory=list,
         metadata={
             "type": float,
+            "gt": 0,
+            "le": 1,
             "help": "one weight per replay source, summing to 1 (as weights for train); empty = read in order",
         },
     )

@@ -5,9 +5,44 @@ interpolation of FFT's weights towards the base model's. `cpt` and `bio` record 
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
+
+TRAINED = "trained"  # the reading of a model as it trained: no router changed
+
+
+@contextmanager
+def reading_applied(model: torch.nn.Module, reading: str | None, keep: bool = False) -> Iterator[torch.nn.Module]:
+    """``model`` read with the router ``reading`` (a SCALE model's live setting, `scale_cl.tuner.modes`) while open,
+    then given back its own router unless ``keep``; None or `TRAINED` changes nothing."""
+    if reading in (None, TRAINED):
+        yield model
+        return
+    from scale_cl import scale_config_of
+    from scale_cl.tuner.modes import set_live_settings
+
+    own = scale_config_of(model).router
+    set_live_settings(model, router=reading)
+    try:
+        yield model
+    finally:
+        if not keep:
+            set_live_settings(model, router=own)
+
+
+def read_as(evaluate: Callable[[Any], dict], reading: str | None) -> Callable[[Any], dict]:
+    """``evaluate(model)`` under the reading ``reading`` (`reading_applied`); ``evaluate`` itself when there is none."""
+    if reading in (None, TRAINED):
+        return evaluate
+
+    def evaluate_read(model: Any) -> dict:
+        with reading_applied(model, reading):
+            return evaluate(model)
+
+    return evaluate_read
 
 
 def up_logit_frontier(model: torch.nn.Module, evaluate: Any, scales: tuple[float, ...]) -> list[dict[str, Any]]:

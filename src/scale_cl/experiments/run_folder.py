@@ -22,7 +22,13 @@ def _diff(a: dict, b: dict, prefix: str = "") -> list[str]:
 
 
 # each kind of run's settings file (bio's is a model folder's name too), to tell a folder of another kind of run
-RUN_FILES = {"config.json": "bio", "cpt_config.json": "cpt", "sweep_config.json": "sweep", "base_config.json": "base"}
+RUN_FILES = {
+    "config.json": "bio",
+    "cpt_config.json": "cpt",
+    "sweep_config.json": "sweep",
+    "base_config.json": "base",
+    "train_config.json": "train",
+}
 
 
 def check_output_folder(out: Path, config_file: str, settings: dict[str, Any]) -> None:

@@ -2,7 +2,8 @@
 
 Accepted folders (anything else is refused, naming what was expected, before anything is loaded):
 
-* a finished ``scale-cl cpt`` method folder ``<out>/<method>`` (its ``model/`` and ``result.json``);
+* a finished ``scale-cl cpt`` method folder ``<out>/<method>``, or a finished ``scale-cl train`` run folder (its
+  ``model/`` and ``result.json``);
 * a folder written by `scale_cl.models.save_trained` (``scale_cl_run.json``; the ``model`` folder of a run);
 * a SCALE checkpoint written by ``model.save_pretrained(dir)`` (`scale_cl.tuner.io`: ``scale_config.json``).
 
@@ -28,6 +29,7 @@ from scale_cl.tuner.io import CONFIG_NAME, read_meta
 MODEL_DIR = "model"  # a cpt method folder's saved model
 RESULT_FILE = "result.json"  # a finished cpt method's summary (scale_cl.experiments.cpt.report)
 RUN_CONFIG = "cpt_config.json"  # a cpt run folder's settings (scale_cl.experiments.cpt.pipeline)
+TRAIN_CONFIG = "train_config.json"  # a `scale-cl train` run's settings, in its own folder (scale_cl.experiments.train)
 TRAINING_CHECKPOINT = "checkpoint.json"  # a resumable training checkpoint (scale_cl.train.trainer)
 EXPECTED = (
     f"a finished `scale-cl cpt` method folder (<out>/<method>, holding {MODEL_DIR}/{RUN_FILE}), a model folder "
@@ -48,13 +50,14 @@ class Source:
 
 
 def _run_records(model_dir: Path) -> tuple[Path | None, Path | None]:
-    """result.json and cpt_config.json of the cpt run a ``<out>/<method>/model`` folder belongs to."""
+    """result.json and the settings (cpt_config.json, or a train run's train_config.json) of the run a
+    ``<out>/<method>/model`` (``<out>/model``) folder belongs to."""
     method_dir = model_dir.parent
     result = method_dir / RESULT_FILE if model_dir.name == MODEL_DIR else None
     if result is None or not result.is_file():
         return None, None
-    config = method_dir.parent / RUN_CONFIG
-    return result, config if config.is_file() else None
+    config = next((c for c in (method_dir.parent / RUN_CONFIG, method_dir / TRAIN_CONFIG) if c.is_file()), None)
+    return result, config
 
 
 def find_source(path: str | os.PathLike) -> Source:

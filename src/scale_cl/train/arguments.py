@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-import os
+import functools
+import math
+import typing
 from pathlib import Path
 from typing import Any
 
 from transformers import TrainingArguments
 
+from scale_cl.setting_types import conform
 from scale_cl.train.config import StageConfig
 from scale_cl.train.device import stage_placement
 from scale_cl.train.reporting import report_to_argument
@@ -18,6 +21,86 @@ CHECKPOINTING_ARGUMENT = next(
     for name in ("activation_checkpointing", "gradient_checkpointing")
     if name in TrainingArguments.__dataclass_fields__
 )
+
+
+# TrainingArguments that scale-cl sets from its own settings: refused in ``args``, naming the setting to use
+OWNED = {
+    "output_dir": "--out",
+    "learning_rate": "lr (or the method's rate)",
+    "num_train_epochs": "epochs",
+    "max_steps": "max_steps (or tokens)",
+    "per_device_train_batch_size": "batch_size / micro_batch_size",
+    "gradient_accumulation_steps": "batch_size / micro_batch_size",
+    "warmup_steps": "warmup_steps / warmup_ratio",
+    "warmup_ratio": "warmup_steps / warmup_ratio",
+    "weight_decay": "weight_decay",
+    "lr_scheduler_type": "schedule",
+    "lr_scheduler_kwargs": "schedule / min_lr_ratio / decay_ratio",
+    "seed": "seed",
+    "data_seed": "seed",
+    "save_strategy": "save_every",
+    "save_steps": "save_every",
+    "save_total_limit": "save_total_limit",
+    "logging_steps": "logging_steps",
+    "report_to": "report_to",
+    "use_cpu": "device",
+    "bf16": "precision",
+    "fp16": "precision",
+    "optim": "optim",
+    "max_grad_norm": "max_grad_norm",
+    "run_name": "run_name",
+    "gradient_checkpointing": "gradient_checkpointing",
+    "activation_checkpointing": "gradient_checkpointing",
+    "remove_unused_columns": "(scale-cl's batches need it false)",
+    "dataloader_num_workers": "data.loader_workers",
+}
+_OPTIMIZERS = {"adamw_torch_fused": "adamw_torch_fused", "adamw_torch": "adamw_torch", "adamw_8bit": "adamw_bnb_8bit"}
+
+
+@functools.cache
+def _argument_types() -> dict[str, Any]:
+    return typing.get_type_hints(TrainingArguments)
+
+
+def check_extra_arguments(extra: dict[str, Any], section: str = "") -> dict[str, Any]:
+    """``args`` (more ``TrainingArguments`` settings) with each value as its field's type; a ValueError for a key that
+    is no such setting, one scale-cl sets from its own options (`OWNED`), or a value of the wrong type."""
+    types = _argument_types()
+    checked = {}
+    for key, value in extra.items():
+        if key in OWNED:
+            raise ValueError(f"{section}args {key}: scale-cl sets it; use {section}{OWNED[key]} instead")
+        if key not in TrainingArguments.__dataclass_fields__ or not TrainingArguments.__dataclass_fields__[key].init:
+            raise ValueError(
+                f"{section}args {key}: not a transformers TrainingArguments setting (transformers "
+                f"{__import__('transformers').__version__}); see its documentation for the names"
+            )
+        annotation = types.get(key, Any)
+        if isinstance(value, str) and typing.get_origin(annotation) in (typing.Union, __import__("types").UnionType):
+            args = typing.get_args(annotation)
+            if type(None) in args and value.strip().lower() in ("none", "null"):
+                checked[key] = None
+                continue
+        checked[key] = conform(f"{section}args {key}", annotation, value)
+    return checked
+
+
+def resolved_optimizer(stage: StageConfig) -> str:
+    """The Trainer's ``optim`` for a stage's ``optim`` (``auto``: the Trainer's default)."""
+    if stage.optim == "auto":
+        return TrainingArguments.__dataclass_fields__["optim"].default
+    return _OPTIMIZERS[stage.optim]
+
+
+def schedule_arguments(stage: StageConfig, steps: int) -> dict[str, Any]:
+    """``lr_scheduler_type`` and ``lr_scheduler_kwargs`` of a stage's schedule over ``steps`` optimizer steps."""
+    if stage.schedule == "cosine_with_min_lr":
+        return {"lr_scheduler_type": stage.schedule, "lr_scheduler_kwargs": {"min_lr_rate": stage.min_lr_ratio}}
+    if stage.schedule == "wsd":
+        decay = max(1, math.ceil(stage.decay_ratio * steps)) if steps > 0 else 1
+        kwargs = {"num_decay_steps": decay, "min_lr_ratio": stage.min_lr_ratio, "decay_type": "cosine"}
+        return {"lr_scheduler_type": "warmup_stable_decay", "lr_scheduler_kwargs": kwargs}
+    return {"lr_scheduler_type": stage.schedule}
 
 
 def training_arguments(
@@ -35,6 +118,7 @@ def training_arguments(
     activation_checkpointing: bool = False,
     logging_steps: int = 50,
     logging_dir: Path | None = None,
+    loader_workers: int = 0,
 ) -> TrainingArguments:
     """The Trainer settings of one stage: the one place bio and cpt turn their settings into ``TrainingArguments``.
 
@@ -46,21 +130,23 @@ def training_arguments(
     ``use_cpu`` and ``bf16``); a process that sees several GPUs trains on the first, not over all of them with
     ``nn.DataParallel`` as the Trainer would (`one_gpu_per_process`; several GPUs: one process each). The loss is
     logged unfiltered: a NaN is not averaged away (`CheckpointingTrainer` stops on it anyway).
-    ``stage.report_to`` picks the reporting integrations (W&B offline unless ``WANDB_MODE`` says otherwise);
-    TensorBoard writes into ``logging_dir`` (on transformers 5, once `connect_reporting` has pointed its callback
-    there).
+    ``stage.report_to`` picks the reporting integrations (each follows its own settings: W&B its ``WANDB_*``
+    variables, as with transformers); TensorBoard writes into ``logging_dir`` (on transformers 5, once
+    `connect_reporting` has pointed its callback there). ``stage.optim``, ``max_grad_norm``, ``run_name`` and the
+    schedule (`schedule_arguments`) are the stage's; ``stage.args`` adds any other ``TrainingArguments`` setting.
+    ``loader_workers``: the DataLoader's worker processes.
     A dataset that orders itself (replay) is read in its order by `scale_cl.train.recipe.train_model`.
     """
     placement = stage_placement(stage)
     steps = stage.max_steps if max_steps is None else max_steps
     report_to = report_to_argument(stage.report_to)
-    if "wandb" in report_to:
-        os.environ.setdefault("WANDB_MODE", "offline")  # a run never uploads unless its user asks
     kwargs: dict[str, Any] = {CHECKPOINTING_ARGUMENT: activation_checkpointing}
     if logging_dir is not None and "logging_dir" in TrainingArguments.__dataclass_fields__:  # transformers 4
         kwargs["logging_dir"] = str(logging_dir)
-    if stage.schedule == "cosine_with_min_lr":
-        kwargs["lr_scheduler_kwargs"] = {"min_lr_rate": stage.min_lr_ratio}
+    kwargs.update(schedule_arguments(stage, steps))
+    if stage.run_name:
+        kwargs["run_name"] = stage.run_name
+    kwargs.update(check_extra_arguments(stage.args))
     args = TrainingArguments(
         output_dir=str(output_dir),
         learning_rate=stage.lr if learning_rate is None else learning_rate,
@@ -70,7 +156,8 @@ def training_arguments(
         gradient_accumulation_steps=gradient_accumulation_steps,
         warmup_steps=stage.warmup_steps if warmup_steps is None else warmup_steps,
         weight_decay=stage.weight_decay,
-        lr_scheduler_type=stage.schedule,
+        optim=resolved_optimizer(stage),
+        max_grad_norm=stage.max_grad_norm,
         seed=seed,
         data_seed=seed,
         save_strategy="steps" if save_every else "no",
@@ -80,7 +167,7 @@ def training_arguments(
         logging_nan_inf_filter=False,
         report_to=report_to,
         remove_unused_columns=False,
-        dataloader_num_workers=0,
+        dataloader_num_workers=loader_workers,
         use_cpu=placement.device == "cpu",
         bf16=placement.bf16,
         disable_tqdm=False,

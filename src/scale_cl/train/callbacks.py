@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from transformers import TrainerCallback
+from transformers.trainer_callback import ProgressCallback
 
 from scale_cl.files import write_text
 
@@ -166,3 +167,95 @@ class SaveAtEvaluations(TrainerCallback):
 
     def on_save(self, args, state, control, **kwargs):
         self._last = time.monotonic()
+
+
+class LossLog(TrainerCallback):
+    """Writes every log record of the Trainer (loss, learning rate, gradient norm) to a JSONL file with the tokens
+    trained so far, whatever ``report_to`` says: the training curve is always kept.
+
+    Resuming drops the records after the step the run resumes from (they are logged again), as `PeriodicEval` does.
+    Only the main process writes.
+    """
+
+    def __init__(self, path: Path, tokens_per_step: int) -> None:
+        self.path, self.tokens_per_step = Path(path), tokens_per_step
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if not state.is_world_process_zero:
+            return
+        if state.global_step == 0 or not self.path.is_file():
+            write_text(self.path, "")
+            return
+        kept = [line for line in self.path.read_text().splitlines() if line.strip()]
+        kept = [line for line in kept if json.loads(line)["step"] <= state.global_step]
+        write_text(self.path, "".join(line + "\n" for line in kept))
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if not state.is_world_process_zero or not logs:
+            return
+        record = {"step": state.global_step, "tokens": state.global_step * self.tokens_per_step}
+        record.update({k: v for k, v in logs.items() if isinstance(v, int | float) and not isinstance(v, bool)})
+        with open(self.path, "a") as handle:
+            handle.write(json.dumps(record) + "\n")
+
+
+class SaveEveryMinutes(TrainerCallback):
+    """Asks for a checkpoint at the first logging step after ``minutes`` of wall time have passed since the last one
+    (or the start).
+
+    Why at a logging step: the Trainer logs the mean loss since its last log, and a run resumed from a checkpoint
+    between two logs would log the mean of fewer steps; saved at a logging step, the resumed run logs exactly the
+    uninterrupted run's losses. On several processes the main process's clock decides and the others follow it (one
+    broadcast per logging step), so that every process saves at the same step. The last step is left to the end of
+    training.
+    """
+
+    def __init__(self, minutes: float) -> None:
+        if minutes <= 0:
+            raise ValueError(f"minutes must be positive, got {minutes}")
+        self.seconds = minutes * 60
+        self._last = time.monotonic()
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self._last = time.monotonic()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step % max(1, int(args.logging_steps)) or state.global_step >= state.max_steps:
+            return
+        due = time.monotonic() - self._last >= self.seconds
+        if args.world_size > 1:
+            import torch
+            import torch.distributed as dist
+
+            flag = torch.tensor([int(due)], device=args.device)
+            dist.broadcast(flag, src=0)
+            due = bool(flag.item())
+        if due:
+            control.should_save = True
+
+    def on_save(self, args, state, control, **kwargs):
+        self._last = time.monotonic()
+
+
+class TokensProgress(ProgressCallback):
+    """The Trainer's progress bar (steps, rate, time left) with the training tokens per second beside it."""
+
+    def __init__(self, tokens_per_step: int) -> None:
+        super().__init__()
+        self.tokens_per_step = tokens_per_step
+        self._start, self._first = 0.0, 0
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        super().on_train_begin(args, state, control, **kwargs)
+        if self.training_bar is not None and state.global_step:
+            self.training_bar.update(state.global_step)  # a resumed run starts where it stopped
+            self.current_step = state.global_step
+        self._start, self._first = time.perf_counter(), state.global_step
+
+    def on_step_end(self, args, state, control, **kwargs):
+        super().on_step_end(args, state, control, **kwargs)
+        if self.training_bar is not None:
+            seconds = time.perf_counter() - self._start
+            steps = state.global_step - self._first
+            if seconds > 0 and steps > 0:
+                self.training_bar.set_postfix(tokens_per_s=f"{steps * self.tokens_per_step / seconds:,.0f}")

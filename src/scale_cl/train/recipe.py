@@ -20,8 +20,9 @@ from typing import Any
 from torch import nn
 from torch.utils.data import Dataset
 from transformers import TrainerCallback, TrainingArguments, default_data_collator
+from transformers.trainer_callback import ProgressCallback
 
-from scale_cl.train.callbacks import PeriodicEval
+from scale_cl.train.callbacks import LossLog, PeriodicEval, SaveEveryMinutes, TokensProgress
 from scale_cl.train.distill import Distillation
 from scale_cl.train.reporting import connect_reporting
 from scale_cl.train.route_calibration import RouteCalibration
@@ -42,6 +43,9 @@ def train_model(
     resume: bool = False,
     logging_dir: Path | None = None,
     distillation: Distillation | None = None,
+    tokens_per_step: int | None = None,
+    save_minutes: float = 0.0,
+    loss_log: Path | None = None,
 ) -> CheckpointingTrainer:
     """Train ``model`` in place on ``dataset`` with ``args`` (`scale_cl.train.arguments.training_arguments`);
     returns the Trainer (its ``state`` holds the log).
@@ -56,6 +60,9 @@ def train_model(
         resume: continue from the last complete checkpoint in ``args.output_dir`` when there is one.
         logging_dir: TensorBoard's folder when ``report_to`` names it; emptied when the run starts afresh.
         distillation: a KL term to the base model's logits (`scale_cl.train.distill`); recorded in ``run_info``.
+        tokens_per_step: the tokens of one optimizer step: the progress bar shows tokens/s (`TokensProgress`).
+        save_minutes: also save a checkpoint whenever this many minutes have passed (`SaveEveryMinutes`).
+        loss_log: a JSONL file that keeps every logged loss, whatever ``report_to`` says (`LossLog`).
     """
     if getattr(dataset, "in_order", False):  # e.g. replay's exact share of every batch (`scale_cl.data.replay`)
         if not hasattr(args, "train_sampling_strategy"):
@@ -80,6 +87,13 @@ def train_model(
         lr_ratios=lr_ratios,
         distillation=distillation,
     )
+    if tokens_per_step and not args.disable_tqdm:
+        trainer.remove_callback(ProgressCallback)
+        trainer.add_callback(TokensProgress(tokens_per_step))
+    if save_minutes:
+        trainer.add_callback(SaveEveryMinutes(save_minutes))
+    if loss_log is not None:
+        trainer.add_callback(LossLog(loss_log, tokens_per_step or 0))
     if is_sharded(trainer):  # every process takes part in a forward pass (`scale_cl.train.sharding`)
         unmerged_for_sharding(model)
         autocast_as_one_process(trainer, model)

@@ -22,12 +22,31 @@ from scale_cl.train.callbacks import PeriodicEval
 REPORT_ALL, REPORT_NONE = "all", "none"
 # Settings that say where metrics are sent, not what is computed: left out of every run's identity (cache
 # keys, the settings a run folder is claimed with), so changing them reuses finished work.
-REPORTING_SETTINGS = frozenset({"report_to"})
-# Where a stage runs (`scale_cl.train.config.StageConfig.device`): left out of every run's identity too.
-PLACEMENT_SETTINGS = frozenset({"device"})
+REPORTING_SETTINGS = frozenset({"report_to", "run_name"})
+# Where a stage runs (`scale_cl.train.config.StageConfig.device`) and how its data is read (processes, cache folder,
+# loader workers): left out of every run's identity too.
+PLACEMENT_SETTINGS = frozenset({"device", "num_proc", "cache_dir", "loader_workers"})
 # Settings left out of a run's identity at these values only: their defaults, which runs made before the setting
 # existed ran with (``precision: auto``; ``eval.likelihood_control: false``, a reading added later).
-IDENTITY_DEFAULTS = {"precision": "auto", "likelihood_control": False}
+IDENTITY_DEFAULTS = {
+    "precision": "auto",
+    "likelihood_control": False,
+    # added with `scale-cl train` (issue 49): the Trainer's and the data path's settings at the values every
+    # earlier run had (the old reader's decode policy, a setting that is gone, at its only value used)
+    "optim": "auto",
+    "max_grad_norm": 1.0,
+    "decay_ratio": 0.1,
+    "args": {},
+    "tokens": "",
+    "logging_steps": 0,
+    "save_minutes": 0.0,
+    "weights": [],
+    "replay_weights": [],
+    "txt_documents": "auto",
+    "shuffle_buffer": 0,
+    "document_mask": False,
+    "on_decode_error": "error",
+}
 # Backends whose module or package is not named as the backend: (modules, any of which will do; what
 # `pip install` needs). Every other backend is its own module and package.
 _PACKAGES = {

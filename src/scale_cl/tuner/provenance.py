@@ -15,9 +15,12 @@ from scale_cl.tuner.widths import Dims
 
 
 def weight_fingerprint(model: nn.Module) -> str:
-    """A cheap hash of a strided sample of the base weights, to tell one base checkpoint from another."""
+    """A cheap hash of a strided sample of the base weights, to tell one base checkpoint from another; ``"meta"`` for a
+    model on the meta device (shapes only, as a plan counts its parameters)."""
     digest = hashlib.sha256()
     for name, param in model.named_parameters():
+        if param.is_meta:
+            return "meta"
         if name.rsplit(".", 1)[-1] in ("weight", "bias"):
             flat = param.detach().reshape(-1)
             step = max(1, flat.numel() // 4096)

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 import transformers
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast, default_data_collator
 
 from scale_cl.data.corpus import Corpus, build_corpus, check_corpus, split_documents
 from scale_cl.data.tokenizer import train_bpe_tokenizer
@@ -162,7 +162,7 @@ def build_base(cfg: BaseBuildConfig, out: Path) -> Path:
             f"too little text in {cfg.data.train}: fewer tokens than one sequence of data.seq_len="
             f"{cfg.data.seq_len}; pass more English text"
         )
-    corpus = build_corpus(cfg.data, tokenizer)  # a held-out split or evaluation set too small: an error here
+    corpus = build_corpus(cfg.data, tokenizer, seed=cfg.seed)  # a split too small: an error here
     for line in corpus.summary():
         print(f"[base] data {line}")
     claim_output_folder(out, CONFIG_FILE, cfg.to_dict())
@@ -192,6 +192,7 @@ def build_base(cfg: BaseBuildConfig, out: Path) -> Path:
         model,
         corpus.train,
         args,
+        collator=corpus.collator or default_data_collator,
         callbacks=[tracker],
         run_info={"base": "clean", "preset": cfg.preset, "seed": cfg.seed},
         resume=True,

@@ -7,6 +7,7 @@ option's help text.
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass, field
 from typing import ClassVar
 
@@ -37,11 +38,41 @@ CLEAN_RATES = {
 }
 
 
+_UNITS = {"": 1, "k": 10**3, "m": 10**6, "b": 10**9, "g": 10**9, "t": 10**12}
+_TOKENS = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmbgt]?)\s*$", re.IGNORECASE)
+
+
+def parse_tokens(text: str, name: str = "train.tokens") -> int:
+    """A token count written as ``2B``, ``500M``, ``1.5k`` or ``2000000`` (empty or 0: none)."""
+    if not str(text).strip():
+        return 0
+    match = _TOKENS.match(str(text))
+    if not match:
+        raise ValueError(f"{name} must be a token count such as 2B, 500M, 300k or 2000000, got {text!r}")
+    number, unit = match.groups()
+    return int(float(number) * _UNITS[unit.lower()])
+
+
 @dataclass
 class CptTrainConfig(MethodStageConfig):
     """Optimisation (AdamW on the HF Trainer): one learning rate per method, batch, schedule, checkpoints."""
 
     section: ClassVar[str] = "train."  # where its settings are given (messages name them so)
+
+    tokens: str = field(
+        default="",
+        metadata={
+            "help": "a token budget: the steps are tokens / (batch_size x data.seq_len), rounded up (2B, 500M, 300k, "
+            "2000000); empty = max_steps, or epochs when that is 0"
+        },
+    )
+    logging_steps: int = field(
+        default=0, metadata={"ge": 0, "help": "log the training loss every this many steps; 0 = min(eval.every, 50)"}
+    )
+    save_minutes: float = field(
+        default=0.0,
+        metadata={"ge": 0, "help": "also write a checkpoint whenever this many minutes passed since the last; 0 = off"},
+    )
 
     micro_batch_size: int = field(
         default=4,
@@ -55,6 +86,21 @@ class CptTrainConfig(MethodStageConfig):
         default=50, metadata={"ge": 0, "help": "write a resumable checkpoint every this many steps"}
     )
     save_total_limit: int = field(default=2, metadata={"ge": 1, "help": "checkpoints kept per method (oldest deleted)"})
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.save_minutes = float(self.save_minutes)
+        budget = parse_tokens(self.tokens, f"{self.section}tokens")
+        if budget and self.max_steps:
+            raise ValueError(
+                f"{self.section}tokens={self.tokens} and {self.section}max_steps={self.max_steps} both set the length "
+                "of the run: give one of them"
+            )
+
+    @property
+    def token_budget(self) -> int:
+        """``tokens`` as a number (0: none)."""
+        return parse_tokens(self.tokens)
 
 
 @dataclass

@@ -42,14 +42,14 @@ from typing import Any
 import torch
 from accelerate import PartialState
 from safetensors.torch import load_file, save_file
-from transformers import AutoConfig, PreTrainedModel, PreTrainedTokenizerBase, TrainingArguments
+from transformers import AutoConfig, PreTrainedModel, PreTrainedTokenizerBase, TrainingArguments, default_data_collator
 
 from scale_cl.data.corpus import Corpus, build_corpus, check_corpus, eos_id, is_stream, split_documents
 from scale_cl.data.pseudo_replay import cached_blocks, generate_blocks
 from scale_cl.data.replay import ReplayMix, ReplayStream, describe_share
 from scale_cl.eval.mixture import ModelMixture
 from scale_cl.eval.perplexity import final_hidden_original, mean_cosine_similarity, new_domain_tokens, perplexity
-from scale_cl.eval.readings import up_logit_frontier, wise_ft_frontier
+from scale_cl.eval.readings import read_as, reading_applied, up_logit_frontier, wise_ft_frontier
 from scale_cl.eval.route_separation import base_weights, router_separation
 from scale_cl.eval.segments import MixedSet, mixed_documents, segment_readings
 from scale_cl.experiments.base.name import resolve_model_name
@@ -71,6 +71,7 @@ from scale_cl.train.sharding import full_state_dict, is_sharded, requested_shard
 from scale_cl.tuner.vocab import VocabExtension, extend_tokenizer, grow_embeddings, vocab_rows
 
 CONFIG_FILE = "cpt_config.json"
+LOSS_FILE = "train_log.jsonl"  # every logged training loss, whatever report_to says
 REFERENCE_FILE = "reference_hidden.safetensors"
 TOKENIZER_DIR = "tokenizer"
 VOCAB_FILE = "vocab_extension.json"
@@ -111,8 +112,10 @@ def validate(cfg: CptConfig, base_config: Any) -> None:
             f"train.batch_size={t.batch_size} must be a multiple of train.micro_batch_size={t.micro_batch_size} "
             f"x {world} process(es)"
         )
-    if cfg.data.streaming and t.max_steps <= 0:
-        raise ValueError("data.streaming needs train.max_steps > 0 (a stream has no length to count epochs on)")
+    if cfg.data.streaming and t.max_steps <= 0 and not t.token_budget:
+        raise ValueError(
+            "data.streaming needs train.max_steps > 0 or train.tokens (a stream has no length to count epochs on)"
+        )
     needs_old = [(m, "route_share calibrates its tau") for m in cfg.methods if cfg.options.calibrates_route(m)]
     needs_old += [(m, "auto_layers measures forgetting") for m in cfg.methods if cfg.options.chooses_layers(m)]
     if needs_old and not cfg.data.replay:
@@ -142,7 +145,10 @@ def validate(cfg: CptConfig, base_config: Any) -> None:
 
 
 def total_steps(cfg: CptConfig, train: Any) -> int:
-    """``max_steps``, or the steps of ``epochs`` passes over the training data (``train``, replay mixed in)."""
+    """The steps of the token budget (``train.tokens``), or ``max_steps``, or of ``epochs`` passes over the training
+    data (``train``, replay mixed in)."""
+    if cfg.train.token_budget:
+        return math.ceil(cfg.train.token_budget / (cfg.train.batch_size * cfg.data.seq_len))
     if cfg.train.max_steps > 0:
         return cfg.train.max_steps
     return math.ceil(cfg.train.epochs * len(train) / cfg.train.batch_size)
@@ -222,8 +228,9 @@ def training_arguments(
         save_every=t.save_every,
         save_total_limit=t.save_total_limit,
         activation_checkpointing=t.gradient_checkpointing,
-        logging_steps=max(1, min(cfg.eval.every, 50)),
+        logging_steps=t.logging_steps or max(1, min(cfg.eval.every, 50)),
         logging_dir=logging_dir,
+        loader_workers=cfg.data.loader_workers,
     )
 
 
@@ -336,6 +343,11 @@ def run_method(
     initial: dict[str, Any] | None = None,
     save_model: bool = True,
     pseudo_replay_cache: Path | None = None,
+    *,
+    method_dir: Path | None = None,
+    keep_checkpoints: bool = False,
+    reading: str | None = None,
+    log_prefix: str = "cpt",
 ) -> dict[str, Any]:
     """Train one method (resuming from its last checkpoint), save its model and summary; returns the summary.
 
@@ -343,10 +355,14 @@ def run_method(
     SCALE-Route's routing share is then not measured at step 0). ``save_model=False`` keeps only the
     metrics (a sweep's many runs would otherwise each store a model). ``pseudo_replay_cache``: the folder of
     the base model's sampled sequences (default ``out``; a sweep shares one).
+
+    ``method_dir``: the method's folder (default ``out/<method>``); ``keep_checkpoints``: keep its resumable
+    checkpoints when it finishes (`scale-cl train`; cpt deletes them); ``reading``: a SCALE model's router to evaluate
+    and save it with (`scale_cl.eval.readings.reading_applied`), trained as its method trains.
     """
     from scale_cl.methods import prepare, trainable_parameter_count
 
-    method_dir = out / method
+    method_dir = out / method if method_dir is None else method_dir
     result_path = method_dir / RESULT_FILE
     if result_path.is_file():
         return json.loads(result_path.read_text())
@@ -377,7 +393,7 @@ def run_method(
     lr = args.learning_rate
     tokens_per_step = cfg.train.batch_size * cfg.data.seq_len
     tracker = PeriodicEval(
-        evaluate_method(cfg, corpus, reference, original_width, args.bf16),
+        read_as(evaluate_method(cfg, corpus, reference, original_width, args.bf16), reading),
         every=cfg.eval.every,
         path=method_dir / "metrics.jsonl",
         tokens_per_step=tokens_per_step,
@@ -413,7 +429,7 @@ def run_method(
         sharding = requested_sharding()
         if sharding is not None:
             replay += f", weights sharded ({sharding}) across {state.num_processes} processes"
-        print(f"[cpt] {method}: lr {lr:g}{groups}, {trainable:,} trainable, {steps} steps{replay}")
+        print(f"[{log_prefix}] {method}: lr {lr:g}{groups}, {trainable:,} trainable, {steps} steps{replay}")
     start = time.perf_counter()
     trainer = train_model(
         model,
@@ -426,6 +442,10 @@ def run_method(
         resume=True,
         logging_dir=logging_dir,
         distillation=distillation,
+        collator=corpus.collator or default_data_collator,
+        tokens_per_step=tokens_per_step,
+        save_minutes=cfg.train.save_minutes,
+        loss_log=method_dir / LOSS_FILE,
     )
     seconds = time.perf_counter() - start
     sharded = is_sharded(trainer)  # FSDP, ZeRO-3: a forward pass needs every process, the weights are gathered
@@ -447,10 +467,14 @@ def run_method(
         ]
     if state.is_main_process:
         if save_model:
-            save_trained(trainer.model, tokenizer, method, ref, method_dir / "model", state_dict=weights)
+            with reading_applied(trainer.model, reading, keep=True):
+                save_trained(trainer.model, tokenizer, method, ref, method_dir / "model", state_dict=weights)
         summary["curve"] = tracker.records
+        if reading is not None:
+            summary["reading"] = reading
         write_json(result_path, summary)
-        shutil.rmtree(run_dir, ignore_errors=True)  # resuming is no longer needed; the model is saved
+        if not keep_checkpoints:
+            shutil.rmtree(run_dir, ignore_errors=True)  # resuming is no longer needed; the model is saved
     state.wait_for_everyone()
     del trainer, model, base
     gc.collect()
@@ -465,19 +489,22 @@ class CptCorpus(Corpus):
     vocab: VocabExtension | None = None
 
 
-def load_run_corpus(cfg: CptConfig, tokenizer: PreTrainedTokenizerBase, rows: int | None = None) -> CptCorpus:
+def load_run_corpus(
+    cfg: CptConfig, tokenizer: PreTrainedTokenizerBase, rows: int | None = None, log_prefix: str = "cpt"
+) -> CptCorpus:
     """The run's corpus, packed with the base tokenizer or, with ``--data.extend_vocab``, the extended one.
 
     ``rows``: the base model's embedding rows (where new ids start); read from its config when not given.
     Every error of the extension (too many tokens for the text, colliding ids) is raised here.
     """
     tokenizer, vocab = run_tokenizer(cfg, tokenizer, rows)
-    corpus = build_corpus(cfg.data, tokenizer)
+    corpus = build_corpus(cfg.data, tokenizer, seed=cfg.seed)
     if process_state().is_main_process:
         if vocab is not None:
-            print(f"[cpt] data: {vocab.count:,} new tokens, ids {vocab.first_id:,}.., e.g. {list(vocab.tokens[:8])}")
+            example = list(vocab.tokens[:8])
+            print(f"[{log_prefix}] data: {vocab.count:,} new tokens, ids {vocab.first_id:,}.., e.g. {example}")
         for line in corpus.summary():
-            print(f"[cpt] data {line}")
+            print(f"[{log_prefix}] data {line}")
     if corpus.heldout is None and not corpus.old_eval:
         raise ValueError("nothing to measure: set data.heldout_fraction > 0 and/or data.old_eval")
     return CptCorpus(**vars(corpus), tokenizer=tokenizer, vocab=vocab)

