@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # One prepared GPU check (issue 38): the card and versions, the GPU-gated tests, a micro `scale-cl bio` run in bf16,
-# and `scale-cl bench` at Llama-3.2-1B's shape (eager, the likelihood readings' inference, then torch.compile'd for
-# FFT and SCALE-Preserve), into one results folder whose summary.md says which of issues 38's and 40's targets are
-# met or missed.
+# `scale-cl bench` at Llama-3.2-1B's shape (eager, the likelihood readings' inference, then torch.compile'd for
+# FFT and SCALE-Preserve), and `scale-cl train` at that shape (streamed, killed after a checkpoint and resumed), into
+# one results folder whose summary.md says which of issues 38's, 40's and 49's targets are met or missed.
 #
-# Time budget: 8 minutes on one H100 or H200 (each step has its own limit, in the table below; a step that runs out
+# Time budget: 10 minutes on one H100 or H200 (each step has its own limit, in the table below; a step that runs out
 # is recorded as timed out and the next one starts). Where it runs: a machine whose Python already has torch,
 # transformers, accelerate and peft, with no network; nothing is installed (the checkout's src/ goes on PYTHONPATH).
 # What a missing optional package skips is said in the summary (pytest: the tests; matplotlib: bio's figure).
@@ -12,8 +12,8 @@
 #   bash scripts/gpu_check.sh [--out DIR] [--python PYTHON]    # on the GPU machine (default out: outputs/gpu-check)
 #   bash scripts/gpu_check.sh --skip tests,bio-micro,bench     # a second call: what the first had no time for
 #   bash scripts/gpu_check.sh --dry-run [--out DIR]            # on a CPU: the same steps at toy sizes (CI runs it)
-# Steps: versions, tests, bio-micro, bench, bench-memory, bench-readings, bench-compiled (the last gets what is left
-# of the budget).
+# Steps: versions, tests, bio-micro, bench, train, bench-memory, bench-readings, bench-compiled (the last gets what is
+# left of the budget).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT="$(pwd)"
@@ -27,7 +27,7 @@ while [ $# -gt 0 ]; do
     --out) OUT="$2"; shift 2 ;;
     --python) PYTHON="$2"; shift 2 ;;
     --skip) SKIP=",$2,"; shift 2 ;;
-    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
     *) echo "gpu_check.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -38,7 +38,7 @@ fi
 mkdir -p "$OUT"
 OUT="$(cd "$OUT" && pwd)"
 export PYTHONPATH="$ROOT/src${PYTHONPATH:+:$PYTHONPATH}" HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-BUDGET=480
+BUDGET=600
 START=$(date +%s)
 printf 'step\trc\tseconds\tlimit\n' > "$OUT/steps.tsv"
 
@@ -90,6 +90,22 @@ BENCH=(-m scale_cl.cli bench "${BENCH_SHAPE[@]}" "${DEVICE[@]}" --skip-upscale -
 # imports torch and builds the 1B model again (the first H200 check ran out of time with both in one step).
 step bench 150 "$PYTHON" "${BENCH[@]}" --methods fft lora scale_preserve scale_adapt scale_route --skip-memory \
   --out "$OUT/bench"
+# Issue 49: `scale-cl train` at the bench's shape and batch, SCALE-Preserve, bf16, streamed from a corpus made here
+# (synthetic biographies, 8 files, two loader workers), killed with SIGKILL once its first checkpoint is written and
+# run again to the end: its tokens/s against the bench's step, the loss, the checkpoint resumed. A dry run: the tiny
+# shape, more (tiny) steps so that the kill lands mid-run.
+if [ "$DRY_RUN" -eq 1 ]; then
+  TRAIN=(--shape tiny --people 200 --first-checkpoint 500 -- --data.seq_len 16 --train.batch_size 2
+    --train.micro_batch_size 2 --train.max_steps 1500 --train.save_every 500 --eval.every 500
+    --options.scale.hidden_up 32 --options.scale.ffn_up 128 --options.scale.preserve_layers 1 --train.device cpu)
+else
+  TRAIN=(--shape llama-1b --people 2000 --first-checkpoint 20 -- --data.seq_len 1024 --train.batch_size 16
+    --train.micro_batch_size 16 --train.max_steps 60 --train.save_every 20 --eval.every 20
+    --options.scale.hidden_up 256 --options.scale.ffn_up 1024 --options.scale.preserve_layers 3
+    --train.precision bf16 --train.device cuda)
+fi
+step train 150 "$PYTHON" -m scale_cl.bench.gpu_check train "$OUT" "${TRAIN[@]}"
+
 if [ "$DRY_RUN" -eq 1 ]; then
   echo "[gpu-check] bench-memory: not run in a dry run (test_gpu_check reads a memory result; the bench's tests time it)"
 else

@@ -158,3 +158,46 @@ def test_a_two_process_sweep_writes_once_and_matches_the_single_process_run(runs
     assert at_preset["metrics"]["learning"] == pytest.approx(_metrics(one, "scale_adapt")[-1]["learning_ppl"], rel=1e-5)
     for metrics in (out / "points").glob("*/scale_adapt/metrics.jsonl"):
         assert [json.loads(line)["step"] for line in metrics.read_text().splitlines()] == [0, 3, 6]
+
+
+SHARDED_TOKENS = """
+import hashlib, json, sys
+import torch
+from accelerate import PartialState
+from transformers import AutoTokenizer
+from scale_cl.data import tokens as tokens_module
+from scale_cl.data.corpus import CorpusConfig, build_corpus
+
+state = PartialState(cpu=True)
+rows = []
+encode = tokens_module._encode_batch
+def counting(batch, *args, **kwargs):
+    rows.append(len(batch["text"]))
+    return encode(batch, *args, **kwargs)
+tokens_module._encode_batch = counting
+config = CorpusConfig(train=[sys.argv[1]], seq_len=32, heldout_fraction=0.1, cache_dir=sys.argv[2])
+corpus = build_corpus(config, AutoTokenizer.from_pretrained(sys.argv[3]))
+blocks = corpus.train.blocks
+digest = hashlib.sha256(blocks.numpy().tobytes()).hexdigest()[:16]
+print("RESULT", json.dumps({"rank": state.process_index, "tokenised": sum(rows), "blocks": digest}), flush=True)
+"""
+
+
+def test_each_rank_tokenises_its_own_shard_and_every_rank_packs_the_one_process_blocks(workspace, tmp_path):
+    """Under torchrun no rank tokenises the whole corpus: each maps its contiguous half into the cache, then every
+    rank reads both halves, and the training blocks are those one process packs."""
+    script = tmp_path / "tokens.py"
+    script.write_text(SHARDED_TOKENS)
+    args = [str(workspace / "new.jsonl"), str(tmp_path / "cache-{}"), str(workspace / "base")]
+
+    def results(command: list[str], cache: str) -> list[dict]:
+        out = _run([*command, str(script), *(a.format(cache) for a in args)])
+        return sorted((json.loads(line.split(" ", 1)[1]) for line in out.splitlines() if line.startswith("RESULT")),
+                      key=lambda r: r["rank"])  # fmt: skip
+
+    alone = results([sys.executable], "one")
+    both = results([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"], "two")
+    documents = len((workspace / "new.jsonl").read_text().splitlines())
+    assert [r["tokenised"] for r in alone] == [documents]
+    assert [r["tokenised"] for r in both] == [documents // 2, documents - documents // 2], "each rank its own half"
+    assert {r["blocks"] for r in both} == {alone[0]["blocks"]}, "every rank packs the one process's blocks"

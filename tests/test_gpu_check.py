@@ -28,9 +28,12 @@ def test_the_dry_run_runs_every_step_and_summarises(tmp_path):
     done = subprocess.run(command, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     found = json.loads((out / "summary.json").read_text())
-    assert found["dry_run"] and found["budget_s"] == 480
+    assert found["dry_run"] and found["budget_s"] == 600
     steps = {s["step"]: s["rc"] for s in found["steps"]}
-    assert steps == {"versions": 0, "tests": 0, "bio-micro": 0, "bench": 0, "bench-readings": 0}
+    assert steps == {"versions": 0, "tests": 0, "bio-micro": 0, "bench": 0, "train": 0, "bench-readings": 0}
+    train = found["train"]  # issue 49: killed after its first checkpoint, resumed, finished
+    assert train["resumed"] and train["steps"] == 1500 and "checkpoint-500" in train["checkpoints"]
+    assert train["tokens_per_s"] > 0 and train["first_loss"] > train["last_loss"]
     assert found["tests"]["collected"] > 100  # the GPU-gated tests exist and are selected
     assert found["bio_micro"] is not None
     names = {t["target"] for t in found["targets"]}
@@ -39,7 +42,8 @@ def test_the_dry_run_runs_every_step_and_summarises(tmp_path):
     assert "preserve-likelihood forward time / fft (1 / its speed ratio)" in names  # issue 40's, from bench-readings
     assert set(found["readings"]["tiny"]) == {"preserve-likelihood", "control", "preserve-nested"}
     summary = (out / "summary.md").read_text()
-    assert summary.startswith("# GPU check (dry run") and "Issues 38's and 40's targets" in summary
+    assert summary.startswith("# GPU check (dry run") and "The issues' targets" in summary
+    assert "train (scale_preserve, streamed, killed after a checkpoint and resumed: yes): 1500 steps" in summary
     assert "Inference read with the likelihood router at tiny" in summary
 
 
