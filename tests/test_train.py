@@ -257,6 +257,44 @@ def test_a_killed_run_resumes_where_it_stopped_bitwise(workspace, sources, tmp_p
 
 
 @pytest.mark.slow
+def test_a_run_killed_with_sigkill_resumes_by_running_the_same_command(workspace, sources, tmp_path):
+    """A real process killed (SIGKILL, as a crash or a preempted node) after its first checkpoint: the same command
+    again ends with bitwise the weights and the loss curve of a run never interrupted."""
+    import os
+    import subprocess
+    import sys
+
+    from conftest import kill_when
+
+    def argv(out: Path) -> list[str]:
+        return [
+            sys.executable, "-m", "scale_cl.cli", "train", "--model", str(workspace / "base"), "--data.train",
+            *sources, "--data.weights", "0.5", "0.25", "0.25", "--data.old_eval", f"toy={workspace / 'old.jsonl'}",
+            "--data.seq_len", "32", "--data.heldout_fraction", "0.1", "--data.max_eval_sequences", "6",
+            "--train.tokens", "768", "--train.batch_size", "4", "--train.micro_batch_size", "2", "--train.save_every",
+            "2", "--train.save_total_limit", "5", "--train.logging_steps", "2", "--train.schedule", "linear",
+            "--eval.every", "3", "--eval.batch_size", "3", "--eval.representation_sequences", "2",
+            "--options.scale.hidden_up", "32", "--options.scale.ffn_up", "32", "--options.scale.preserve_layers",
+            "1", "--out", str(out),
+        ]  # fmt: skip
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    straight, killed = tmp_path / "straight", tmp_path / "killed"
+    subprocess.run(argv(straight), env=env, check=True, capture_output=True)
+    kill_when(argv(killed), env, killed / "run" / "checkpoint-2" / "checkpoint.json")
+    assert not (killed / "result.json").exists(), "killed before the end"
+    subprocess.run(argv(killed), env=env, check=True, capture_output=True)
+    weights = [load_file(run / "model" / "scale_model.safetensors") for run in (straight, killed)]
+    assert weights[0].keys() == weights[1].keys()
+    assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0]), "bitwise the uninterrupted weights"
+    curves = [
+        [(r["step"], r["loss"]) for r in lines(run / "train_log.jsonl") if "loss" in r] for run in (straight, killed)
+    ]
+    assert curves[0] == curves[1] and len(curves[0]) == 3
+    assert not list(killed.glob("**/.staging")), "nothing half-written left behind"
+
+
+@pytest.mark.slow
 def test_a_streamed_run_with_a_shuffle_buffer_resumes_where_it_stopped(workspace, sources, tmp_path, monkeypatch):
     cfg = config(workspace, [sources[0]], streaming=True, shuffle_buffer=8, document_mask=True)
     straight = record_batches(monkeypatch)

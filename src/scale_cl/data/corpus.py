@@ -27,7 +27,6 @@ empty one, a field that is not there), the rest by `build_corpus` (a split too s
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import math
 from collections.abc import Iterator, Sequence
@@ -59,7 +58,7 @@ from scale_cl.data.sources import (
     load_documents,
     parse_hub_source,
 )
-from scale_cl.data.stream import stream_blocks
+from scale_cl.data.stream import encoded_batches, stream_blocks
 from scale_cl.data.tokens import (
     document_key,
     encode,
@@ -407,16 +406,8 @@ class _Reader:
             for source in sources:
                 yield from token_batches(self.tokens(source), keep)
             return
-        eos = eos_id(self.tokenizer)
         for source in sources:
-            for batch in self.documents(source, streaming=True).iter(batch_size=256):
-                encoded = encode(batch["text"], self.tokenizer, eos)
-                lengths = np.array([len(ids) for ids in encoded["input_ids"]], dtype=np.int64)
-                keys = np.array(encoded["key"], dtype=np.uint64)
-                mask = (lengths > 0) & keep(keys)
-                if mask.any():
-                    flat = np.array([t for ids, m in zip(encoded["input_ids"], mask, strict=True) if m for t in ids])
-                    yield flat.astype(np.int64), lengths[mask], keys[mask]
+            yield from encoded_batches(self.documents(source, streaming=True), self.tokenizer, keep)
 
     def stats(self, sources: Sequence[str], keep: KeyFilter) -> CorpusStats:
         """Documents, empty ones and tokens of the kept side of ``sources`` (from the caches: a few columns)."""
@@ -588,11 +579,3 @@ def _one_process_first() -> Iterator[None]:
             yield
     else:
         yield
-
-
-def corpus_fingerprint(config: CorpusConfig, tokenizer: PreTrainedTokenizerBase) -> str:
-    """A short name for a corpus's settings and tokenizer (for logs)."""
-    from scale_cl.data.tokens import tokenizer_fingerprint
-
-    text = f"{sorted(vars(config).items())}|{tokenizer_fingerprint(tokenizer)}"
-    return hashlib.sha256(text.encode()).hexdigest()[:12]

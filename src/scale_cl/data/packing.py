@@ -23,7 +23,6 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-BATCH = 1024  # documents read from the token cache at a time
 PACK_VERSION = 1
 
 
@@ -50,16 +49,35 @@ class BlockCutter:
         self._pending, self._count = ([rest] if len(rest) else []), len(rest)
 
 
+def _record_batches(tokens: Any) -> Iterator[Any]:
+    """The token cache's record batches in order, read from its Arrow files with plain reads, not memory-mapped: a
+    pass over a large cache keeps one batch resident at a time (a memory map would count every page it touched as the
+    process's resident memory). ``tokens`` is a cache as `scale_cl.data.tokens` returns it: whole files, in order."""
+    import pyarrow as pa
+
+    files = [entry["filename"] for entry in tokens.cache_files]
+    if not files or tokens._indices is not None:
+        yield from tokens.data.to_batches()
+        return
+    rows = 0
+    for name in files:
+        with pa.OSFile(name) as handle:
+            for batch in pa.ipc.open_stream(handle):
+                rows += batch.num_rows
+                yield batch
+    if rows != len(tokens):
+        raise ValueError(f"the token cache's files hold {rows} rows, the dataset {len(tokens)}: not its whole files")
+
+
 def token_batches(
     tokens: Any, keep: Callable[[np.ndarray], np.ndarray] | None = None
 ) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
-    """(flat tokens, lengths, keys) of the kept documents of a token cache (`scale_cl.data.tokens`), a batch at a
-    time, in order; ``keep(keys) -> bool mask`` picks documents (every document with tokens when None)."""
+    """(flat tokens, lengths, keys) of the kept documents of a token cache (`scale_cl.data.tokens`), a record batch at
+    a time, in order; ``keep(keys) -> bool mask`` picks documents (every document with tokens when None)."""
     import pyarrow.compute as pc
 
-    for start in range(0, len(tokens), BATCH):
-        table = tokens.data.slice(start, BATCH)
-        ids, keys = table.column("input_ids"), table.column("key").to_numpy()
+    for batch in _record_batches(tokens):
+        ids, keys = batch.column("input_ids"), batch.column("key").to_numpy()
         lengths = pc.list_value_length(ids).to_numpy(zero_copy_only=False).astype(np.int64)
         mask = lengths > 0
         if keep is not None:

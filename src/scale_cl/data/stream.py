@@ -35,6 +35,21 @@ def _shard_documents(source: str, index: int, count: int, text_field: str, txt_d
     return documents.shard(num_shards=count, index=index) if count > 1 else documents
 
 
+def encoded_batches(
+    documents: Any, tokenizer: Any, keep: KeyFilter, batch_size: int = TOKENIZE_BATCH
+) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """(flat tokens, lengths, keys) of the kept documents of a stream of ``text`` records, tokenised a batch at a time
+    (the form `scale_cl.data.packing.token_batches` reads from a cache)."""
+    eos = eos_id(tokenizer)
+    for batch in documents.iter(batch_size=batch_size):
+        encoded = encode(batch["text"], tokenizer, eos)
+        lengths = np.array([len(ids) for ids in encoded["input_ids"]], dtype=np.int64)
+        mask = (lengths > 0) & keep(encoded["key"])
+        if mask.any():
+            flat = [t for ids, m in zip(encoded["input_ids"], mask, strict=True) if m for t in ids]
+            yield np.array(flat, dtype=np.int64), lengths[mask], encoded["key"][mask]
+
+
 def _generate(
     shards: list[tuple[str, int, int]],
     text_field: str,
@@ -44,18 +59,13 @@ def _generate(
     keep: KeyFilter,
 ) -> Iterator[dict[str, np.ndarray]]:
     """The blocks of ``shards`` (source, shard index, shards of the source), each shard packed apart."""
-    eos = eos_id(tokenizer)
     for source, index, count in shards:
         cutter = BlockCutter(seq_len)
-        documents = _shard_documents(source, index, count, text_field, txt_documents)
-        for batch in documents.iter(batch_size=TOKENIZE_BATCH):
-            encoded = encode(batch["text"], tokenizer, eos)
-            keys = np.array(encoded["key"], dtype=np.uint64)
-            chosen = keep(keys)
-            for ids, use in zip(encoded["input_ids"], chosen, strict=True):
-                if use and ids:
-                    for block in cutter.add(np.asarray(ids, dtype=np.int64)):
-                        yield {"input_ids": block, "labels": block}
+        for flat, _, _ in encoded_batches(
+            _shard_documents(source, index, count, text_field, txt_documents), tokenizer, keep
+        ):
+            for block in cutter.add(flat):
+                yield {"input_ids": block, "labels": block}
 
 
 def source_shards(source: str, text_field: str, txt_documents: str) -> list[tuple[str, int, int]]:
