@@ -4,11 +4,12 @@ builds the block-diagonal mask from them) against the same blocks attending acro
 SDPA takes without building it).
 
 The blocks are the clean-en preset's Korean training blocks (real document lengths; the clean base's tokenizer); the
-models are the bench's shapes with random weights (`scale_cl.bench.shapes`), FFT and SCALE-Preserve. The two ways
+models are the clean base itself (``clean-en``, SCALE widths +64 / +64 as its preset) and the bench's SmolLM2 shape with
+random weights (`scale_cl.bench.shapes`), FFT and SCALE-Preserve. The two ways
 alternate, round after round, so the machine's drift hits both alike; the median step of each is reported. Needs the
 corpora and the clean base (`benchmarks/cpt_corpus.py`, `scale-cl base`). Nothing else should run meanwhile.
 
-    python benchmarks/document_mask_time.py [--shapes tiny smollm2] [--batch 4] [--rounds 5] [--threads 2]
+    python benchmarks/document_mask_time.py [--shapes clean-en smollm2] [--batch 4] [--rounds 5] [--threads 2]
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import statistics
 import time
 
 import torch
-from transformers import AutoTokenizer
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from scale_cl.bench.shapes import SHAPES, build_base
 from scale_cl.data.corpus import build_corpus
@@ -42,7 +43,7 @@ def step(model: torch.nn.Module, batch: dict) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--shapes", nargs="+", default=["tiny", "smollm2"], choices=sorted(SHAPES))
+    parser.add_argument("--shapes", nargs="+", default=["clean-en", "smollm2"], choices=["clean-en", *sorted(SHAPES)])
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
@@ -63,10 +64,12 @@ def main() -> None:
     print("| shape | method | causal s / step | document-masked s / step | masked / causal |")
     print("|---|---|---|---|---|")
     for name in args.shapes:
-        shape = SHAPES[name]
         for method in ("fft", "scale_preserve"):
-            base = build_base(shape)
-            scale = ScaleConfig(hidden_up=shape.hidden_up, ffn_up=shape.ffn_up, method="preserve", w21_init="random")
+            if name == "clean-en":
+                base, widths = AutoModelForCausalLM.from_pretrained(CLEAN_EN_DIR), (64, 64)
+            else:
+                base, widths = build_base(SHAPES[name]), (SHAPES[name].hidden_up, SHAPES[name].ffn_up)
+            scale = ScaleConfig(hidden_up=widths[0], ffn_up=widths[1], method="preserve", w21_init="random")
             model = prepare(base, method, **({"scale": scale} if method != "fft" else {})).train()
             times = {"causal": [], "masked": []}
             for _ in range(args.rounds + 1):  # the first round warms up

@@ -17,6 +17,7 @@ import datetime
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -34,6 +35,8 @@ WRAPPER = (
 
 
 def run(size: int, out: Path) -> dict[str, float]:
+    for folder in (out / f"run-{size}", out / f"cache-{size}", out / f"corpus-{size}"):
+        shutil.rmtree(folder, ignore_errors=True)  # a fresh run: a finished one would only be read back
     files = write_corpus(out / f"corpus-{size}", size)
     command = [
         sys.executable, "-c", WRAPPER, "train", "--preset", "clean-en", "--data.train", *files,

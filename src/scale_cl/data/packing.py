@@ -22,8 +22,12 @@ from typing import Any
 import numpy as np
 import torch
 from torch.utils.data import Dataset
+from tqdm.auto import tqdm
+
+from scale_cl.files import atomic_write
 
 PACK_VERSION = 1
+WRITE_BYTES = 8 * 2**20  # the blocks written a record batch at a time
 
 
 class BlockCutter:
@@ -34,19 +38,22 @@ class BlockCutter:
         self._pending: list[np.ndarray] = []
         self._count = 0
 
-    def add(self, tokens: np.ndarray) -> Iterator[np.ndarray]:
-        """Add one run of tokens; yield every block now complete."""
-        if not len(tokens):
-            return
-        self._pending.append(tokens)
-        self._count += len(tokens)
+    def cut(self, tokens: np.ndarray) -> np.ndarray:
+        """Add one run of tokens; return every block now complete as a ``[n, seq_len]`` array (n may be 0)."""
+        if len(tokens):
+            self._pending.append(tokens)
+            self._count += len(tokens)
         if self._count < self.seq_len:
-            return
+            return np.empty((0, self.seq_len), dtype=tokens.dtype)
         joined = np.concatenate(self._pending)
         full = len(joined) // self.seq_len * self.seq_len
-        yield from joined[:full].reshape(-1, self.seq_len)
         rest = joined[full:]
         self._pending, self._count = ([rest] if len(rest) else []), len(rest)
+        return joined[:full].reshape(-1, self.seq_len)
+
+    def add(self, tokens: np.ndarray) -> Iterator[np.ndarray]:
+        """Add one run of tokens; yield every block now complete."""
+        yield from self.cut(tokens)
 
 
 def _record_batches(tokens: Any) -> Iterator[Any]:
@@ -111,22 +118,6 @@ def first_blocks(
     return torch.from_numpy(np.stack(blocks)).long(), used
 
 
-def _block_rows(
-    batches: Iterable[tuple[np.ndarray, np.ndarray, np.ndarray]], seq_len: int, limit: int
-) -> Iterator[dict]:
-    cutter, count = BlockCutter(seq_len), 0
-    for flat, _, _ in batches:
-        for block in cutter.add(flat):
-            yield {"input_ids": block.astype(np.int32)}
-            count += 1
-            if limit and count >= limit:
-                return
-
-
-def _generate(tokens: Any, seq_len: int, limit: int, keep: Any) -> Iterator[dict]:
-    yield from _block_rows(token_batches(tokens, keep), seq_len, limit)
-
-
 class KeyFilter:
     """A picklable ``keep(keys)``: documents on one side of the held-out split, without the excluded keys."""
 
@@ -170,15 +161,54 @@ def packed_blocks(
             [*(t._fingerprint for t in tokens), str(seq_len), str(limit), keep.describe(), f"v{PACK_VERSION}"]
         ).encode()
     ).hexdigest()[:20]
-    rows = datasets.Features({"input_ids": datasets.List(datasets.Value("int32"), length=seq_len)})
-    return datasets.Dataset.from_generator(
-        _generate,
-        features=rows,
-        cache_dir=str(cache),
-        gen_kwargs={"tokens": parts, "seq_len": seq_len, "limit": limit, "keep": keep},
-        fingerprint=f"blocks-{fingerprint}",
-        split="train",
-    )
+    path = Path(cache) / f"blocks-{fingerprint}.arrow"
+    if not path.is_file():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(path, lambda tmp: write_blocks(tmp, token_batches(parts, keep), seq_len, limit, desc, len(parts)))
+    return datasets.Dataset.from_file(str(path))
+
+
+def write_blocks(
+    path: str, batches: Iterable[tuple[np.ndarray, np.ndarray, np.ndarray]], seq_len: int, limit: int, desc: str,
+    documents: int,
+) -> int:  # fmt: skip
+    """Cut ``batches`` into blocks and write them to ``path`` as the Arrow stream a ``datasets`` file is (fixed-length
+    int32 ``input_ids`` rows, about `WRITE_BYTES` a record batch); returns the blocks written. Written with pyarrow
+    from the arrays themselves: a writer that goes through Python objects (``Dataset.from_generator``) costs about a
+    Python integer a token, far too slow and large for billions of tokens."""
+    import datasets
+    import pyarrow as pa
+
+    schema = datasets.Features({"input_ids": datasets.List(datasets.Value("int32"), length=seq_len)}).arrow_schema
+    rows_per_batch = max(1, WRITE_BYTES // (4 * seq_len))
+    cutter, pending, ready, written = BlockCutter(seq_len), [], 0, 0
+
+    def flush(writer: Any, blocks: list[np.ndarray]) -> None:
+        values = pa.array(np.concatenate(blocks).astype(np.int32, copy=False).reshape(-1))
+        writer.write_batch(pa.record_batch([pa.FixedSizeListArray.from_arrays(values, seq_len)], schema=schema))
+
+    with (
+        pa.OSFile(path, "wb") as sink,
+        pa.ipc.new_stream(sink, schema) as writer,
+        tqdm(total=documents, desc=desc, unit="doc", disable=None, leave=False) as bar,
+    ):
+        for flat, lengths, _ in batches:
+            bar.update(len(lengths))
+            blocks = cutter.cut(flat)
+            if limit:
+                blocks = blocks[: limit - written - ready]
+            pending.append(blocks)
+            ready += len(blocks)
+            while ready >= rows_per_batch:
+                joined = np.concatenate(pending)
+                flush(writer, [joined[:rows_per_batch]])
+                pending, ready, written = [joined[rows_per_batch:]], ready - rows_per_batch, written + rows_per_batch
+            if limit and written + ready >= limit:
+                break
+        if ready:
+            flush(writer, pending)
+            written += ready
+    return written
 
 
 class Blocks(Dataset):

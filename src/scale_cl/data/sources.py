@@ -25,12 +25,13 @@ builder fails on a file, `explain_failure` finds the first bad line (not UTF-8, 
 
 from __future__ import annotations
 
+import functools
 import glob
 import gzip
 import json
 import os
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import groupby
 from pathlib import Path
@@ -50,6 +51,7 @@ BUILDERS = {
 TXT_DOCUMENTS = ("auto", "file", "paragraph", "line")  # what one document of a .txt file is
 _SAMPLE_BY = {"file": "document", "paragraph": "paragraph", "line": "line"}  # the text builder's names
 _NAMED = re.compile(r"^([\w.-]+)=(.+)$")  # "name=source" for old-domain evaluation sets
+APART_BYTES = 64 * 2**20  # files at least this large are converted in a process of their own (`_apart`)
 _UTF8_HINT = "convert it (e.g. `iconv -f latin1 -t utf-8`) or drop the bad bytes (`iconv -c -f utf-8 -t utf-8`)"
 
 
@@ -152,21 +154,37 @@ def load_documents(
         kwargs: dict[str, Any] = {}
         if builder == "text":
             kwargs["sample_by"] = _SAMPLE_BY[txt_unit(txt_documents, paths)]
+        load = functools.partial(
+            datasets.load_dataset,
+            builder,
+            data_files=files,
+            split="train",
+            streaming=streaming,
+            cache_dir=cache_dir,
+            num_proc=None if streaming or (num_proc or 1) <= 1 else min(num_proc, len(files)),
+            **kwargs,
+        )
+        if not streaming and sum(os.path.getsize(f) for f in files) >= APART_BYTES:
+            _apart(load)  # converted into the cache by a process of its own; read back below
         try:
-            dataset = datasets.load_dataset(
-                builder,
-                data_files=files,
-                split="train",
-                streaming=streaming,
-                cache_dir=cache_dir,
-                num_proc=None if streaming or (num_proc or 1) <= 1 else min(num_proc, len(files)),
-                **kwargs,
-            )
+            dataset = load()
         except Exception as err:  # the builders' errors do not say which line; find it
             raise ValueError(explain_failure(files, text_field) or f"cannot read {files[0]}: {err}") from err
         where = files[0] if len(files) == 1 else f"{source} ({files[0]}, ...)"
         parts.append(_text_column(dataset, text_field, where, builder == "text"))
     return parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
+
+
+def _apart(load: Callable[[], Any]) -> None:
+    """Run ``load`` (a ``load_dataset`` that converts files into the cache) in a forked process and wait for it. The
+    conversion holds each chunk of text and arrow's buffers while it works, and the allocators keep some of that after;
+    in a process of its own none of it stays in the training process, whose memory then does not grow with the
+    corpus. A failure is left to the call in this process, which names it."""
+    import multiprocessing
+
+    process = multiprocessing.get_context("fork").Process(target=load)
+    process.start()
+    process.join()
 
 
 def txt_unit(txt_documents: str, paths: Sequence[Path]) -> str:
