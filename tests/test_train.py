@@ -351,6 +351,7 @@ def test_optimizer_clipping_name_and_wsd_reach_the_trainer(tmp_path):
     assert set(rates[2:16]) == {1.0}, "stable until the last quarter of the steps"
     assert 1.0 > rates[16] > rates[17] > rates[18] > rates[19] > 0.1, "then a cosine decay towards min_lr_ratio"
     assert StageConfig().optim == "auto" and training_arguments(StageConfig(), tmp_path, 0).optim == "adamw_torch_fused"
+    assert training_arguments(StageConfig(optim="adamw_8bit"), tmp_path, 0).optim == "adamw_bnb_8bit"
 
 
 def test_the_loss_log_keeps_the_records_up_to_a_resumed_step(tmp_path):

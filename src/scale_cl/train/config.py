@@ -44,7 +44,7 @@ class StageConfig:
         default="auto",
         metadata={
             "help": "optimizer: auto (torch's fused AdamW, the Trainer's default), adamw_torch_fused, adamw_torch, "
-            "adamw_8bit (bitsandbytes' 8-bit AdamW: a quarter of the optimizer state; needs a GPU)",
+            "adamw_8bit (bitsandbytes' 8-bit AdamW: a quarter of the optimizer state; pip install bitsandbytes)",
             "choices": OPTIMIZERS,
         },
     )
