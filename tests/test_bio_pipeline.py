@@ -67,20 +67,26 @@ def test_micro_run_writes_figure_tables_and_curves_for_every_method(finished):
     counts = {m: r["trainable"] for m, r in saved["methods"].items()}
     assert counts["fft"] == max(counts.values())
     assert counts["scale_adapt"] == counts["scale_route"] > counts["scale_preserve"]
-    # SCALE-Route (Eq. 5) is also read, training nothing, with route_exact and with the likelihood router
+    # SCALE-Route (Eq. 5) is also read, training nothing, with route_exact and with each mixing router
     route = json.loads((out / "seed-0" / "scale_route.json").read_text())
     readings = route["readings"]
     assert [(r.get("route_exact", False), r.get("router", "cosine")) for r in readings] == [
         (False, "cosine"),
         (True, "cosine"),
         (False, "likelihood"),
+        (False, "confidence"),
+        (False, "hybrid"),
     ]
     assert {k: readings[0][k] for k in ("task0", "task1")} == {k: route["curve"][-1][k] for k in ("task0", "task1")}
     assert "likelihood_router" in readings[2] and "likelihood_router" not in readings[0]
-    # SCALE-Preserve is read with the likelihood router too (its Z is the base's logits exactly)
+    # Eq. 5's own reading records the share of each split's answers it sends to the preserve path
+    eq5 = readings[0]["eq5_routing"]
+    assert all(0 <= eq5[f"{name}_base_weight"] <= 1 for name in ("task0", "task0_trained", "task1"))
+    assert 0 <= eq5["auroc"] <= 1 and "eq5_routing" in route["curve"][-1]
+    # SCALE-Preserve is read with the mixing routers too (its Z is the base's logits exactly)
     preserve = json.loads((out / "seed-0" / "scale_preserve.json").read_text())
-    assert [r.get("router", "cosine") for r in preserve["readings"]] == ["cosine", "likelihood"]
-    assert 0 <= preserve["readings"][1]["likelihood_router"]["auroc"] <= 1
+    assert [r.get("router", "cosine") for r in preserve["readings"]] == ["cosine", "likelihood", "confidence", "hybrid"]
+    assert all(0 <= reading["likelihood_router"]["auroc"] <= 1 for reading in preserve["readings"][1:])
 
 
 @pytest.mark.slow
@@ -498,9 +504,10 @@ def test_pseudo_replay_mixes_in_the_task0_models_own_text_sampled_once(tmp_path,
     assert [r["alpha"] for r in fft["readings"]] == [0.0, 0.5]
     assert {k: fft["readings"][0][k] for k in ("task0", "task1")} == {k: fft["curve"][0][k] for k in ("task0", "task1")}
     # task1.likelihood_control: FFT's model and the Task-0 model mixed, read with the router's separation
-    (control,) = fft["likelihood_control"]
-    assert control["control"] == "two models" and 0 <= control["task1"]["overall"] <= 1
-    assert 0 <= control["likelihood_router"]["auroc"] <= 1
+    assert [control["router"] for control in fft["likelihood_control"]] == ["likelihood", "confidence", "hybrid"]
+    for control in fft["likelihood_control"]:
+        assert control["control"] == "two models" and 0 <= control["task1"]["overall"] <= 1
+        assert 0 <= control["likelihood_router"]["auroc"] <= 1
     assert "likelihood_router" not in fft["curve"][-1]  # FFT alone has no router
     # a likelihood-routed run records, at every evaluation, whether the router tells Task 0 from Task 1
     curve = json.loads((tmp_path / "a" / "seed-0" / "scale_route.json").read_text())["curve"]

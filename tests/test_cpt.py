@@ -284,10 +284,14 @@ def test_the_two_model_control_reads_fft_with_its_base(workspace, tmp_path):
     """--eval.likelihood_control: FFT's trained model mixed with the base by the likelihood router, evaluated as
     one model (scale_cl.eval.mixture) and shown in results.md; a routing method reads its own router instead."""
     cfg = tiny_config(workspace, ["fft", "scale_route"])
-    cfg = replace(cfg, eval=replace(cfg.eval, likelihood_control=True, mixed_documents=2, up_logit_scales=(1.0,)))
-    results = run_cpt(cfg, tmp_path / "run")
+    routers = ("likelihood", "confidence")
+    evaluation = replace(cfg.eval, likelihood_control=True, mixed_documents=2, up_logit_scales=(1.0,), routers=routers)
+    results = run_cpt(replace(cfg, eval=evaluation), tmp_path / "run")
     fft = results["methods"]["fft"]
-    (control,) = fft["likelihood_control"]
+    control, confident = fft["likelihood_control"]  # eval.routers: each reads the pair
+    assert (control["router"], confident["router"]) == routers and "separation" in confident
+    frontier = results["methods"]["scale_route"]["up_logit_frontier"]
+    assert [r.get("router") for r in frontier if r.get("router")] == list(routers)
     # every reading by token likelihoods records the router's separation; a model alone records none
     route_read = next(r for r in results["methods"]["scale_route"]["up_logit_frontier"] if r.get("router"))
     for record in (control["separation"], route_read["separation"]):

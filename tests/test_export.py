@@ -28,6 +28,7 @@ from conftest import ARCHS, VOCAB, hidden_up_for, make_model, randomize_new_weig
 from conftest import greedy as generate_greedy
 from scale_cl import ScaleConfig, set_method, upscale
 from scale_cl.cli import main
+from scale_cl.eval.route_separation import mixes_experts
 from scale_cl.export import modeling_scale
 from scale_cl.export.export import export_model
 from scale_cl.export.merge import FAMILIES
@@ -83,6 +84,15 @@ LIKELIHOOD_CASES = {  # name: (architecture, method, preserve_layers)
 # The nested router (issue 40): SCALE-Preserve grown twice, its base's and each stage's logits mixed in one pass.
 NESTED_CASE = "nested-preserve-grown-twice"
 NESTED = {"router": "nested", "router_prior": 0.3, "router_decay": 0.9}
+# The confidence routers (issue 50): each expert weighed by its confidence (and the hybrid's prefix posterior), in
+# Route's two paths, Preserve's one and a grown model's nested experts. name: (architecture, method, grown, settings)
+CONFIDENCE = {"router_prior": 0.3, "router_decay": 0.9, "router_temperature": 0.05}
+CONFIDENCE_CASES = {
+    "confidence-route-llama": ("llama-gqa2-tied", "route", False, {"router": "confidence"}),
+    "hybrid-route-neox": ("neox-parallel-rot0.25", "route", False, {"router": "hybrid", "router_confidence": "top"}),
+    "confidence-preserve": ("llama-gqa4-untied", "preserve", False, {"router": "confidence"}),
+    "hybrid-preserve-grown-twice": ("llama-gqa4-untied", "preserve", True, {"router": "hybrid"}),
+}
 NEW_TOKENS = 8
 SRC = Path(scale_cl.__file__).resolve().parents[1]
 
@@ -155,7 +165,7 @@ def reference(model, ids: torch.Tensor, mask: torch.Tensor, beams: bool = False)
     with torch.no_grad(), one_thread():
         out = {"logits": model(ids, attention_mask=mask, position_ids=position_ids).logits}
         route = getattr(model, "scale_route", None)
-        if route is not None and route.active and route.reads_tokens:
+        if mixes_experts(model):
             out["weight"] = route.last_mask  # the base path's weight per token
         elif route is not None and route.stacked:  # without a collaborative layer every token routes alike
             out["routed"] = route.last_mask
@@ -301,6 +311,14 @@ def scale_exports(tmp_path_factory):
     expected[NESTED_CASE] = reference(model, ids, mask, beams=True)
     export_model(model, root / NESTED_CASE)
     jobs.append(job(NESTED_CASE, root / NESTED_CASE, True, ids, mask, beams=True))
+    for name, (arch, method, grown, settings) in CONFIDENCE_CASES.items():
+        if grown:
+            model = grown_scale_model(arch, [(method, {}), (method, {}), (method, {**CONFIDENCE, **settings})])
+        else:
+            model = lively_scale_model(arch, method, **CONFIDENCE, **settings)
+        expected[name] = reference(model, ids, mask, beams=True)
+        export_model(model, root / name)
+        jobs.append(job(name, root / name, True, ids, mask, beams=True))
     model = tau_saved_and_reloaded(root / "tau-checkpoint")  # set, saved, loaded, then exported
     expected[TAU_CASE] = reference(model, ids, mask)
     export_model(model, root / TAU_CASE)
@@ -436,6 +454,20 @@ def test_the_nested_router_is_exported(scale_exports):
     assert_matches(got[NESTED_CASE], expected[NESTED_CASE], mask)
     weight = expected[NESTED_CASE]["weight"][mask.bool()]
     assert float(weight.max() - weight.min()) > 0.2, "the base's weight moves with the evidence"
+
+
+@pytest.mark.parametrize("name", sorted(CONFIDENCE_CASES))
+def test_the_confidence_routers_are_exported(scale_exports, name):
+    """Their mixture, the base's weight per token, greedy generation with a KV cache and beam search (the hybrid's
+    memory reordered with the beams) equal the in-library model's."""
+    root, expected, got, _, mask = scale_exports
+    config = json.loads((root / name / "config.json").read_text())
+    settings = CONFIDENCE_CASES[name][3]
+    assert config["scale_router"] == settings["router"]
+    assert config["scale_router_confidence"] == settings.get("router_confidence", "entropy")
+    assert config["scale_router_temperature"] == CONFIDENCE["router_temperature"]
+    assert_matches(got[name], expected[name], mask)
+    assert "weight" in got[name], "the exported head keeps the base's weight per token"
 
 
 @pytest.mark.parametrize("name", sorted(GROWN_CASES))

@@ -28,6 +28,7 @@ COPIES = {
     "running_ratio",
     "likelihood_mix",
     "nested_mix",
+    "expert_confidence",
     "log_normalisers",
     "chunk_rows",
     "mixture_log_probs",

@@ -188,7 +188,7 @@ def test_the_base_weight_read_where_each_left_padded_prompt_ends_equals_the_prom
         assert float(batched[0][row]) == pytest.approx(float(alone), abs=1e-6), row
     assert float(batched[0].min()) > 0 and float(batched[0].max()) < 1
     with (
-        pytest.raises(ValueError, match="a router of token likelihoods"),
+        pytest.raises(ValueError, match="read with a mixing router"),
         collect_base_weights(set_live_settings(model, router="cosine")),
     ):
         pass

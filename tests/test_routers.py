@@ -12,6 +12,7 @@ from scale_cl import scale_config_of, set_method
 from scale_cl.tuner.config import ScaleConfig
 from scale_cl.tuner.modes import live_settings, set_live_settings
 from scale_cl.tuner.routing import ROUTERS, HeadPaths, Router, register_router, route_settings
+from scale_cl.tuner.routing.confidence import ConfidenceRouter, HybridRouter
 from scale_cl.tuner.routing.cosine import CosineRouter
 from scale_cl.tuner.routing.likelihood import LikelihoodRouter
 from scale_cl.tuner.routing.nested import NestedRouter
@@ -47,7 +48,16 @@ def adapt_path_router():
 def test_the_built_in_routers_are_registered_and_declare_the_route_settings():
     assert isinstance(ROUTERS["cosine"], CosineRouter) and isinstance(ROUTERS["likelihood"], LikelihoodRouter)
     assert isinstance(ROUTERS["nested"], NestedRouter)
-    assert route_settings() == ("router", "route_tau", "route_exact", "router_prior", "router_decay")
+    assert isinstance(ROUTERS["confidence"], ConfidenceRouter) and isinstance(ROUTERS["hybrid"], HybridRouter)
+    assert route_settings() == (
+        "router",
+        "route_tau",
+        "route_exact",
+        "router_prior",
+        "router_decay",
+        "router_confidence",
+        "router_temperature",
+    )
     assert set(route_settings()) <= set(live_settings())
 
 
@@ -72,7 +82,8 @@ def test_a_registered_router_is_one_class_and_selects_like_the_built_in_ones(ada
 
 
 def test_an_unregistered_router_is_refused_with_the_registered_ones():
-    with pytest.raises(ValueError, match=r"router must be one of \('cosine', 'likelihood', 'nested'\)"):
+    registered = r"\('cosine', 'likelihood', 'nested', 'confidence', 'hybrid'\)"
+    with pytest.raises(ValueError, match=rf"router must be one of {registered}"):
         ScaleConfig(hidden_up=32, ffn_up=8, router="adapt_path")
 
 

@@ -8,7 +8,8 @@ mixing experts by a domain posterior; it is not SCALE's. SCALE-Route and SCALE-P
 router compute the same mixture of their base logits and their own in one model and one pass, a grown
 SCALE-Preserve model with the nested router that of the base and each stage's model; this control is what the
 routers' reading of any other method (FFT, Freeze, LoRA, ...) gives with its base (and its earlier models) beside
-it, at the cost of every model's forward pass (issue 40).
+it, at the cost of every model's forward pass (issue 40). The confidence and hybrid routers (issue 50) weigh the
+same experts by each one's confidence at the position too (`scale_cl.tuner.routing.confidence`).
 """
 
 from __future__ import annotations
@@ -30,6 +31,10 @@ from scale_cl.tuner.routing.nested import NestedMemory, nested_mix
 MISSING_ROW_LOGIT_GAP = 1e4
 
 
+# The routers a mixture of separate models is read by: those of `scale_cl.tuner.routing` that mix whole models.
+MIXTURE_ROUTERS = ("likelihood", "confidence", "hybrid")
+
+
 def _eos_ids(config: Any) -> tuple[int, ...]:
     eos = getattr(config, "eos_token_id", None)
     return tuple(eos if isinstance(eos, list | tuple) else [] if eos is None else [eos])
@@ -46,17 +51,30 @@ def _returned_cache(output: ModelOutput) -> Any:
 
 class ModelMixture(nn.Module):
     """``experts`` (the base first, then each model trained from it, the last the newest) read together by the
-    likelihood routers' posterior (module doc); ``prior`` (the base's prior log-odds) and ``decay`` as in
-    `ScaleConfig.router_prior` / ``router_decay``. Called as a causal LM (``input_ids``, ``attention_mask``,
-    ``labels``, ``output_hidden_states``: the newest model's); its logits are the mixture's log-probabilities.
-    A document starts at each of the newest model's EOS tokens (its config's ``eos_token_id``)."""
+    likelihood routers' posterior (module doc), or by the confidence routers' (``router`` ``"confidence"`` or
+    ``"hybrid"``, `scale_cl.tuner.routing.confidence`); ``prior`` (the base's prior log-odds), ``decay``,
+    ``confidence`` and ``temperature`` as in `ScaleConfig.router_prior` / ``router_decay`` / ``router_confidence``
+    / ``router_temperature`` (`mixture_read_as` takes them from one). Called as a causal LM (``input_ids``,
+    ``attention_mask``, ``labels``, ``output_hidden_states``: the newest model's); its logits are the mixture's
+    log-probabilities. A document starts at each of the newest model's EOS tokens (its config's ``eos_token_id``)."""
 
-    def __init__(self, experts: Sequence[nn.Module], prior: float = 0.0, decay: float = 0.95) -> None:
+    def __init__(
+        self,
+        experts: Sequence[nn.Module],
+        prior: float = 0.0,
+        decay: float = 0.95,
+        router: str = "likelihood",
+        confidence: str = "entropy",
+        temperature: float = 1 / 3,
+    ) -> None:
         super().__init__()
         if len(experts) < 2:
             raise ValueError(f"a mixture needs the base and at least one trained model, got {len(experts)} model(s)")
+        if router not in MIXTURE_ROUTERS:
+            raise ValueError(f"a mixture of models is read by one of {MIXTURE_ROUTERS}, got {router!r}")
         self.experts = nn.ModuleList(experts)
         self.prior, self.decay = prior, decay
+        self.router, self.confidence, self.temperature = router, confidence, temperature
         self.eos_ids = _eos_ids(getattr(experts[-1], "config", None))
         self.last_weights: torch.Tensor | None = None  # every expert's weight per position of the last call (E, B, T)
 
@@ -87,6 +105,9 @@ class ModelMixture(nn.Module):
             eos_ids=self.eos_ids,
             attention_mask=attention_mask,
             memory=memory,
+            confidence=None if self.router == "likelihood" else self.confidence,
+            temperature=self.temperature,
+            prefix=self.router != "confidence",
         )
         return logits, memory
 
@@ -154,4 +175,16 @@ class ModelMixture(nn.Module):
         return out
 
 
-__all__ = ["ModelMixture"]
+def mixture_read_as(experts: Sequence[nn.Module], router: str, settings: Any) -> ModelMixture:
+    """`ModelMixture` of ``experts`` read by ``router`` with the router settings of ``settings`` (a `ScaleConfig`)."""
+    return ModelMixture(
+        experts,
+        settings.router_prior,
+        settings.router_decay,
+        router=router,
+        confidence=settings.router_confidence,
+        temperature=settings.router_temperature,
+    )
+
+
+__all__ = ["MIXTURE_ROUTERS", "ModelMixture", "mixture_read_as"]

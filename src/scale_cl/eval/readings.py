@@ -45,15 +45,17 @@ def read_as(evaluate: Callable[[Any], dict], reading: str | None) -> Callable[[A
     return evaluate_read
 
 
-def up_logit_frontier(model: torch.nn.Module, evaluate: Any, scales: tuple[float, ...]) -> list[dict[str, Any]]:
+def up_logit_frontier(
+    model: torch.nn.Module, evaluate: Any, scales: tuple[float, ...], routers: tuple[str, ...] = ("likelihood",)
+) -> list[dict[str, Any]]:
     """The trained SCALE model evaluated with its new stream's logits weighted by each alpha (``Z + alpha Z_up``,
     `scale_cl.set_up_logit_scale`), then given back its own settings: one record per alpha (docs/design.md §2).
 
     A SCALE-Route model trained with Eq. 5 as the paper has it is evaluated with ``route_exact`` too (records
     with ``"route_exact": true``): trained with it from the start, Route cannot learn (at W12 = 0 both paths
     agree, every token routes to the exact base logits, and no gradient flows), so it is an evaluation option;
-    and with the likelihood router (``"router": "likelihood"``, its prior and decay as the model holds them).
-    SCALE-Preserve trained without a router is read with the likelihood router too (its ``Z`` is the base's logits
+    and with each mixing router of ``routers`` (``"router": "likelihood"``, ..., their settings as the model holds
+    them). SCALE-Preserve trained without a router is read with those routers too (its ``Z`` is the base's logits
     exactly, `ScaleConfig.routed`).
     """
     from scale_cl import scale_config_of
@@ -62,9 +64,9 @@ def up_logit_frontier(model: torch.nn.Module, evaluate: Any, scales: tuple[float
     own = scale_config_of(model)
     variants = [{}]  # the model's own settings, then the readings it was not trained with
     if own.method == "route" and own.router == "cosine" and not own.route_exact:
-        variants += [{"route_exact": True}, {"router": "likelihood"}]
+        variants += [{"route_exact": True}, *({"router": router} for router in routers)]
     elif own.method == "preserve" and not own.routed:
-        variants += [{"router": "likelihood"}]
+        variants += [{"router": router} for router in routers]
     frontier = []
     try:
         for changes in variants:

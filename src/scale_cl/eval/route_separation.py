@@ -1,5 +1,5 @@
-"""Whether the likelihood router tells old questions from new ones (issue 28): the base path's weight ``w`` at the
-position that predicts each answer, and the AUROC of old against new.
+"""Whether a mixing router (likelihood, confidence, hybrid, nested) tells old questions from new ones (issue 28):
+the base path's weight ``w`` at the position that predicts each answer, and the AUROC of old against new.
 
 The weight at a prompt's last token is the one the answer's first token is predicted with (hard first-token
 accuracy reads the same position), so it is what decides the router's answer: 1 = the base model's
@@ -15,19 +15,29 @@ from typing import Any
 import torch
 from torch import nn
 
+from scale_cl.tuner.routing.router import router_named
 
-def routes_by_likelihood(model: nn.Module) -> bool:
-    """Whether ``model``'s head mixes the base's and its own logits by the document's likelihood (the likelihood
-    router: SCALE-Route's two paths, or SCALE-Preserve's ``Z`` and ``Z + alpha Z_up``; the nested router: a grown
-    model's experts, the base's weight first), or it is the two-model control (`ModelMixture`)."""
+
+def mixes_experts(model: nn.Module) -> bool:
+    """Whether ``model``'s head mixes the base's and its own distributions with a weight per position (the
+    likelihood, confidence and hybrid routers: SCALE-Route's two paths, or SCALE-Preserve's ``Z`` and ``Z + alpha
+    Z_up``; the nested router, and those on a grown model: its experts, the base's weight first), or it is the
+    two-model control (`ModelMixture`)."""
     if hasattr(model, "last_base_weight"):
         return True
     state = getattr(model, "scale_route", None)
-    return bool(state is not None and state.reads_tokens)
+    return bool(state is not None and state.active and router_named(state.setting("router")).one_path)
+
+
+def routes_by_eq5(model: nn.Module) -> bool:
+    """Whether ``model`` is SCALE-Route read with Eq. 5's cosine router: its ``last_mask`` is the decision per
+    position (1: the preserve path), which `collect_base_weights` reads as the base's weight."""
+    state = getattr(model, "scale_route", None)
+    return bool(state is not None and state.active and state.setting("router") == "cosine")
 
 
 def base_weight_of(model: nn.Module) -> torch.Tensor:
-    """The base's weight per position ([B, T]) in ``model``'s last forward pass (`routes_by_likelihood`)."""
+    """The base's weight per position ([B, T]) in ``model``'s last forward pass (`mixes_experts`)."""
     weight = model.last_base_weight if hasattr(model, "last_base_weight") else model.scale_route.last_mask
     if weight is None:
         raise RuntimeError("the router has no weights yet: they exist after a forward pass")
@@ -38,11 +48,12 @@ def base_weight_of(model: nn.Module) -> torch.Tensor:
 def collect_base_weights(model: nn.Module, every_position: bool = False) -> Iterator[list[torch.Tensor]]:
     """While open, each forward pass of ``model`` appends the base's weight at every row's last position
     (left-padded prompts: the position that predicts the answer) to the list it yields; ``every_position``: the
-    weights of every position ([B, T])."""
-    if not routes_by_likelihood(model):
+    weights of every position ([B, T]). For SCALE-Route read by Eq. 5 (`routes_by_eq5`) the weight is its decision,
+    1 where a position goes to the preserve path."""
+    if not (mixes_experts(model) or routes_by_eq5(model)):
         raise ValueError(
-            "the base's weight exists only for a SCALE-Route or SCALE-Preserve model read with a router of token "
-            "likelihoods (likelihood, nested), or for a ModelMixture"
+            "the base's weight exists only for a SCALE-Route or SCALE-Preserve model read with a mixing router "
+            "(likelihood, nested, confidence, hybrid) or Eq. 5's, or for a ModelMixture"
         )
     collected: list[torch.Tensor] = []
 
@@ -78,9 +89,9 @@ def auroc(positive: Sequence[float] | torch.Tensor, negative: Sequence[float] | 
 
 @contextmanager
 def base_weights(model: nn.Module, weights: dict[str, torch.Tensor], name: str) -> Iterator[None]:
-    """While open, a model read by a router of token likelihoods (`routes_by_likelihood`) keeps its base weight per
+    """While open, a model read by a mixing router (`mixes_experts`) keeps its base weight per
     token of the passes made into ``weights[name]``; any other model, nothing."""
-    if not routes_by_likelihood(model):
+    if not mixes_experts(model):
         yield
         return
     with collect_base_weights(model, every_position=True) as collected:

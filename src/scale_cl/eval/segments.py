@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from scale_cl.eval.route_separation import base_weight_of, routes_by_likelihood
+from scale_cl.eval.route_separation import base_weight_of, mixes_experts
 
 SEGMENTS = ("before", "passage", "after")  # the host before the passage, the passage, the host after it
 
@@ -66,7 +66,7 @@ def segment_readings(model: nn.Module, mixed: MixedSet, batch_size: int = 4) -> 
     device = next(model.parameters()).device
     count = len(SEGMENTS)
     nll, tokens, weight = torch.zeros(count, dtype=torch.float64), torch.zeros(count), torch.zeros(count)
-    routed = routes_by_likelihood(model)
+    routed = mixes_experts(model)
     try:
         for start in range(0, len(mixed.input_ids), batch_size):
             ids = mixed.input_ids[start : start + batch_size].to(device)

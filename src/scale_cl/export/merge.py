@@ -45,7 +45,7 @@ _DROPPED = (
 
 
 # The routers the exported modeling file carries (`scale_cl.export.modeling_scale.RouteHead`).
-EXPORTED_ROUTERS = ("cosine", "likelihood", "nested")
+EXPORTED_ROUTERS = ("cosine", "likelihood", "nested", "confidence", "hybrid")
 
 
 def _family(model: nn.Module) -> tuple[type[PreTrainedConfig], type[PreTrainedModel]]:

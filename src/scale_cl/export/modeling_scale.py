@@ -24,7 +24,10 @@ model once two things are swapped in:
   SCALE-Preserve with ``scale_router == "likelihood"`` mixes its one path's ``Z`` (the base's logits) and
   ``Z + Z_up`` the same way (`RouteHead` with ``stacked=False``); with ``scale_router == "nested"`` (a model grown
   per task) it mixes the base's logits, the model's after each earlier stage (the cumulative sums of the head's
-  stage columns) and its own by the posterior over them (`nested_mix`).
+  stage columns) and its own by the posterior over them (`nested_mix`). With ``scale_router`` ``"confidence"`` or
+  ``"hybrid"`` the same experts (Route's two paths; Preserve's base and itself, or a grown model's nested
+  experts) are weighed by each one's confidence at the position, the hybrid's beside the prefix posterior
+  (`expert_confidence`, `nested_mix`).
 """
 
 from __future__ import annotations
@@ -312,11 +315,43 @@ def likelihood_mix(
     return mixed.to(new_logits.dtype), torch.sigmoid(score), next_memory
 
 
+CONFIDENCES = ("entropy", "top")  # what an expert's confidence at a position is read as (`expert_confidence`)
+CONFIDENCE_ROUTERS = ("confidence", "hybrid")  # the routers that read it (scale_cl.tuner.routing.confidence)
+MIXING_ROUTERS = ("likelihood", "nested", *CONFIDENCE_ROUTERS)  # the routers that mix distributions
+
+
+# Copy of scale_cl.tuner.routing.mixing.expert_confidence: the same code.
+def expert_confidence(
+    experts: Sequence[torch.Tensor], norms: torch.Tensor, kind: str, increments: bool = False
+) -> torch.Tensor:
+    """Each expert's confidence at every position (E, ...): ``"entropy"`` its distribution's negative entropy,
+    ``"top"`` the log of its top probability. ``norms``: the experts' ``log_normalisers``."""
+    if kind not in CONFIDENCES:
+        raise ValueError(f"an expert's confidence is one of {CONFIDENCES}, got {kind!r}")
+    vocab = experts[0].shape[-1]
+    flat = [z.detach().reshape(-1, vocab) for z in experts]
+    flat_norms = norms.detach().reshape(len(flat), -1)
+    out = torch.empty(flat_norms.shape, device=flat[0].device)
+    rows = chunk_rows(vocab, out.device)
+    for first in range(0, out.shape[1], rows):
+        part = slice(first, first + rows)
+        running = None
+        for index, z in enumerate(flat):
+            running = running + z[part] if increments and running is not None else z[part].float()
+            if kind == "top":
+                out[index, part] = running.amax(dim=-1) - flat_norms[index, part]
+            else:
+                log_p = running - flat_norms[index, part, None]
+                p = log_p.exp()  # a ruled-out entry (p = 0, ln p = -inf) adds 0, not NaN
+                out[index, part] = torch.where(p > 0, p * log_p, 0.0).sum(dim=-1)
+    return out.view(norms.shape)
+
+
 # Copy of scale_cl.tuner.routing.nested.nested_mix, rewritten standalone;
 # tested equal by tests/test_export.py::test_the_nested_router_is_exported.
 def nested_mix(
     expert_logits: list[torch.Tensor],
-    input_ids: torch.Tensor,
+    input_ids: torch.Tensor | None,
     *,
     prior: float,
     decay: float,
@@ -324,42 +359,53 @@ def nested_mix(
     attention_mask: torch.Tensor | None = None,
     memory: tuple[torch.Tensor, torch.Tensor] | None = None,
     increments: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+    confidence: str | None = None,
+    temperature: float = 1.0,
+    prefix: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
     """``p = sum_j w_j p_j`` over the experts (the base's logits first) as log-probabilities, with ``w_t =
-    softmax_j(prior_j + r_j,t)`` (``prior_0 = prior``, the others 0) and ``r_j,t = decay r_j,t-1 + ln p_j(x_t)``
-    (0 at a sequence start and at EOS; no evidence from padding); returns it, every expert's weight (E, B, T) and
-    the memory for the next call (``r`` (E, B) and the last position's log-probabilities (E, B, V)). ``increments``:
-    each tensor after the first is what its expert adds to the one before. A standalone copy of scale-cl's
-    ``nested_mix``, tested equal to it."""
+    softmax_j(prior_j + r_j,t + c_j,t / temperature)`` (``prior_0 = prior``, the others 0), ``r_j,t = decay
+    r_j,t-1 + ln p_j(x_t)`` (0 at a sequence start and at EOS; no evidence from padding; 0 throughout without
+    ``prefix``) and ``c`` each expert's ``confidence`` at the position (none when None); returns it, every expert's
+    weight (E, B, T) and the memory for the next call (``r`` (E, B) and the last position's log-probabilities (E, B,
+    V); None without ``prefix``). ``increments``: each tensor after the first is what its expert adds to the one
+    before. A standalone copy of scale-cl's ``nested_mix``, tested equal to it."""
     norms = log_normalisers(expert_logits, increments)  # (E, B, T): expert - norm are log-probabilities
     experts, rows, length = norms.shape
-    ids = input_ids.to(norms.device)
     with torch.no_grad():
-        evidence = torch.zeros(experts, rows, length, device=norms.device)
-        if length > 1:
-            nxt = ids[:, 1:, None]
-            chosen = torch.stack([z[:, :-1].gather(-1, nxt).squeeze(-1).float() for z in expert_logits])
-            chosen = chosen.cumsum(0) if increments else chosen
-            evidence[:, :, 1:] = chosen - norms[:, :, :-1]
-        if memory is not None:
-            evidence[:, :, :1] = memory[1].gather(-1, ids[None, :, :1].expand(experts, -1, -1))
-        if attention_mask is not None:
-            mask = attention_mask.to(evidence.device, evidence.dtype)
-            evidence = evidence * mask
-            evidence[..., 1:] *= mask[:, :-1]
-        starts = torch.zeros(ids.shape, dtype=torch.bool, device=ids.device)
-        for eos in eos_ids:
-            starts |= ids == eos
-        initial = None if memory is None else memory[0].reshape(-1)
-        ratio = running_ratio(evidence.reshape(-1, length), starts.repeat(experts, 1), decay, initial)
-        ratio = ratio.view(experts, rows, length)
         priors = torch.zeros(experts, device=norms.device)
         priors[0] = prior
-        log_w = torch.log_softmax(ratio + priors[:, None, None], dim=0)
+        score = priors[:, None, None].expand(experts, rows, length)
+        if prefix:
+            ids = input_ids.to(norms.device)
+            evidence = torch.zeros(experts, rows, length, device=norms.device)
+            if length > 1:
+                nxt = ids[:, 1:, None]
+                chosen = torch.stack([z[:, :-1].gather(-1, nxt).squeeze(-1).float() for z in expert_logits])
+                chosen = chosen.cumsum(0) if increments else chosen
+                evidence[:, :, 1:] = chosen - norms[:, :, :-1]
+            if memory is not None:
+                evidence[:, :, :1] = memory[1].gather(-1, ids[None, :, :1].expand(experts, -1, -1))
+            if attention_mask is not None:
+                mask = attention_mask.to(evidence.device, evidence.dtype)
+                evidence = evidence * mask
+                evidence[..., 1:] *= mask[:, :-1]
+            starts = torch.zeros(ids.shape, dtype=torch.bool, device=ids.device)
+            for eos in eos_ids:
+                starts |= ids == eos
+            initial = None if memory is None else memory[0].reshape(-1)
+            ratio = running_ratio(evidence.reshape(-1, length), starts.repeat(experts, 1), decay, initial)
+            ratio = ratio.view(experts, rows, length)
+            score = score + ratio
+        if confidence is not None:
+            score = score + expert_confidence(expert_logits, norms, confidence, increments) / temperature
+        log_w = torch.log_softmax(score, dim=0)
     mixed = mixture_log_probs(expert_logits, list(log_w - norms), increments)
-    last = torch.stack([z[:, -1].float() for z in expert_logits])
-    last_log_probs = (last.cumsum(0) if increments else last) - norms[:, :, -1, None]
-    next_memory = (ratio[:, :, -1].detach(), last_log_probs.detach())
+    next_memory = None
+    if prefix:
+        last = torch.stack([z[:, -1].float() for z in expert_logits])
+        last_log_probs = (last.cumsum(0) if increments else last) - norms[:, :, -1, None]
+        next_memory = (ratio[:, :, -1].detach(), last_log_probs.detach())
     return mixed.to(expert_logits[-1].dtype), log_w.exp(), next_memory
 
 
@@ -424,6 +470,8 @@ class RouteHead(nn.Linear):
             return self._likelihood(hidden)
         if self.config.scale_router == "nested":
             return self._nested(hidden)
+        if self.config.scale_router in CONFIDENCE_ROUTERS:
+            return self._confident(hidden)
         half, d = hidden.shape[0] // 2, self.split
         x, x_up = hidden[..., :d], hidden[..., d:]
         w_out, w_up = self.weight[:, :d], self.weight[:, d:]
@@ -461,6 +509,37 @@ class RouteHead(nn.Linear):
         experts = [F.linear(x, w) for x, w in zip(parts, columns, strict=True)]
         experts.append(F.linear(hidden[..., d:], self.weight[:, d:]))
         logits, weights, self.memory = nested_mix(experts, *self._router_inputs(), **self._settings(), increments=True)
+        self.last_weight = weights[0]
+        return logits
+
+    def _confident(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Copy of scale_cl.tuner.routing.confidence.path_experts: the two stacked paths' logits, or the nested
+        experts of one path (``_nested``'s), mixed by ``nested_mix`` with each expert's confidence; the hybrid reads
+        the prefix too."""
+        d = self.split
+        if self.stacked:
+            half = hidden.shape[0] // 2
+            x, x_up = hidden[..., :d], hidden[..., d:]
+            w_out, w_up = self.weight[:, :d], self.weight[:, d:]
+            experts = [F.linear(x[:half], w_out), F.linear(x[half:], w_out) + F.linear(x_up[half:], w_up)]
+        else:
+            earlier = [width for width, _ in self.config.scale_norm_groups or []]
+            widths = (d - sum(earlier), *earlier)
+            parts, columns = hidden[..., :d].split(widths, dim=-1), self.weight[:, :d].split(widths, dim=1)
+            experts = [F.linear(x, w) for x, w in zip(parts, columns, strict=True)]
+            experts.append(F.linear(hidden[..., d:], self.weight[:, d:]))
+        prefix = self.config.scale_router == "hybrid"
+        settings = {**self._settings(), "memory": self.memory if prefix else None}
+        ids = self._router_inputs()[0] if prefix else None
+        logits, weights, self.memory = nested_mix(
+            experts,
+            ids,
+            **settings,
+            increments=not self.stacked,
+            confidence=self.config.scale_router_confidence,
+            temperature=self.config.scale_router_temperature,
+            prefix=prefix,
+        )
         self.last_weight = weights[0]
         return logits
 
@@ -528,9 +607,11 @@ class ScaleFields:
     scale_route_exact: bool = False  # route: a token routed to the preserve path gets the base model's logits
     scale_up_norm: str = "own"  # x_up normalised by its own statistic, the original stream's or the whole width's
     scale_norm_groups: list | None = None  # a grown model: [width, up_norm] of each earlier stage's group
-    scale_router: str = "cosine"  # route: Eq. 5's cosine router, "likelihood" (the paths' mixture) or "nested"
+    scale_router: str = "cosine"  # route: Eq. 5's cosine router, "likelihood", "nested", "confidence" or "hybrid"
     scale_router_prior: float = 0.0  # likelihood router: the prior log-odds of the base path
     scale_router_decay: float = 0.95  # likelihood router: the running ratio's decay per token
+    scale_router_confidence: str = "entropy"  # confidence and hybrid routers: "entropy" or "top"
+    scale_router_temperature: float = 1 / 3  # confidence and hybrid routers: w ~ exp(confidence / T)
 
 
 class ScaleLlamaConfig(ScaleFields, LlamaConfig):
@@ -572,15 +653,15 @@ class ScaleMixin:
             for name in self.layer_norms:
                 setattr(layer, name, norm())
         self.route_from = None  # the first layer that runs both paths, None when nothing is stacked
-        # SCALE-Route, and SCALE-Preserve with the likelihood or nested router (its Z is the base's logits exactly)
-        likelihood = config.scale_method in ("route", "preserve") and config.scale_router in ("likelihood", "nested")
+        # SCALE-Route, and SCALE-Preserve with a mixing router (its Z is the base's logits exactly)
+        likelihood = config.scale_method in ("route", "preserve") and config.scale_router in MIXING_ROUTERS
         if config.scale_method == "route" and config.scale_preserve_layers < len(decoder.layers):
             self.route_from = config.scale_preserve_layers
             self.add_route_paths(decoder.layers, config)
         elif likelihood:  # one path: the base's logits are its Z
             head = self.get_output_embeddings()
             self.set_output_embeddings(RouteHead(head.in_features, head.out_features, config, stacked=False))
-        if likelihood:
+        if likelihood and config.scale_router != "confidence":  # the routers that read the token ids
             self.register_forward_pre_hook(capture_router_inputs, with_kwargs=True)
 
     def add_route_paths(self, layers: nn.ModuleList, config: Any) -> None:
@@ -600,7 +681,7 @@ class ScaleMixin:
         likelihood router's memory is reordered with the beams)."""
         head = self.get_output_embeddings()
         if getattr(head, "memory", None) is not None:  # the nested router's: one row per expert first
-            rows = 1 if self.config.scale_router == "nested" else 0
+            rows = 1 if self.config.scale_router in ("nested", "hybrid") else 0
             head.memory = tuple(m.index_select(rows, beam_idx.to(m.device)) for m in head.memory)
         if self.route_from is None:
             cache.reorder_cache(beam_idx)

@@ -46,6 +46,12 @@ IDENTITY_DEFAULTS = {
     "shuffle_buffer": 0,
     "document_mask": False,
     "on_decode_error": "error",
+    # added with the confidence routers (issue 50): their settings, and the readings cpt makes, at the values
+    # every earlier run had or read with
+    "router_confidence": "entropy",
+    "router_temperature": 1 / 3,
+    "routers": ("likelihood",),
+    "reading_alphas": (1.0,),
 }
 # Backends whose module or package is not named as the backend: (modules, any of which will do; what
 # `pip install` needs). Every other backend is its own module and package.

@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from scale_cl.bounds import check_fields
+from scale_cl.tuner.routing.mixing import CONFIDENCES
 from scale_cl.tuner.routing.router import ROUTERS
 
 METHODS = ("preserve", "adapt", "route")
@@ -59,11 +60,18 @@ class ScaleConfig:
             ``p_new`` the model's own ``Z + alpha Z_up``, from one forward pass (the paper's Preserve has no
             router: with ``"cosine"`` it is not routed, `routed`). ``"nested"`` (SCALE-Preserve grown per task):
             the same rule over the base and every stage's model, nested experts of one pass
-            (`scale_cl.tuner.routing.nested`).
+            (`scale_cl.tuner.routing.nested`). ``"confidence"``: the experts (those of ``"likelihood"``, or of
+            ``"nested"`` on a grown model) weighed by each one's confidence at the position; ``"hybrid"``: the
+            likelihood routers' prefix posterior with that confidence as the next token's expected evidence
+            (`scale_cl.tuner.routing.confidence`, where the rule is derived).
         router_prior: the likelihood router's prior log-odds for the base path (``w = sigmoid(prior)`` at a
             document start).
         router_decay: the likelihood router's decay of past evidence per token, in (0, 1] (1: the whole document
             weighs alike; 0.95: about the last 20 tokens).
+        router_confidence: the confidence and hybrid routers' measure of an expert's confidence: ``"entropy"``
+            (its distribution's negative entropy) or ``"top"`` (the log of its top probability).
+        router_temperature: ``T`` in their ``w ~ exp(confidence / T)``: 1 counts the confidence as one token's
+            evidence; smaller trusts it more.
     """
 
     hidden_up: int = field(
@@ -113,8 +121,9 @@ class ScaleConfig:
         default="cosine",
         metadata={
             "help": f"SCALE-Route's router, one of {tuple(ROUTERS)}: Eq. 5's cosine, or p = w p_base + (1 - w) "
-            "p_new with w from the document's running log-likelihood ratio under the two paths (SCALE-Preserve "
-            "reads it too when it is likelihood: its base logits are exact)"
+            "p_new with w from the document's running log-likelihood ratio under the two paths (likelihood), "
+            "from each path's confidence at the position (confidence), or both (hybrid); SCALE-Preserve reads "
+            "every router but cosine (its base logits are exact)"
         },
     )
     router_prior: float = field(
@@ -128,6 +137,22 @@ class ScaleConfig:
     router_decay: float = field(
         default=0.95, metadata={"gt": 0, "le": 1, "help": "likelihood router: decay of past evidence per token"}
     )
+    router_confidence: str = field(
+        default="entropy",
+        metadata={
+            "help": f"confidence and hybrid routers: an expert's confidence at a position, one of {CONFIDENCES} "
+            "(its distribution's negative entropy, or the log of its top probability)"
+        },
+    )
+    router_temperature: float = field(
+        default=1 / 3,
+        metadata={
+            "gt": 0,
+            "le": 100,
+            "help": "confidence and hybrid routers: w ~ exp(confidence / T); 1 counts it as one token's evidence, "
+            "1/3 (the default) is the biography probe's exp(-3 x entropy)",
+        },
+    )
 
     def __post_init__(self) -> None:
         check_fields(self)  # every field's type (collab_modules a tuple, preserve_layers whole) and declared range
@@ -139,6 +164,10 @@ class ScaleConfig:
             raise ValueError(f"ScaleConfig.up_norm must be one of {UP_NORMS}, got {self.up_norm!r}")
         if self.router not in ROUTERS:  # the registered routers (scale_cl.tuner.routing)
             raise ValueError(f"ScaleConfig.router must be one of {tuple(ROUTERS)}, got {self.router!r}")
+        if self.router_confidence not in CONFIDENCES:
+            raise ValueError(
+                f"ScaleConfig.router_confidence must be one of {CONFIDENCES}, got {self.router_confidence!r}"
+            )
         unknown = [m for m in self.collab_modules if m not in MODULES]
         if unknown or not self.collab_modules:
             raise ValueError(
@@ -148,6 +177,7 @@ class ScaleConfig:
             raise ValueError(f"ScaleConfig.collab_modules has duplicates: {self.collab_modules!r}")
         self.route_tau, self.up_logit_scale = float(self.route_tau), float(self.up_logit_scale)
         self.router_prior, self.router_decay = float(self.router_prior), float(self.router_decay)
+        self.router_temperature = float(self.router_temperature)
 
     @property
     def routed(self) -> bool:

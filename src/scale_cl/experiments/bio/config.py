@@ -120,6 +120,16 @@ class Task1Config(MethodStageConfig):
         },
     )
 
+    reading_alphas: tuple[float, ...] = field(
+        default=(1.0,),
+        metadata={
+            "type": float,
+            "ge": 0,
+            "help": "SCALE-Route and SCALE-Preserve: after Task 1, read the trained model (as trained and with each "
+            "mixing router) with its new stream's logits weighted by each alpha, Z + alpha Z_up (readings in "
+            "seed-<s>/<method>.json, training nothing): alpha above 1 sharpens the new expert's distribution",
+        },
+    )
     wise_ft_alphas: tuple[float, ...] = field(
         default=(),
         metadata={
@@ -134,8 +144,8 @@ class Task1Config(MethodStageConfig):
         default=False,
         metadata={
             "help": "methods that do not route: after Task 1, also evaluate the trained model mixed with the Task-0 "
-            "model by the likelihood router (options.scale.router_prior / router_decay; two forward passes): the "
-            "control of SCALE's router readings, with the router's AUROC (likelihood_control in "
+            "model by each mixing router, likelihood, confidence and hybrid (options.scale.router_*; two forward "
+            "passes): the control of SCALE's router readings, with each router's AUROC (likelihood_control in "
             "seed-<s>/<method>.json, training nothing)",
         },
     )
@@ -171,6 +181,7 @@ class Task1Config(MethodStageConfig):
 
     def __post_init__(self) -> None:
         self.wise_ft_alphas = tuple(float(a) for a in self.wise_ft_alphas)
+        self.reading_alphas = tuple(float(a) for a in self.reading_alphas)
         super().__post_init__()  # every field's range, these included
         if self.replay_ratio and self.pseudo_replay_ratio:
             raise ValueError(

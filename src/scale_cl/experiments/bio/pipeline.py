@@ -58,9 +58,9 @@ from scale_cl.data import (
 from scale_cl.data.pseudo_replay import cached_blocks, generate_blocks
 from scale_cl.data.replay import ReplayMix, describe_share
 from scale_cl.eval.first_token import QAExample, first_token_accuracy
-from scale_cl.eval.mixture import ModelMixture
+from scale_cl.eval.mixture import MIXTURE_ROUTERS, mixture_read_as
 from scale_cl.eval.readings import up_logit_frontier, wise_ft_frontier
-from scale_cl.eval.route_separation import auroc, collect_base_weights, routes_by_likelihood
+from scale_cl.eval.route_separation import auroc, collect_base_weights, mixes_experts, routes_by_eq5
 from scale_cl.experiments.bio.config import BioConfig
 from scale_cl.experiments.bio.datasets import AnswerOnlyQA, PackedText, PadCollator
 from scale_cl.experiments.run_folder import check_output_folder, claim_output_folder
@@ -244,21 +244,24 @@ def evaluate_tasks(model: torch.nn.Module, data: BioData) -> dict[str, dict[str,
     """Accuracy on Task 0 (held-out people, the paper's view), Task 0's QA-trained people and Task 1 (and in a
     sequence every later task, ``task2``, ...).
 
-    A model read by a router of token likelihoods (a SCALE model with the likelihood or nested router, or the
+    A model read by a mixing router (a SCALE model with the likelihood, nested, confidence or hybrid router, or the
     two-model control) also records, under ``"likelihood_router"``, the base's mean weight where each split's
     answers are predicted and the AUROC of Task-0 questions against Task-1 questions by that weight
-    (`scale_cl.eval.route_separation`): whether the router tells them apart (issue 28).
+    (`scale_cl.eval.route_separation`): whether the router tells them apart (issue 28). SCALE-Route read by Eq. 5
+    records the same under ``"eq5_routing"``, its decision as the weight: the share of each split's answers it sends
+    to the preserve path (issue 50).
     """
     pad = data.tokenizer.pad_token_id
     questions = data.test_splits()
-    if not routes_by_likelihood(model):
+    eq5 = routes_by_eq5(model)
+    if not (eq5 or mixes_experts(model)):
         return {name: first_token_accuracy(model, examples, pad) for name, examples in questions.items()}
     result, weights = {}, {}
     for name, examples in questions.items():
         with collect_base_weights(model) as collected:
             result[name] = first_token_accuracy(model, examples, pad)
         weights[name] = torch.cat(collected)
-    result["likelihood_router"] = {
+    result["eq5_routing" if eq5 else "likelihood_router"] = {
         **{f"{name}_base_weight": float(w.mean()) for name, w in weights.items()},
         "auroc": auroc(weights["task0"], weights["task1"]),
         "auroc_trained": auroc(weights["task0_trained"], weights["task1"]),
@@ -475,32 +478,42 @@ def run_method(
         **used_placement(args),  # device, precision (and the GPU) Task 1 trained on
     }
     if method_spec(method).base_logits_exact:
-        result["readings"] = router_readings(model, data)
+        result["readings"] = router_readings(model, data, cfg.task1.reading_alphas)
     elif cfg.task1.wise_ft_alphas and method_spec(method).wise_ft:
         task0 = GPTNeoXForCausalLM.from_pretrained(task0_dir)
         result["readings"] = wise_ft_frontier(model, task0, lambda m: evaluate_tasks(m, data), cfg.task1.wise_ft_alphas)
     if cfg.task1.likelihood_control and not method_spec(method).routes:
-        result["likelihood_control"] = [likelihood_control(cfg, model, task0_dir, data)]
+        result["likelihood_control"] = likelihood_control(cfg, model, task0_dir, data)
     write_json(result_path, result)
     shutil.rmtree(run_dir, ignore_errors=True)  # the method is finished: nothing to resume
     return result
 
 
-def router_readings(model: torch.nn.Module, data: BioData) -> list[dict[str, Any]]:
+def router_readings(model: torch.nn.Module, data: BioData, alphas: tuple[float, ...] = (1.0,)) -> list[dict[str, Any]]:
     """The trained SCALE model whose base logits are exact (Route, Preserve) evaluated as it is and with the readings
-    it was not trained with: Route's Eq.-5-trained model with ``route_exact`` and the likelihood router, Preserve's
-    with the likelihood router (training nothing; `scale_cl.eval.readings.up_logit_frontier` at alpha 1)."""
-    return up_logit_frontier(model, lambda m: evaluate_tasks(m, data), (1.0,))
+    it was not trained with: Route's Eq.-5-trained model with ``route_exact``, then Route's and Preserve's with each
+    mixing router (likelihood, confidence, hybrid), each at every alpha of ``alphas`` (training nothing;
+    `scale_cl.eval.readings.up_logit_frontier`)."""
+    return up_logit_frontier(model, lambda m: evaluate_tasks(m, data), alphas, MIXTURE_ROUTERS)
 
 
-def likelihood_control(cfg: BioConfig, trained: torch.nn.Module, task0_dir: Path, data: BioData) -> dict[str, Any]:
-    """The trained model and the Task-0 model it started from mixed by the likelihood router (its prior and decay
-    from ``options.scale``), evaluated as one model: the two-model control of SCALE's router readings
-    (`scale_cl.eval.mixture`), its router's base weight and AUROC recorded as theirs are."""
+def likelihood_control(
+    cfg: BioConfig, trained: torch.nn.Module, task0_dir: Path, data: BioData
+) -> list[dict[str, Any]]:
+    """The trained model and the Task-0 model it started from mixed by each mixing router (likelihood, confidence,
+    hybrid; their settings from ``options.scale``), evaluated as one model: the two-model control of SCALE's router
+    readings (`scale_cl.eval.mixture`), each router's base weight and AUROC recorded as theirs are."""
     device = next(trained.parameters()).device
     task0 = GPTNeoXForCausalLM.from_pretrained(task0_dir).to(device).requires_grad_(False)
-    mixture = ModelMixture([task0, trained], cfg.options.scale.router_prior, cfg.options.scale.router_decay)
-    return {"alpha": 1.0, "router": "likelihood", "control": "two models", **evaluate_tasks(mixture, data)}
+    return [
+        {
+            "alpha": 1.0,
+            "router": router,
+            "control": "two models",
+            **evaluate_tasks(mixture_read_as([task0, trained], router, cfg.options.scale), data),
+        }
+        for router in MIXTURE_ROUTERS
+    ]
 
 
 def validate(cfg: BioConfig) -> None:

@@ -13,6 +13,7 @@ from typing import ClassVar
 
 from scale_cl.bounds import check_fields
 from scale_cl.data.corpus import CorpusConfig
+from scale_cl.eval.mixture import MIXTURE_ROUTERS
 from scale_cl.experiments.base.name import CLEAN_EN
 from scale_cl.experiments.experiment import ExperimentConfig
 from scale_cl.experiments.growth import GrowthSettings
@@ -147,6 +148,14 @@ class EvalConfig:
         },
     )
 
+    routers: tuple[str, ...] = field(
+        default=("likelihood",),
+        metadata={
+            "help": f"the mixing routers, of {MIXTURE_ROUTERS}, that read SCALE-Route and SCALE-Preserve after "
+            "training (--eval.up_logit_scales' frontier) and the two-model control (--eval.likelihood_control)",
+        },
+    )
+
     mixed_documents: int = field(
         default=0,
         metadata={
@@ -171,7 +180,11 @@ class EvalConfig:
     def __post_init__(self) -> None:
         self.up_logit_scales = tuple(float(a) for a in self.up_logit_scales)
         self.wise_ft_alphas = tuple(float(a) for a in self.wise_ft_alphas)
+        self.routers = tuple(self.routers)
         check_fields(self)
+        unknown = [router for router in self.routers if router not in MIXTURE_ROUTERS]
+        if unknown or not self.routers:
+            raise ValueError(f"eval.routers must name one or more of {MIXTURE_ROUTERS}, got {list(self.routers)}")
 
 
 VOCAB_TEXT_CHARS = 50_000_000  # new-domain training text read to learn --data.extend_vocab's tokens

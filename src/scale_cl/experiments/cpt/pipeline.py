@@ -47,7 +47,7 @@ from transformers import AutoConfig, PreTrainedModel, PreTrainedTokenizerBase, T
 from scale_cl.data.corpus import Corpus, build_corpus, check_corpus, eos_id, is_stream, split_documents
 from scale_cl.data.pseudo_replay import cached_blocks, generate_blocks
 from scale_cl.data.replay import ReplayMix, ReplayStream, describe_share
-from scale_cl.eval.mixture import ModelMixture
+from scale_cl.eval.mixture import mixture_read_as
 from scale_cl.eval.perplexity import final_hidden_original, mean_cosine_similarity, new_domain_tokens, perplexity
 from scale_cl.eval.readings import read_as, reading_applied, up_logit_frontier, wise_ft_frontier
 from scale_cl.eval.route_separation import base_weights, router_separation
@@ -323,14 +323,23 @@ def mixed_sets(cfg: CptConfig, corpus: Corpus) -> dict[str, MixedSet]:
     }
 
 
-def likelihood_control(cfg: CptConfig, trained: torch.nn.Module, base: torch.nn.Module, evaluate: Any) -> dict:
-    """The trained model and its base mixed by SCALE-Route's likelihood router (its prior and decay from
-    ``options.scale``), evaluated as one model: the two-model control of Route's likelihood reading
+def likelihood_control(
+    cfg: CptConfig, trained: torch.nn.Module, base: torch.nn.Module, evaluate: Any
+) -> list[dict[str, Any]]:
+    """The trained model and its base mixed by each router of ``eval.routers`` (their settings from
+    ``options.scale``), evaluated as one model: the two-model control of SCALE's router readings
     (`scale_cl.eval.mixture`)."""
     device = next(trained.parameters()).device
     base = base.to(device).requires_grad_(False)
-    mixture = ModelMixture([base, trained], cfg.options.scale.router_prior, cfg.options.scale.router_decay)
-    return {"alpha": 1.0, "router": "likelihood", "control": "two models", **evaluate(mixture)}
+    return [
+        {
+            "alpha": 1.0,
+            "router": router,
+            "control": "two models",
+            **evaluate(mixture_read_as([base, trained], router, cfg.options.scale)),
+        }
+        for router in cfg.eval.routers
+    ]
 
 
 def run_method(
@@ -456,15 +465,17 @@ def run_method(
         summary["layer_choice"] = layer_choice
     evaluates = state.is_main_process or sharded
     if evaluates and cfg.eval.up_logit_scales and hasattr(trainer.model, "scale_route"):
-        summary["up_logit_frontier"] = up_logit_frontier(trainer.model, tracker.evaluate, cfg.eval.up_logit_scales)
+        summary["up_logit_frontier"] = up_logit_frontier(
+            trainer.model, tracker.evaluate, cfg.eval.up_logit_scales, cfg.eval.routers
+        )
     if state.is_main_process and cfg.eval.wise_ft_alphas and method_spec(method).wise_ft:
         start = grown_base(*load_base(ref), corpus)[0]
         summary["wise_ft_frontier"] = wise_ft_frontier(trainer.model, start, tracker.evaluate, cfg.eval.wise_ft_alphas)
         del start
     if state.is_main_process and cfg.eval.likelihood_control and not method_spec(method).routes:
-        summary["likelihood_control"] = [
-            likelihood_control(cfg, trainer.model, grown_base(*load_base(ref), corpus)[0], tracker.evaluate)
-        ]
+        summary["likelihood_control"] = likelihood_control(
+            cfg, trainer.model, grown_base(*load_base(ref), corpus)[0], tracker.evaluate
+        )
     if state.is_main_process:
         if save_model:
             with reading_applied(trainer.model, reading, keep=True):

@@ -90,3 +90,35 @@ def mixture_log_probs(
             for z, shift in zip(flat[1:], columns[1:], strict=True):
                 torch.logaddexp(total, z[part].float() + shift[part], out=total)
     return out.view(experts[0].shape)
+
+
+CONFIDENCES = ("entropy", "top")  # what an expert's confidence at a position is read as (`expert_confidence`)
+
+
+# Copy in export/modeling_scale.py (expert_confidence): the same code (tests/test_export_copies.py).
+def expert_confidence(
+    experts: Sequence[torch.Tensor], norms: torch.Tensor, kind: str, increments: bool = False
+) -> torch.Tensor:
+    """Each expert's confidence at every position (E, ...), fp32, no gradient: ``kind`` ``"entropy"`` is the negative
+    entropy of its distribution ``-H(p_j) = sum_v p_j(v) ln p_j(v)`` (what a calibrated expert expects its next
+    token's log-probability to be), ``"top"`` the log of its top probability ``ln max_v p_j(v)``. ``norms``: the
+    experts' `log_normalisers`; ``increments`` as there. Computed a CPU chunk of positions at a time."""
+    if kind not in CONFIDENCES:
+        raise ValueError(f"an expert's confidence is one of {CONFIDENCES}, got {kind!r}")
+    vocab = experts[0].shape[-1]
+    flat = [z.detach().reshape(-1, vocab) for z in experts]
+    flat_norms = norms.detach().reshape(len(flat), -1)
+    out = torch.empty(flat_norms.shape, device=flat[0].device)
+    rows = chunk_rows(vocab, out.device)
+    for first in range(0, out.shape[1], rows):
+        part = slice(first, first + rows)
+        running = None
+        for index, z in enumerate(flat):
+            running = running + z[part] if increments and running is not None else z[part].float()
+            if kind == "top":
+                out[index, part] = running.amax(dim=-1) - flat_norms[index, part]
+            else:
+                log_p = running - flat_norms[index, part, None]
+                p = log_p.exp()  # a ruled-out entry (p = 0, ln p = -inf) adds 0, not NaN
+                out[index, part] = torch.where(p > 0, p * log_p, 0.0).sum(dim=-1)
+    return out.view(norms.shape)

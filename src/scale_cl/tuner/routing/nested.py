@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from scale_cl.tuner.routing.likelihood import document_starts, padding_free, running_ratio
-from scale_cl.tuner.routing.mixing import log_normalisers, mixture_log_probs
+from scale_cl.tuner.routing.mixing import expert_confidence, log_normalisers, mixture_log_probs
 from scale_cl.tuner.routing.router import HeadPaths, Router, register_router
 
 if TYPE_CHECKING:
@@ -52,7 +52,7 @@ class NestedMemory:
 # Copied to export/modeling_scale.py (nested_mix): change both (tests/test_export_copies.py).
 def nested_mix(
     expert_logits: Sequence[torch.Tensor],
-    input_ids: torch.Tensor,
+    input_ids: torch.Tensor | None,
     *,
     prior: float,
     decay: float,
@@ -60,38 +60,50 @@ def nested_mix(
     attention_mask: torch.Tensor | None = None,
     memory: NestedMemory | None = None,
     increments: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor, NestedMemory]:
+    confidence: str | None = None,
+    temperature: float = 1.0,
+    prefix: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor, NestedMemory | None]:
     """The mixture's log-probabilities (as logits), each expert's weight (E, B, T) and the memory for the next call.
 
     ``expert_logits``: E tensors (B, T, V), the base's first; ``input_ids`` (B, T) the tokens of those positions.
     ``increments``: each tensor after the first is what its expert adds to the one before (a grown model's stages,
-    `nested_logits`), never summed as a whole tensor.
+    `nested_logits`), never summed as a whole tensor. ``confidence`` (``"entropy"`` or ``"top"``, `scale_cl.tuner.
+    routing.confidence`): each expert's confidence at the position, over ``temperature``, joins its log-weight.
+    ``prefix`` False: no running ratio (``r = 0``; the ids are not read and no memory is returned).
     """
     norms = log_normalisers(expert_logits, increments)  # (E, B, T): expert - norm are log-probabilities
     experts, rows, length = norms.shape
-    ids = input_ids.to(norms.device)
     with torch.no_grad():
-        evidence = torch.zeros(experts, rows, length, device=norms.device)
-        if length > 1:
-            nxt = ids[:, 1:, None]
-            chosen = torch.stack([z[:, :-1].gather(-1, nxt).squeeze(-1).float() for z in expert_logits])
-            chosen = chosen.cumsum(0) if increments else chosen
-            evidence[:, :, 1:] = chosen - norms[:, :, :-1]
-        if memory is not None:
-            first = ids[None, :, :1].expand(experts, -1, -1)
-            evidence[:, :, :1] = memory.last_log_probs.gather(-1, first)
-        evidence = padding_free(evidence, attention_mask)
-        starts = document_starts(ids, eos_ids)
-        initial = None if memory is None else memory.ratio.reshape(-1)
-        ratio = running_ratio(evidence.reshape(-1, length), starts.repeat(experts, 1), decay, initial)
-        ratio = ratio.view(experts, rows, length)
         priors = torch.zeros(experts, device=norms.device)
         priors[0] = prior
-        log_w = torch.log_softmax(ratio + priors[:, None, None], dim=0)
+        score = priors[:, None, None].expand(experts, rows, length)
+        if prefix:
+            ids = input_ids.to(norms.device)
+            evidence = torch.zeros(experts, rows, length, device=norms.device)
+            if length > 1:
+                nxt = ids[:, 1:, None]
+                chosen = torch.stack([z[:, :-1].gather(-1, nxt).squeeze(-1).float() for z in expert_logits])
+                chosen = chosen.cumsum(0) if increments else chosen
+                evidence[:, :, 1:] = chosen - norms[:, :, :-1]
+            if memory is not None:
+                first = ids[None, :, :1].expand(experts, -1, -1)
+                evidence[:, :, :1] = memory.last_log_probs.gather(-1, first)
+            evidence = padding_free(evidence, attention_mask)
+            starts = document_starts(ids, eos_ids)
+            initial = None if memory is None else memory.ratio.reshape(-1)
+            ratio = running_ratio(evidence.reshape(-1, length), starts.repeat(experts, 1), decay, initial)
+            ratio = ratio.view(experts, rows, length)
+            score = score + ratio
+        if confidence is not None:
+            score = score + expert_confidence(expert_logits, norms, confidence, increments) / temperature
+        log_w = torch.log_softmax(score, dim=0)
     mixed = mixture_log_probs(expert_logits, list(log_w - norms), increments)
-    last = torch.stack([z[:, -1].float() for z in expert_logits])
-    last_log_probs = (last.cumsum(0) if increments else last) - norms[:, :, -1, None]
-    next_memory = NestedMemory(ratio[:, :, -1].detach(), last_log_probs.detach())
+    next_memory = None
+    if prefix:
+        last = torch.stack([z[:, -1].float() for z in expert_logits])
+        last_log_probs = (last.cumsum(0) if increments else last) - norms[:, :, -1, None]
+        next_memory = NestedMemory(ratio[:, :, -1].detach(), last_log_probs.detach())
     return mixed.to(expert_logits[-1].dtype), log_w.exp(), next_memory
 
 

@@ -1,0 +1,103 @@
+"""Issue 50's biography table: every reading of the routers at the end of Task 1, over the seeds, beside its oracle.
+
+Reads the runs of ``scale-cl bio ... --methods fft scale_preserve [scale_route] --task1.likelihood_control`` (ROOT:
+its ``--out``): FFT's two-model control (the Task-0 model and FFT's model mixed by each router) and SCALE's one-pass
+readings (SCALE-Preserve's and SCALE-Route's models as trained and read with each router, at each alpha of
+``task1.reading_alphas``). For every reading: hard first-token accuracy on Task 0's held-out and QA-trained people and
+on Task 1 (%), the AUROC of Task-0 against Task-1 questions by the base's weight where the answer is predicted, the
+base's mean weight (the share routed to the Task-0 expert) on Task-0 held-out and Task-1 questions, and the share of
+the Task-0 model's held-out accuracy kept. The oracle of a pair is each cohort read by its own expert: the Task-0
+model on Task 0 (the run's step 0), the trained expert on Task 1 (FFT's model, or SCALE's full output as trained).
+
+Usage: python benchmarks/bio_confidence_table.py ROOT
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from collections import defaultdict
+from pathlib import Path
+
+SETS = ("task0", "task0_trained", "task1")
+
+
+def mean_spread(values: list[float]) -> str:
+    """``mean ± population std`` (one decimal); a single value alone."""
+    if len(values) == 1:
+        return f"{values[0]:.1f}"
+    return f"{statistics.fmean(values):.1f} ± {statistics.pstdev(values):.1f}"
+
+
+def reading_name(method: str, reading: dict) -> str:
+    """A row's label: the method, its alpha where not 1, the router (or 'as trained', Eq. 5's route_exact)."""
+    if reading.get("control"):
+        return f"control: Task-0 model + {method}, {reading['router']}"
+    router = reading.get("router") or ("route_exact" if reading.get("route_exact") else "as trained")
+    alpha = reading.get("alpha", 1.0)
+    return f"{method} one pass, {router}" + ("" if alpha == 1.0 else f", alpha {alpha:g}")
+
+
+def rows_of(run: dict) -> list[tuple[str, dict, dict]]:
+    """(label, the reading, the oracle's accuracies) of each reading of one run."""
+    start = run["curve"][0]  # the Task-0 model before Task 1
+    oracle = {"task0": start["task0"]["overall"], "task0_trained": start["task0_trained"]["overall"]}
+    rows = []
+    if "likelihood_control" in run:
+        learned = run["curve"][-1]["task1"]["overall"]
+        rows += [(reading_name(run["method"], r), r, {**oracle, "task1": learned}) for r in run["likelihood_control"]]
+    as_trained = {r.get("alpha", 1.0): r for r in run.get("readings", []) if "router" not in r}
+    for reading in run.get("readings", []):
+        own = as_trained.get(reading.get("alpha", 1.0), run["curve"][-1])
+        rows.append((reading_name(run["method"], reading), reading, {**oracle, "task1": own["task1"]["overall"]}))
+    return rows
+
+
+def table(root: Path) -> str:
+    cells: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for path in sorted(root.glob("seed-*/*.json")):
+        run = json.loads(path.read_text())
+        if "curve" not in run:
+            continue
+        start_task0 = run["curve"][0]["task0"]["overall"]
+        for label, reading, oracle in rows_of(run):
+            cell = cells[label]
+            for name in SETS:
+                cell[name].append(100 * reading[name]["overall"])
+                cell[f"oracle_{name}"].append(100 * oracle[name])
+            cell["kept"].append(100 * reading["task0"]["overall"] / start_task0)
+            router = reading.get("likelihood_router")
+            if router:
+                cell["auroc"].append(router["auroc"])
+                cell["w_task0"].append(router["task0_base_weight"])
+                cell["w_task1"].append(router["task1_base_weight"])
+    header = (
+        "| reading | seeds | Task 0 held-out | Task 0 QA-trained | Task 1 | % of the Task-0 model's held-out kept "
+        "| AUROC | base weight on Task 0 / Task 1 | oracle (held-out / QA-trained / Task 1) |"
+    )
+    lines = [header, "|" + "---|" * 9]
+    for label, cell in cells.items():
+        auroc = f"{statistics.fmean(cell['auroc']):.3f}" if cell["auroc"] else "-"
+        weights = (
+            f"{statistics.fmean(cell['w_task0']):.2f} / {statistics.fmean(cell['w_task1']):.2f}"
+            if cell["w_task0"]
+            else "-"
+        )
+        oracle = " / ".join(mean_spread(cell[f"oracle_{name}"]) for name in SETS)
+        lines.append(
+            f"| {label} | {len(cell['task1'])} | "
+            + " | ".join(mean_spread(cell[name]) for name in SETS)
+            + f" | {mean_spread(cell['kept'])} | {auroc} | {weights} | {oracle} |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("root", type=Path, help="the --out folder of the scale-cl bio run")
+    print(table(parser.parse_args().root))
+
+
+if __name__ == "__main__":
+    main()

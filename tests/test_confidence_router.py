@@ -1,0 +1,264 @@
+"""The confidence routers (issue 50): the experts weighed by each one's confidence at the position (``confidence``),
+or by that and the prefix posterior (``hybrid``); causal, normalised, reset at EOS, equal across ``generate()``'s
+calls, in SCALE-Route's two paths, SCALE-Preserve's one path and a grown model's nested experts, and equal to the
+two-model control (`ModelMixture`) of the same experts run apart."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from conftest import VOCAB, make_model, randomize_new_weights, token_batch, upscaled_copy
+from scale_cl import ScaleConfig, load, set_method, upscale
+from scale_cl.eval.mixture import ModelMixture
+from scale_cl.eval.route_separation import collect_base_weights, mixes_experts
+from scale_cl.tuner.modes import set_live_settings
+from scale_cl.tuner.routing.likelihood import likelihood_mix
+from scale_cl.tuner.routing.mixing import expert_confidence, log_normalisers
+from scale_cl.tuner.routing.nested import nested_mix
+
+EOS = 2
+PRIOR, DECAY, TEMPERATURE = 0.3, 0.9, 0.5
+
+
+def _confidence(log_p: torch.Tensor, kind: str) -> torch.Tensor:
+    return torch.special.xlogy(log_p.exp(), log_p.exp()).sum(-1) if kind == "entropy" else log_p.amax(-1)
+
+
+@pytest.mark.parametrize("kind", ["entropy", "top"])
+@pytest.mark.parametrize("increments", [False, True])
+def test_an_expert_s_confidence_is_its_negative_entropy_or_its_log_top_probability(kind, increments):
+    """Computed a chunk of positions at a time (here many chunks: SmolLM2's vocabulary size) and from increments,
+    equal to the plain expression; an entry ruled out (``-inf``) adds nothing, not NaN."""
+    gen = torch.Generator().manual_seed(0)
+    experts = [torch.randn(2, 5, 49_152, generator=gen) * 3 for _ in range(3)]
+    experts[0][0, 0, :100] = float("-inf")
+    whole = list(torch.stack(experts).cumsum(0)) if increments else experts
+    norms = log_normalisers(experts, increments)
+    got = expert_confidence(experts, norms, kind, increments)
+    expected = torch.stack([_confidence(z.log_softmax(-1), kind) for z in whole])
+    torch.testing.assert_close(got, expected, atol=2e-4, rtol=1e-5)
+    assert torch.isfinite(got).all()
+    with pytest.raises(ValueError, match="one of \\('entropy', 'top'\\)"):
+        expert_confidence(experts, norms, "margin")
+
+
+@pytest.mark.parametrize("kind", ["entropy", "top"])
+def test_the_confidence_router_weighs_each_position_by_the_experts_confidence_alone(kind):
+    """``w_t = softmax_j(prior_j + c_j,t / T)``: no token is read (ids None), the mixture is normalised, and a
+    position's weight depends on that position's distributions only."""
+    gen = torch.Generator().manual_seed(1)
+    experts = [torch.randn(2, 6, 9, generator=gen) * 2 for _ in range(2)]
+    logits, weights, memory = nested_mix(
+        experts, None, prior=PRIOR, decay=DECAY, eos_ids=(EOS,), confidence=kind, temperature=TEMPERATURE, prefix=False
+    )
+    log_p = torch.stack([z.log_softmax(-1) for z in experts])
+    score = _confidence(log_p, kind) / TEMPERATURE + torch.tensor([PRIOR, 0.0])[:, None, None]
+    expected_w = score.softmax(0)
+    torch.testing.assert_close(weights, expected_w, atol=1e-6, rtol=0)
+    expected = torch.log((expected_w[..., None] * log_p.exp()).sum(0))
+    torch.testing.assert_close(logits, expected, atol=1e-5, rtol=0)
+    torch.testing.assert_close(logits.exp().sum(-1), torch.ones(2, 6), atol=1e-5, rtol=0)
+    assert memory is None
+    changed = [z.clone() for z in experts]
+    changed[1][:, 3:] = torch.randn(2, 3, 9, generator=gen)
+    again = nested_mix(changed, None, prior=PRIOR, decay=DECAY, eos_ids=(EOS,), confidence=kind, prefix=False)[1]
+    first = nested_mix(experts, None, prior=PRIOR, decay=DECAY, eos_ids=(EOS,), confidence=kind, prefix=False)[1]
+    torch.testing.assert_close(again[:, :, :3], first[:, :, :3], atol=0, rtol=0)  # position t reads position t
+
+
+def test_the_hybrid_is_the_prefix_posterior_with_the_confidence_added_and_resets_at_eos():
+    """``w_t = softmax_j(prior_j + r_j,t + c_j,t / T)`` with the likelihood router's ``r`` (reset at EOS); without
+    the confidence it is the likelihood router exactly; it never reads the token it predicts."""
+    gen = torch.Generator().manual_seed(2)
+    base, new = torch.randn(2, 7, 9, generator=gen), torch.randn(2, 7, 9, generator=gen)
+    ids = torch.randint(3, 9, (2, 7), generator=gen)
+    ids[1, 3] = EOS
+    settings = {"prior": PRIOR, "decay": DECAY, "eos_ids": (EOS,)}
+    logits, weights, _ = nested_mix([base, new], ids, **settings, confidence="entropy", temperature=TEMPERATURE)
+    lb, ln = base.log_softmax(-1), new.log_softmax(-1)
+    for row in range(2):
+        ratio = 0.0
+        for t in range(7):
+            evidence = 0.0 if t == 0 else float(lb[row, t - 1, ids[row, t]] - ln[row, t - 1, ids[row, t]])
+            ratio = 0.0 if ids[row, t] == EOS else DECAY * ratio + evidence
+            confidence = _confidence(torch.stack((lb[row, t], ln[row, t])), "entropy") / TEMPERATURE
+            w = torch.sigmoid(PRIOR + ratio + confidence[0] - confidence[1])
+            assert float(weights[0, row, t]) == pytest.approx(float(w), abs=1e-5), (row, t)
+            expected = torch.log(w * lb[row, t].exp() + (1 - w) * ln[row, t].exp())
+            torch.testing.assert_close(logits[row, t], expected, atol=1e-5, rtol=0)
+    plain, plain_w, _ = nested_mix([base, new], ids, **settings)
+    likelihood, likelihood_w, _ = likelihood_mix(base, new, ids, **settings)
+    torch.testing.assert_close(plain, likelihood, atol=1e-5, rtol=0)
+    torch.testing.assert_close(plain_w[0], likelihood_w, atol=1e-6, rtol=0)
+    changed = ids.clone()
+    changed[:, -1] = (changed[:, -1] + 1) % 9
+    again = nested_mix([base, new], changed, **settings, confidence="entropy", temperature=TEMPERATURE)[0]
+    torch.testing.assert_close(again[:, :-1], logits[:, :-1], atol=0, rtol=0)
+
+
+def test_a_hybrid_call_that_continues_reads_its_first_evidence_from_the_memory():
+    gen = torch.Generator().manual_seed(3)
+    experts = [torch.randn(1, 8, 9, generator=gen) for _ in range(3)]
+    ids = torch.randint(3, 9, (1, 8), generator=gen)
+    settings = {"prior": 0.0, "decay": 0.9, "eos_ids": (EOS,), "confidence": "top", "increments": True}
+    whole, w_whole, _ = nested_mix(experts, ids, **settings)
+    first, _, memory = nested_mix([z[:, :5] for z in experts], ids[:, :5], **settings)
+    rest, w_rest, _ = nested_mix([z[:, 5:] for z in experts], ids[:, 5:], **settings, memory=memory)
+    torch.testing.assert_close(torch.cat((first, rest), 1), whole, atol=1e-6, rtol=0)
+    torch.testing.assert_close(w_rest, w_whole[:, :, 5:], atol=1e-6, rtol=0)
+
+
+def _route_model(router: str, arch: str = "llama-gqa2-tied"):
+    base = make_model(arch, seed=0)
+    model = upscaled_copy(base, "route", ffn_up=16, preserve_layers=1, w21_init="random", w22_init="random", seed=1)
+    randomize_new_weights(model, seed=4, w12_scale=0.3)
+    model.config.eos_token_id = EOS
+    model.scale_route.eos_ids = (EOS,)
+    settings = {"router_prior": PRIOR, "router_decay": DECAY, "router_temperature": TEMPERATURE}
+    return base, set_live_settings(model, router=router, **settings).eval()
+
+
+def _preserve_model(router: str):
+    base = make_model("llama-gqa4-untied", seed=0).eval()
+    model = upscaled_copy(base, "preserve", w21_init="random", w22_init="random", seed=1)
+    randomize_new_weights(model, seed=2, w12_scale=0.3, head_scale=0.5)
+    model.config.eos_token_id = EOS
+    model.scale_route.eos_ids = (EOS,)
+    trained = copy.deepcopy(model).eval()  # the model as it trained: no router
+    settings = {"router_prior": PRIOR, "router_decay": DECAY, "router_temperature": TEMPERATURE}
+    return base, trained, set_live_settings(model, router=router, **settings).eval()
+
+
+@pytest.mark.parametrize("router", ["confidence", "hybrid"])
+@pytest.mark.parametrize("arch", ["llama-gqa2-tied", "neox-parallel-rot0.25"])
+def test_route_is_read_as_the_mixture_of_the_base_model_and_the_adapt_path(router, arch):
+    """The tiny models' distributions are near uniform (their entropies differ by ~0.01-0.3, the adapt path's the
+    surer): a low temperature makes the confidence speak, and a prior that centres the decision lets both paths
+    weigh in somewhere."""
+    base, model = _route_model(router, arch)
+    ids = torch.randint(3, VOCAB, (2, 10), generator=torch.Generator().manual_seed(5))
+    ids[0, 4] = EOS
+    with torch.no_grad():
+        experts = [base(input_ids=ids).logits, set_method(copy.deepcopy(model), "adapt")(input_ids=ids).logits]
+        entropy = expert_confidence(experts, log_normalisers(experts), "entropy")
+        settings = {"prior": float((entropy[1] - entropy[0]).median()) / 0.01, "decay": DECAY, "eos_ids": (EOS,)}
+        set_live_settings(model, router_temperature=0.01, router_prior=settings["prior"])
+        got = model(input_ids=ids).logits
+        share = model(input_ids=ids)["route_preserve_share"]
+    expected, weights, _ = nested_mix(
+        experts, ids, **settings, confidence="entropy", temperature=0.01, prefix=router == "hybrid"
+    )
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    assert float(weights[0].max() - weights[0].min()) > 0.2, "the weight moves: a mixture, not one constant"
+    assert float(share) == pytest.approx(float(weights[0].mean()), abs=1e-6), "the base path's share is the mean w"
+
+
+@pytest.mark.parametrize("router", ["confidence", "hybrid"])
+def test_preserve_in_one_pass_equals_the_control_of_the_base_and_itself(router):
+    """SCALE-Preserve's ``Z`` is the base's logits exactly: read with the router in one pass it is the two-model
+    control of the base model and itself as trained (two forward passes), weights and all."""
+    base, trained, model = _preserve_model(router)
+    ids, mask = token_batch()
+    control = ModelMixture([base, trained], PRIOR, DECAY, router=router, temperature=TEMPERATURE)
+    with torch.no_grad():
+        expected = control(input_ids=ids, attention_mask=mask).logits
+        got = model(input_ids=ids, attention_mask=mask).logits
+    real = mask.bool()
+    torch.testing.assert_close(got[real], expected[real], atol=2e-5, rtol=0)
+    weights = model.scale_route.last_weights
+    torch.testing.assert_close(weights[:, real], control.last_weights[:, real], atol=1e-5, rtol=0)
+    assert mixes_experts(model) and mixes_experts(control)
+
+
+@pytest.mark.parametrize("router", ["confidence", "hybrid"])
+def test_a_grown_model_is_read_as_its_nested_experts(router):
+    """A SCALE-Preserve model grown twice: the routers mix its three nested experts (the base, the model after the
+    first stage, itself), as the control of the three models run apart does."""
+    base = make_model("llama-gqa2-tied").eval()
+    model = upscaled_copy(base, "preserve", w21_init="random", w22_init="random", seed=1)
+    randomize_new_weights(model, seed=2, w12_scale=0.3, head_scale=0.3)
+    models = [base, copy.deepcopy(model).eval()]
+    config = ScaleConfig(hidden_up=32, ffn_up=8, method="preserve", w21_init="random", w22_init="random", seed=3)
+    model = randomize_new_weights(upscale(model, config).eval(), seed=3, w12_scale=0.3, head_scale=0.3)
+    models.append(copy.deepcopy(model).eval())
+    set_live_settings(model, router=router, router_prior=PRIOR, router_decay=DECAY, router_temperature=TEMPERATURE)
+    ids, mask = token_batch()
+    control = ModelMixture(models, PRIOR, DECAY, router=router, temperature=TEMPERATURE)
+    with torch.no_grad():
+        expected = control(input_ids=ids, attention_mask=mask).logits
+        got = model(input_ids=ids, attention_mask=mask).logits
+    real = mask.bool()
+    torch.testing.assert_close(got[real], expected[real], atol=2e-5, rtol=0)
+    weights = model.scale_route.last_weights
+    assert weights.shape[0] == 3
+    torch.testing.assert_close(weights[:, real], control.last_weights[:, real], atol=1e-5, rtol=0)
+    torch.testing.assert_close(weights.sum(0), torch.ones(weights.shape[1:]))
+
+
+@pytest.mark.parametrize("router", ["confidence", "hybrid"])
+@pytest.mark.parametrize("method", ["route", "preserve"])
+def test_generate_with_a_kv_cache_equals_recomputing_and_a_reload_reads_the_same(router, method, tmp_path):
+    """Greedy generation with a cache picks what the whole sequence's logits pick and equals generation without a
+    cache; saved and reloaded, the model keeps its router and its settings."""
+    if method == "route":
+        base, model = _route_model(router)
+    else:
+        base, _, model = _preserve_model(router)
+    ids = torch.randint(3, VOCAB, (2, 6), generator=torch.Generator().manual_seed(6))
+    with torch.no_grad():
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=6, do_sample=False)
+        no_cache = model.generate(
+            ids, attention_mask=torch.ones_like(ids), max_new_tokens=6, do_sample=False, use_cache=False
+        )
+        logits = model(input_ids=out).logits
+    assert torch.equal(logits[:, ids.shape[1] - 1 : -1].argmax(-1), out[:, ids.shape[1] :])
+    assert torch.equal(out, no_cache)
+    model.save_pretrained(tmp_path / "saved")
+    reloaded = load(tmp_path / "saved", base_model=copy.deepcopy(base)).eval()
+    reloaded.scale_route.eos_ids = (EOS,)
+    assert reloaded.scale_config.router == router and reloaded.scale_config.router_temperature == TEMPERATURE
+    with torch.no_grad():
+        torch.testing.assert_close(reloaded(input_ids=out).logits, logits, rtol=0, atol=1e-5)
+
+
+def test_beam_search_reorders_the_hybrid_s_memory_and_left_padding_reads_each_row_alone():
+    _, model = _route_model("hybrid")
+    gen = torch.Generator().manual_seed(7)
+    ids = torch.randint(3, VOCAB, (3, 7), generator=gen)
+    mask = torch.ones_like(ids)
+    for row, pad in enumerate([0, 2, 4]):
+        ids[row, :pad], mask[row, :pad] = 0, 0
+    with torch.no_grad():
+        out = model.generate(ids, attention_mask=mask, max_new_tokens=5, do_sample=False, pad_token_id=0)
+        for row, pad in enumerate([0, 2, 4]):
+            alone = model.generate(ids[row : row + 1, pad:], max_new_tokens=5, do_sample=False, pad_token_id=0)
+            assert torch.equal(out[row, 7:], alone[0, 7 - pad :]), row
+        beams = model.generate(ids, attention_mask=mask, max_new_tokens=4, num_beams=3, do_sample=False, pad_token_id=0)
+    assert beams.shape == (3, 11)
+
+
+def test_training_through_the_confidence_router_reaches_the_new_path_only():
+    _, model = _route_model("confidence")
+    model.train()
+    ids = torch.randint(3, VOCAB, (2, 8), generator=torch.Generator().manual_seed(8))
+    model(input_ids=ids, labels=ids).loss.backward()
+    head = model.get_output_embeddings()
+    assert head.weight_up.grad is not None and head.weight_up.grad.abs().sum() > 0
+    assert head.weight.grad is None, "the base's head stays frozen"
+
+
+def test_the_base_weight_is_collected_for_the_confidence_router_and_settings_are_checked():
+    _, _, model = _preserve_model("confidence")
+    ids, mask = token_batch()
+    with collect_base_weights(model) as collected, torch.no_grad():
+        model(input_ids=ids, attention_mask=mask)
+    assert len(collected) == 1 and float(collected[0].min()) > 0 and float(collected[0].max()) < 1
+    with pytest.raises(ValueError, match=r"router_confidence must be one of \('entropy', 'top'\)"):
+        set_live_settings(model, router_confidence="margin")
+    with pytest.raises(ValueError, match="router_temperature"):
+        set_live_settings(model, router_temperature=0.0)
+    with pytest.raises(ValueError, match="a mixture of models is read by one of"):
+        ModelMixture([make_model("llama-gqa2-tied")] * 2, router="cosine")
