@@ -7,7 +7,10 @@ readings (SCALE-Preserve's and SCALE-Route's models as trained and read with eac
 on Task 1 (%), the AUROC of Task-0 against Task-1 questions by the base's weight where the answer is predicted, the
 base's mean weight (the share routed to the Task-0 expert) on Task-0 held-out and Task-1 questions, and the share of
 the Task-0 model's held-out accuracy kept. The oracle of a pair is each cohort read by its own expert: the Task-0
-model on Task 0 (the run's step 0), the trained expert on Task 1 (FFT's model, or SCALE's full output as trained).
+model on Task 0 (the run's step 0), the trained expert on Task 1 (FFT's model, or SCALE's full output as trained:
+for SCALE-Route its Eq.-5 output, a proxy, since its adapt path alone is not read).
+
+Then SCALE-Route as trained along Task 1: the share of each split's answers Eq. 5 sends to the preserve path.
 
 Usage: python benchmarks/bio_confidence_table.py ROOT
 """
@@ -47,7 +50,11 @@ def rows_of(run: dict) -> list[tuple[str, dict, dict]]:
     if "likelihood_control" in run:
         learned = run["curve"][-1]["task1"]["overall"]
         rows += [(reading_name(run["method"], r), r, {**oracle, "task1": learned}) for r in run["likelihood_control"]]
-    as_trained = {r.get("alpha", 1.0): r for r in run.get("readings", []) if "router" not in r}
+    # the new expert alone: SCALE-Preserve's full output at that alpha; for SCALE-Route its Eq.-5 output as trained
+    # (its adapt path alone is not read), so Route's oracle is a proxy
+    as_trained = {
+        r.get("alpha", 1.0): r for r in run.get("readings", []) if "router" not in r and not r.get("route_exact")
+    }
     for reading in run.get("readings", []):
         own = as_trained.get(reading.get("alpha", 1.0), run["curve"][-1])
         rows.append((reading_name(run["method"], reading), reading, {**oracle, "task1": own["task1"]["overall"]}))
@@ -78,7 +85,11 @@ def table(root: Path) -> str:
     )
     lines = [header, "|" + "---|" * 9]
     for label, cell in cells.items():
-        auroc = f"{statistics.fmean(cell['auroc']):.3f}" if cell["auroc"] else "-"
+        auroc = "-"
+        if cell["auroc"]:
+            auroc = f"{statistics.fmean(cell['auroc']):.3f}"
+            if len(cell["auroc"]) > 1:
+                auroc += f" ({min(cell['auroc']):.2f}-{max(cell['auroc']):.2f})"
         weights = (
             f"{statistics.fmean(cell['w_task0']):.2f} / {statistics.fmean(cell['w_task1']):.2f}"
             if cell["w_task0"]
@@ -93,10 +104,42 @@ def table(root: Path) -> str:
     return "\n".join(lines)
 
 
+def eq5_table(root: Path, steps: tuple[int, ...] = (0, 10, 20, 50, 100, 200)) -> str:
+    """SCALE-Route as trained (Eq. 5) along Task 1: the share of each split's answers it sends to the preserve path
+    and the AUROC of that decision (Task 0 held-out against Task 1), beside the accuracies; means over the seeds."""
+    cells: dict[int, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for path in sorted(root.glob("seed-*/*.json")):
+        run = json.loads(path.read_text())
+        if run.get("method") != "scale_route":
+            continue
+        for record in run["curve"]:
+            if record["step"] in steps and "eq5_routing" in record:
+                cell, routing = cells[record["step"]], record["eq5_routing"]
+                for name in SETS:
+                    cell[name].append(100 * record[name]["overall"])
+                    cell[f"share_{name}"].append(routing[f"{name}_base_weight"])
+                cell["auroc"].append(routing["auroc"])
+    lines = [
+        "| step | seeds | to the preserve path: Task 0 held-out / QA-trained / Task 1 | AUROC | Task 0 held-out | "
+        "Task 0 QA-trained | Task 1 |",
+        "|" + "---|" * 7,
+    ]
+    for step in sorted(cells):
+        cell = cells[step]
+        shares = " / ".join(f"{statistics.fmean(cell[f'share_{name}']):.2f}" for name in SETS)
+        accuracies = " | ".join(mean_spread(cell[name]) for name in SETS)
+        auroc = statistics.fmean(cell["auroc"])
+        lines.append(f"| {step} | {len(cell['auroc'])} | {shares} | {auroc:.3f} | {accuracies} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("root", type=Path, help="the --out folder of the scale-cl bio run")
-    print(table(parser.parse_args().root))
+    root = parser.parse_args().root
+    print(table(root))
+    print()
+    print(eq5_table(root))
 
 
 if __name__ == "__main__":
