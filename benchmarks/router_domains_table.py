@@ -1,6 +1,7 @@
 """Issue 40, part 4, read off `benchmarks/cpt_router_domains.sh`'s sweeps of one domain: every reading of the trained
 models (each model alone; FFT's two-model control; SCALE-Route trained with Eq. 5 and SCALE-Preserve read with the
-likelihood router; SCALE-Route trained with the router), as shares of FFT's gain and `en` loss, with the router's
+likelihood router, and with each router of --eval.routers (issue 50); SCALE-Route trained with the router), as shares
+of FFT's gain and `en` loss, with the router's
 separation (per-token AUROC of `en` against the held-out new domain by the base's weight) and the mixed documents
 read per segment.
 
@@ -39,13 +40,16 @@ def readings(folder: Path, seeds: list[str]) -> dict[str, list[dict]]:
         router = trained_with.get("options", {}).get("scale", {}).get("router", "cosine")
         alone = f"{method}" + (f", trained with the {router} router" if router != "cosine" else "")
         found[alone] = [r["curve"][-1] for r in results]
-        if results[0].get("likelihood_control"):
-            found[f"{method} + its base (control, two models)"] = [r["likelihood_control"][0] for r in results]
+        for index, control in enumerate(results[0].get("likelihood_control", [])):  # one per --eval.routers
+            router = control.get("router", "likelihood")
+            suffix = "" if router == "likelihood" else f", {router} router"
+            label = f"{method} + its base (control, two models{suffix})"
+            found[label] = [r["likelihood_control"][index] for r in results]
         for record in results[0].get("up_logit_frontier", []):
-            if record.get("router") == "likelihood" and record["alpha"] == 1.0:
-                label = f"{method} read with the likelihood router"
-                found[label] = [
-                    next(f for f in r["up_logit_frontier"] if f.get("router") == "likelihood" and f["alpha"] == 1.0)
+            router = record.get("router")
+            if router and record["alpha"] == 1.0:
+                found[f"{method} read with the {router} router"] = [
+                    next(f for f in r["up_logit_frontier"] if f.get("router") == router and f["alpha"] == 1.0)
                     for r in results
                 ]
     return found
