@@ -262,3 +262,19 @@ def test_the_base_weight_is_collected_for_the_confidence_router_and_settings_are
         set_live_settings(model, router_temperature=0.0)
     with pytest.raises(ValueError, match="a mixture of models is read by one of"):
         ModelMixture([make_model("llama-gqa2-tied")] * 2, router="cosine")
+
+
+@pytest.mark.parametrize(
+    ("router", "read_as"), [("confidence", "confidence"), ("hybrid", "hybrid"), ("nested", "likelihood")]
+)
+def test_a_sequence_s_control_reads_with_the_confidence_router_it_is_given(router, read_as, tmp_path):
+    """``options.scale.router`` confidence or hybrid: a sequence's control (its base and each task's model) mixes by
+    that router, with the settings' temperature; any other router: by the likelihood routers' posterior."""
+    from scale_cl.experiments.sequence_progress import SequenceControl
+
+    base = make_model("llama-gqa2-tied")
+    settings = ScaleConfig(hidden_up=32, ffn_up=8, router=router, router_temperature=0.25)
+    control = SequenceControl(tmp_path, base, lambda: make_model("llama-gqa2-tied"), settings)
+    control.add(1, make_model("llama-gqa2-tied", seed=3))
+    mixture = control.reading(lambda model: {"model": model})["model"]
+    assert (mixture.router, mixture.temperature, len(mixture.experts)) == (read_as, 0.25, 2)

@@ -85,13 +85,17 @@ class SequenceControl:
     (``<folder>/experts/task-<k>.safetensors``) until the method's result is saved, so a resumed run has them.
 
     ``base``: the model the sequence started from (the base, or bio's Task-0 model); ``prepared``: a fresh model as
-    the sequence prepares it, to load a saved task's state into; ``prior``, ``decay``: the router's
-    (``options.scale.router_prior`` / ``router_decay``)."""
+    the sequence prepares it, to load a saved task's state into; ``settings``: the router's (``options.scale``: its
+    prior, decay, confidence and temperature). The mixture reads with ``options.scale.router`` where that is a
+    confidence router (``confidence``, ``hybrid``: issue 50), else with the likelihood routers' posterior."""
 
     def __init__(
-        self, folder: Path, base: torch.nn.Module, prepared: Callable[[], torch.nn.Module], prior: float, decay: float
+        self, folder: Path, base: torch.nn.Module, prepared: Callable[[], torch.nn.Module], settings: Any
     ) -> None:
-        self.folder, self.prepared, self.prior, self.decay = Path(folder) / "experts", prepared, prior, decay
+        from scale_cl.eval.mixture import MIXTURE_ROUTERS
+
+        self.folder, self.prepared, self.settings = Path(folder) / "experts", prepared, settings
+        self.router = settings.router if settings.router in MIXTURE_ROUTERS else "likelihood"
         self.experts = [base.eval()]  # the base, then each task's model
 
     def restore(self, done: int) -> None:
@@ -109,9 +113,9 @@ class SequenceControl:
 
     def reading(self, evaluate: Callable[[torch.nn.Module], dict[str, Any]]) -> dict[str, Any]:
         """The mixture of the experts so far, evaluated as one model."""
-        from scale_cl.eval.mixture import ModelMixture
+        from scale_cl.eval.mixture import mixture_read_as
 
-        return evaluate(ModelMixture(self.experts, self.prior, self.decay))
+        return evaluate(mixture_read_as(self.experts, self.router, self.settings))
 
     def clear(self) -> None:
         shutil.rmtree(self.folder, ignore_errors=True)

@@ -92,7 +92,7 @@ def run_sequence(
         task0 = GPTNeoXForCausalLM.from_pretrained(task0_dir).to(task1_placement(cfg).device)
         scale = cfg.options.scale
         prepared = partial(_start_model, cfg, task0_dir, method, seed)
-        control = SequenceControl(state_dir, task0, prepared, scale.router_prior, scale.router_decay)
+        control = SequenceControl(state_dir, task0, prepared, scale)
         control.restore(done)
     lr = cfg.task1.lr_of(method)
     stage = replace(cfg.task1, lr=lr)

@@ -139,7 +139,7 @@ def run_method_sequence(
             return prepare(load_base(ref)[0], method, **options).to(placement.device)
 
         start = load_base(ref)[0].to(placement.device)
-        control = SequenceControl(method_dir, start, prepared, scale.router_prior, scale.router_decay)
+        control = SequenceControl(method_dir, start, prepared, scale)
         control.restore(done)
     probe = next(iter(evals.values())).blocks[:1, :COST_TOKENS]
     for task, (name, train) in enumerate(trains, start=1):
