@@ -36,7 +36,9 @@ WHY_DEFAULT = (
     "model and one forward pass; it trains cheapest of the SCALE methods (0.60x FFT's step on an H200 at "
     "Llama-3.2-1B's shape, 0.44x its FLOPs) and keeps the base's hidden states exactly (Theorem 3.1). The router "
     "tells whole documents of another language or domain apart (AUROC 1.000) but not texts that share one format "
-    "(the biography benchmark) and lags inside mixed documents: read those with --reading trained, with replay."
+    "(the biography benchmark) and lags inside mixed documents: read those with --reading trained, with replay, or "
+    "train SCALE-Route and read it by each path's confidence (--reading confidence: on the biography benchmark 88% "
+    "of the old task kept at 95% of the new in one pass; SCALE-Preserve's own output is too unsure for it)."
 )
 
 
