@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     from scale_cl.tuner.routing.state import RouteState
 
 
+# Copied to export/modeling_scale.py (RouteHead._confident): change both (tests/test_export.py).
 def path_experts(paths: HeadPaths, state: RouteState) -> tuple[list[torch.Tensor], bool]:
     """The experts' logits from the head's input, and whether they are given as increments (`nested_mix`): the two
     stacked paths' (Route), the base's ``Z`` and ``alpha Z_up`` (one path, upscaled once: an extended vocabulary's
