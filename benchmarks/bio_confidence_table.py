@@ -105,15 +105,17 @@ def table(root: Path) -> str:
 
 
 def eq5_table(root: Path, steps: tuple[int, ...] = (0, 10, 20, 50, 100, 200)) -> str:
-    """SCALE-Route as trained (Eq. 5) along Task 1: the share of each split's answers it sends to the preserve path
-    and the AUROC of that decision (Task 0 held-out against Task 1), beside the accuracies; means over the seeds."""
+    """SCALE-Route as trained (Eq. 5) along Task 1 (at ``steps`` and its last step): the share of each split's answers
+    it sends to the preserve path and the AUROC of that decision (Task 0 held-out against Task 1), beside the
+    accuracies; means over the seeds."""
     cells: dict[int, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     for path in sorted(root.glob("seed-*/*.json")):
         run = json.loads(path.read_text())
         if run.get("method") != "scale_route":
             continue
+        last = run["curve"][-1]["step"]
         for record in run["curve"]:
-            if record["step"] in steps and "eq5_routing" in record:
+            if (record["step"] in steps or record["step"] == last) and "eq5_routing" in record:
                 cell, routing = cells[record["step"]], record["eq5_routing"]
                 for name in SETS:
                     cell[name].append(100 * record[name]["overall"])
