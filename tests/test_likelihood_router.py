@@ -187,8 +187,12 @@ def test_the_base_weight_read_where_each_left_padded_prompt_ends_equals_the_prom
         alone = model.scale_route.last_mask[0, -1]
         assert float(batched[0][row]) == pytest.approx(float(alone), abs=1e-6), row
     assert float(batched[0].min()) > 0 and float(batched[0].max()) < 1
+    # read by Eq. 5 the weight is its decision (1: the preserve path); a model that does not route has none
+    with collect_base_weights(set_live_settings(model, router="cosine")) as decisions:
+        first_token_accuracy(model, [QAExample(p, 5, "a") for p in prompts], pad_token_id=0, batch_size=8)
+    assert set(decisions[0].tolist()) <= {0.0, 1.0}
     with (
         pytest.raises(ValueError, match="read with a mixing router"),
-        collect_base_weights(set_live_settings(model, router="cosine")),
+        collect_base_weights(set_method(model, "adapt")),
     ):
         pass
