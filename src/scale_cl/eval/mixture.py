@@ -8,7 +8,7 @@ mixing experts by a domain posterior; it is not SCALE's. SCALE-Route and SCALE-P
 router compute the same mixture of their base logits and their own in one model and one pass, a grown
 SCALE-Preserve model with the nested router that of the base and each stage's model; this control is what the
 routers' reading of any other method (FFT, Freeze, LoRA, ...) gives with its base (and its earlier models) beside
-it, at the cost of every model's forward pass (issue 40). The confidence and hybrid routers (issue 50) weigh the
+it, at the cost of every model's forward pass. The confidence and hybrid routers weigh the
 same experts by each one's confidence at the position too (`scale_cl.tuner.routing.confidence`).
 """
 

@@ -1,4 +1,4 @@
-"""Whether a mixing router (likelihood, confidence, hybrid, nested) tells old questions from new ones (issue 28):
+"""Whether a mixing router (likelihood, confidence, hybrid, nested) tells old questions from new ones:
 the base path's weight ``w`` at the position that predicts each answer, and the AUROC of old against new.
 
 The weight at a prompt's last token is the one the answer's first token is predicted with (hard first-token

@@ -87,7 +87,7 @@ class SequenceControl:
     ``base``: the model the sequence started from (the base, or bio's Task-0 model); ``prepared``: a fresh model as
     the sequence prepares it, to load a saved task's state into; ``settings``: the router's (``options.scale``: its
     prior, decay, confidence and temperature). The mixture reads with ``options.scale.router`` where that is a
-    confidence router (``confidence``, ``hybrid``: issue 50), else with the likelihood routers' posterior."""
+    confidence router (``confidence``, ``hybrid``), else with the likelihood routers' posterior."""
 
     def __init__(
         self, folder: Path, base: torch.nn.Module, prepared: Callable[[], torch.nn.Module], settings: Any

@@ -113,6 +113,6 @@ class StageConfig:
         if isinstance(self.report_to, str):  # a YAML file's ``report_to: tensorboard``
             self.report_to = [self.report_to]
         check_report_to(self.report_to)
-        from scale_cl.train.arguments import check_extra_arguments
+        from scale_cl.train.extra_arguments import check_extra_arguments
 
         self.args = check_extra_arguments(self.args, section)

@@ -46,7 +46,7 @@ IDENTITY_DEFAULTS = {
     "shuffle_buffer": 0,
     "document_mask": False,
     "on_decode_error": "error",
-    # added with the confidence routers (issue 50): their settings, and the readings cpt makes, at the values
+    # added with the confidence routers: their settings, and the readings cpt makes, at the values
     # every earlier run had or read with
     "router_confidence": "entropy",
     "router_temperature": 1 / 3,

@@ -247,9 +247,9 @@ def evaluate_tasks(model: torch.nn.Module, data: BioData) -> dict[str, dict[str,
     A model read by a mixing router (a SCALE model with the likelihood, nested, confidence or hybrid router, or the
     two-model control) also records, under ``"likelihood_router"``, the base's mean weight where each split's
     answers are predicted and the AUROC of Task-0 questions against Task-1 questions by that weight
-    (`scale_cl.eval.route_separation`): whether the router tells them apart (issue 28). SCALE-Route read by Eq. 5
+    (`scale_cl.eval.route_separation`): whether the router tells them apart. SCALE-Route read by Eq. 5
     records the same under ``"eq5_routing"``, its decision as the weight: the share of each split's answers it sends
-    to the preserve path (issue 50).
+    to the preserve path.
     """
     pad = data.tokenizer.pad_token_id
     questions = data.test_splits()

@@ -1,4 +1,4 @@
-"""The confidence routers (issue 50): weigh the experts by how sure each is at the position it predicts, alone
+"""The confidence routers: weigh the experts by how sure each is at the position it predicts, alone
 (``"confidence"``) or beside the prefix posterior of the likelihood routers (``"hybrid"``).
 
 The likelihood routers' posterior reads the tokens before a position. Where the old and new domains share their
