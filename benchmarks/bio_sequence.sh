@@ -7,8 +7,9 @@
 # seven splits. Stages 1-2 are the small preset's, shared through one cache. Resumable (per task).
 # Environment: SCALE_CL (the command, default .venv/bin/scale-cl), BIO_SEQ_OUT (default outputs/bio-seq), BIO_CACHE
 # (stages 1-2, default <out>/cache), BIO_SEEDS (default "0 1 2"), BIO_SEQ_RUNS (default "once per-task lora-merged
-# nested": issue 40's nested router on SCALE-Preserve grown per task, against FFT's control, the Task-0 model and
-# FFT's model after each task kept apart and mixed alike);
+# nested confidence": issue 40's nested router on SCALE-Preserve grown per task, against FFT's control, the Task-0
+# model and FFT's model after each task kept apart and mixed alike; "confidence" the same read by each expert's
+# confidence where the answer is predicted);
 # extra arguments go to every run. Each folder's results.md holds its matrices and metrics.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,7 +17,7 @@ read -r -a cli <<<"${SCALE_CL:-.venv/bin/scale-cl}"
 root=${BIO_SEQ_OUT:-outputs/bio-seq}
 cache=${BIO_CACHE:-$root/cache}
 read -r -a seeds <<<"${BIO_SEEDS:-0 1 2}"
-read -r -a chosen <<<"${BIO_SEQ_RUNS:-once per-task lora-merged nested}"
+read -r -a chosen <<<"${BIO_SEQ_RUNS:-once per-task lora-merged nested confidence}"
 run() {
   local name=$1
   shift
@@ -28,4 +29,6 @@ run once --methods fft freeze lora llama_pro scale_preserve scale_adapt scale_ro
 run per-task --sequence.growth per_task --methods scale_preserve scale_adapt lora "${@}"
 run lora-merged --sequence.growth per_task --sequence.lora_per_task merged --methods lora "${@}"
 run nested --sequence.growth per_task --options.scale.router nested --task1.likelihood_control true \
+  --methods fft scale_preserve "${@}"
+run confidence --sequence.growth per_task --options.scale.router confidence --task1.likelihood_control true \
   --methods fft scale_preserve "${@}"

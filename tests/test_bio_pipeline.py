@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import pytest
@@ -15,6 +15,7 @@ import scale_cl.experiments.bio.pipeline as pipeline
 from scale_cl.cli import main, parse_settings
 from scale_cl.experiments.bio.config import ALL_METHODS, BioConfig, preset
 from scale_cl.experiments.overrides import apply_overrides
+from scale_cl.train.reporting import result_settings
 from scale_cl.train.trainer import NonFiniteLossError, complete_checkpoints, trainable_state
 
 
@@ -178,6 +179,7 @@ def test_interrupted_stage_cache_is_not_taken_as_finished(tmp_path, monkeypatch)
         ({"data": {"qa_people": 31}}, r"data.qa_people must be between 0 \(all\) and data.people // 4 = 30"),
         ({"task1": {"early_eval_every": -5}}, "early_eval_every"),
         ({"task1": {"replay_ratio": 0.25, "pseudo_replay_ratio": 0.25}}, "pseudo-replay takes replay's place"),
+        ({"task1": {"qa_loss": "question"}}, r"task1.qa_loss must be one of \('answer', 'all'\)"),
     ],
 )
 def test_bad_settings_are_refused_before_anything_is_written(tmp_path, overrides, message):
@@ -419,6 +421,24 @@ def test_qa_people_trains_task0_qa_on_fewer_people_and_shares_stage_1(tmp_path, 
     monkeypatch.setattr(pipeline, "train_model", counting_train_model)
     few_dir1, few_dir2 = pipeline.stage_models(few, fewer, 0, cache)
     assert few_dir1 == dir1 and few_dir2 != dir2 and trained_sizes == [5 * 6]
+
+
+def test_qa_loss_all_trains_the_new_cohorts_questions_and_leaves_stage_2_and_old_runs_alone(tmp_path):
+    """``task1.qa_loss all`` puts the loss on every token of Task 1's (and later cohorts') QA; stage 2 keeps the
+    answer-only loss, so its cache is shared; a run at the default keeps the identity it had before the setting."""
+    answer_only = micro(methods=["fft"], sequence={"tasks": 2})
+    everything = apply_overrides(answer_only, {"task1": {"qa_loss": "all"}})
+    data, data_all = pipeline.build_data(answer_only, tmp_path), pipeline.build_data(everything, tmp_path)
+    for new_cohort in (1, 2):
+        for masked, full in zip(data.task_train(new_cohort), data_all.task_train(new_cohort), strict=True):
+            assert masked["input_ids"] == full["input_ids"] and full["labels"] == full["input_ids"]
+            prompt = masked["labels"].count(-100)
+            assert prompt > 0 and masked["labels"][prompt:] == full["input_ids"][prompt:]
+    assert [x["labels"] for x in data_all.task0_train] == [x["labels"] for x in data.task0_train]
+    assert any(-100 in x["labels"] for x in data_all.task0_train)
+    assert pipeline.stage_keys(answer_only, 0) == pipeline.stage_keys(everything, 0)
+    assert "qa_loss" not in result_settings(asdict(answer_only.task1))
+    assert result_settings(asdict(everything.task1))["qa_loss"] == "all"
 
 
 def test_scale_initialisation_is_seeded_by_the_run_seed():

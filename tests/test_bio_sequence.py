@@ -88,6 +88,7 @@ def test_fft_s_control_mixes_the_task0_model_and_each_task_s_model_and_preserve_
     control = fft["control"]
     assert len(control["matrix"]) == TASKS + 1 and control["metrics"] == continual_metrics(control["matrix"])
     assert control["rows"][0] == fft["rows"][0]  # before Task 1: the Task-0 model alone
+    assert control["router"] == "likelihood"  # nested is the one-model form: its control mixes by the posterior
     assert all(0 <= row["likelihood_router"]["auroc"] <= 1 for row in control["rows"][1:])
     assert 0 < control["rows"][-1]["likelihood_router"]["task0_base_weight"] < 1  # a mixture, neither model alone
     assert (

@@ -52,6 +52,7 @@ IDENTITY_DEFAULTS = {
     "router_temperature": 1 / 3,
     "routers": ("likelihood",),
     "reading_alphas": (1.0,),
+    "qa_loss": "answer",  # the biography benchmark's QA loss, added later: every earlier run's
 }
 # Backends whose module or package is not named as the backend: (modules, any of which will do; what
 # `pip install` needs). Every other backend is its own module and package.

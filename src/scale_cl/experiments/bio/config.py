@@ -11,6 +11,7 @@ from typing import ClassVar
 
 from scale_cl.bounds import check_fields
 from scale_cl.data import ATTRIBUTES
+from scale_cl.experiments.bio.datasets import QA_LOSSES
 from scale_cl.experiments.experiment import ExperimentConfig
 from scale_cl.experiments.growth import GrowthSettings
 from scale_cl.experiments.settings import MethodSettings, MethodStageConfig
@@ -120,6 +121,15 @@ class Task1Config(MethodStageConfig):
         },
     )
 
+    qa_loss: str = field(
+        default="answer",
+        metadata={
+            "choices": QA_LOSSES,
+            "help": "where Task 1's (and every later cohort's) QA puts its loss: answer (the answer and EOS, as "
+            "stage 2 and the original benchmark train) or all (the question's tokens too, so the trained model "
+            "learns the question text a prefix router reads)",
+        },
+    )
     reading_alphas: tuple[float, ...] = field(
         default=(1.0,),
         metadata={
@@ -183,6 +193,8 @@ class Task1Config(MethodStageConfig):
         self.wise_ft_alphas = tuple(float(a) for a in self.wise_ft_alphas)
         self.reading_alphas = tuple(float(a) for a in self.reading_alphas)
         super().__post_init__()  # every field's range, these included
+        if self.qa_loss not in QA_LOSSES:
+            raise ValueError(f"{self.section}qa_loss must be one of {QA_LOSSES}, got {self.qa_loss!r}")
         if self.replay_ratio and self.pseudo_replay_ratio:
             raise ValueError(
                 f"task1.replay_ratio={self.replay_ratio} and task1.pseudo_replay_ratio={self.pseudo_replay_ratio}: "

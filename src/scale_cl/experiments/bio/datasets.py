@@ -1,4 +1,4 @@
-"""Token-level datasets of the biography benchmark: packed biographies and answer-only-loss QA."""
+"""Token-level datasets of the biography benchmark: packed biographies and QA with the loss on its answers."""
 
 from __future__ import annotations
 
@@ -60,12 +60,22 @@ class PackedText(Dataset):
         return {"input_ids": block, "labels": block}
 
 
-class AnswerOnlyQA(Dataset):
-    """``prompt + answer + EOS`` with the loss on the answer and EOS only (the prompt is masked)."""
+QA_LOSSES = ("answer", "all")
 
-    def __init__(self, pairs: Sequence[tuple[list[int], list[int]]], eos_id: int) -> None:
+
+class QATraining(Dataset):
+    """``prompt + answer + EOS`` with the loss on the answer and EOS only (``loss_on="answer"``: the prompt is
+    masked, as the original benchmark trains QA), or on every token (``"all"``: the question text is learnt too,
+    the evidence a prefix router reads)."""
+
+    def __init__(self, pairs: Sequence[tuple[list[int], list[int]]], eos_id: int, loss_on: str = "answer") -> None:
+        if loss_on not in QA_LOSSES:
+            raise ValueError(f"loss_on={loss_on!r}: choose one of {', '.join(QA_LOSSES)}")
         self.items = [
-            {"input_ids": [*prompt, *answer, eos_id], "labels": [IGNORE] * len(prompt) + [*answer, eos_id]}
+            {
+                "input_ids": [*prompt, *answer, eos_id],
+                "labels": ([IGNORE] * len(prompt) if loss_on == "answer" else list(prompt)) + [*answer, eos_id],
+            }
             for prompt, answer in pairs
         ]
 

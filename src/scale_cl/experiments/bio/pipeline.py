@@ -62,7 +62,7 @@ from scale_cl.eval.mixture import MIXTURE_ROUTERS, mixture_read_as
 from scale_cl.eval.readings import up_logit_frontier, wise_ft_frontier
 from scale_cl.eval.route_separation import auroc, collect_base_weights, mixes_experts, routes_by_eq5
 from scale_cl.experiments.bio.config import BioConfig
-from scale_cl.experiments.bio.datasets import AnswerOnlyQA, PackedText, PadCollator
+from scale_cl.experiments.bio.datasets import PackedText, PadCollator, QATraining
 from scale_cl.experiments.run_folder import check_output_folder, claim_output_folder
 from scale_cl.files import write_json
 from scale_cl.methods import method_spec
@@ -112,17 +112,17 @@ class BioData:
 
     tokenizer: PreTrainedTokenizerFast
     pretrain: PackedText
-    task0_train: AnswerOnlyQA
-    task1_train: AnswerOnlyQA
+    task0_train: QATraining
+    task1_train: QATraining
     task0_test: list[QAExample]
     task0_trained: list[QAExample]
     task1_test: list[QAExample]
     task0_completion: list[QAExample]
     # a sequence of tasks (``sequence.tasks`` > 1): the cohorts after Task 1, each one's QA to train and to test
-    later_train: list[AnswerOnlyQA] = field(default_factory=list)
+    later_train: list[QATraining] = field(default_factory=list)
     later_test: list[list[QAExample]] = field(default_factory=list)
 
-    def task_train(self, task: int) -> AnswerOnlyQA:
+    def task_train(self, task: int) -> QATraining:
         """The training questions of new-people task ``task`` (1 is Task 1)."""
         return self.task1_train if task == 1 else self.later_train[task - 2]
 
@@ -178,13 +178,15 @@ def build_data(cfg: BioConfig, cache: Path) -> BioData:
             cfg.model.max_seq_len,
             shuffle_seed=cfg.data.seed if cfg.data.packing == "shuffled" else None,
         ),
-        task0_train=AnswerOnlyQA(qa_pairs(ranges["task0_train"]), eos),
-        task1_train=AnswerOnlyQA(qa_pairs(ranges["task1"]), eos),
+        task0_train=QATraining(qa_pairs(ranges["task0_train"]), eos),
+        task1_train=QATraining(qa_pairs(ranges["task1"]), eos, cfg.task1.qa_loss),
         task0_test=examples(ranges["task0_test"]),
         task0_trained=examples(ranges["task0_train"]),
         task1_test=examples(ranges["task1"]),
         task0_completion=examples(ranges["task0_test"], completion),
-        later_train=[AnswerOnlyQA(qa_pairs(ranges[f"task{j}"]), eos) for j in range(2, cfg.sequence.tasks + 1)],
+        later_train=[
+            QATraining(qa_pairs(ranges[f"task{j}"]), eos, cfg.task1.qa_loss) for j in range(2, cfg.sequence.tasks + 1)
+        ],
         later_test=[examples(ranges[f"task{j}"]) for j in range(2, cfg.sequence.tasks + 1)],
     )
 

@@ -153,7 +153,7 @@ def run_sequence(
         rows = [state["rows"][0], *(row["control"] for row in state["rows"][1:])]
         control_matrix = accuracy_matrix(rows, names)
         result["control"] = {
-            "router": "likelihood",
+            "router": control.router,
             "models": "the Task-0 model and the model after each task so far",
             "rows": rows,
             "matrix": control_matrix,
