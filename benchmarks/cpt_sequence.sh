@@ -7,13 +7,14 @@
 # end only (`--eval.every 100`, the preset's steps): seven sets every 20 steps would cost about as much as training.
 # Needs the clean base and corpora of benchmarks/cpt_clean.sh; builds the four later corpora here. Resumable (per
 # task). Environment: SCALE_CL (default .venv/bin/scale-cl), CPT_SEQ_OUT (default outputs/cpt-seq), CPT_SEEDS
-# (default "0 1 2"), CPT_SEQ_RUNS (default "once per-task lora-merged nested"); extra arguments go to every run.
+# (default "0 1 2"), CPT_SEQ_RUNS (default "once per-task lora-merged nested
+# confidence"); extra arguments go to every run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 read -r -a cli <<<"${SCALE_CL:-.venv/bin/scale-cl}"
 root=${CPT_SEQ_OUT:-outputs/cpt-seq}
 read -r -a seeds <<<"${CPT_SEEDS:-0 1 2}"
-read -r -a chosen <<<"${CPT_SEQ_RUNS:-once per-task lora-merged nested}"
+read -r -a chosen <<<"${CPT_SEQ_RUNS:-once per-task lora-merged nested confidence}"
 corpora=outputs/corpora-seq
 .venv/bin/python benchmarks/cpt_corpus.py --out "$corpora" --cache outputs/corpora/_cache \
   --corpora chinese,russian,greek,german
@@ -34,4 +35,8 @@ run lora-merged --sequence.growth per_task --sequence.lora_per_task merged --met
 # issue 40: SCALE-Preserve grown per task read (and trained) with the nested router, against FFT's control (the base
 # and FFT's model after each task, kept apart and mixed the same way)
 run nested --sequence.growth per_task --options.scale.router nested --eval.likelihood_control true \
+  --methods fft scale_preserve "${@}"
+# issue 50: the same read (and SCALE-Preserve trained) with the confidence router, each expert weighed by its own
+# confidence at every position
+run confidence --sequence.growth per_task --options.scale.router confidence --eval.likelihood_control true \
   --methods fft scale_preserve "${@}"
