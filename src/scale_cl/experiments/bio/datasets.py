@@ -1,4 +1,5 @@
-"""Token-level datasets of the biography benchmark: packed biographies and QA with the loss on its answers."""
+"""Token-level datasets of the biography benchmark: packed biographies and QA with the loss on its answers (or on
+every token)."""
 
 from __future__ import annotations
 
