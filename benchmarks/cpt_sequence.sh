@@ -7,8 +7,8 @@
 # end only (`--eval.every 100`, the preset's steps): seven sets every 20 steps would cost about as much as training.
 # Needs the clean base and corpora of benchmarks/cpt_clean.sh; builds the four later corpora here. Resumable (per
 # task). Environment: SCALE_CL (default .venv/bin/scale-cl), CPT_SEQ_OUT (default outputs/cpt-seq), CPT_SEEDS
-# (default "0 1 2"), CPT_SEQ_RUNS (default "once per-task lora-merged nested
-# confidence"); extra arguments go to every run.
+# (default "0 1 2"), CPT_SEQ_RUNS (default "once per-task lora-merged nested confidence"); extra arguments go to
+# every run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 read -r -a cli <<<"${SCALE_CL:-.venv/bin/scale-cl}"
