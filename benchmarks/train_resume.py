@@ -64,7 +64,7 @@ def main() -> None:
         [{k: v for k, v in r.items() if k != "train_tokens_per_s"} for r in lines(run / "metrics.jsonl")]
         for run in runs
     ]
-    weights = [load_file(run / "model" / "scale_model.safetensors") for run in runs]
+    weights = [load_file(run / "model" / "model.safetensors") for run in runs]
     same_weights = weights[0].keys() == weights[1].keys() and all(
         torch.equal(weights[0][k], weights[1][k]) for k in weights[0]
     )

@@ -88,7 +88,7 @@ def test_saved_models_reload_with_frozen_weights_bitwise_unchanged(finished_run,
 
 
 def _trainable_weights(path: Path) -> dict[str, torch.Tensor]:
-    return load_file(path / "model" / "scale_model.safetensors")
+    return load_file(path / "model" / "model.safetensors")
 
 
 @pytest.mark.slow

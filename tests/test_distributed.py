@@ -34,7 +34,7 @@ pytestmark = [
 # new weights only (Route: its output carries the routing share, which DDP takes apart and rebuilds) / full model
 # with the embedding and layer 0 frozen
 METHODS = ["scale_adapt", "scale_route", "freeze"]
-WEIGHTS = {"scale_adapt": "scale_model.safetensors", "scale_route": "scale_model.safetensors"}
+WEIGHTS = {"scale_adapt": "model.safetensors", "scale_route": "model.safetensors"}
 WEIGHTS["freeze"] = "model.safetensors"
 # With two ranks the DDP all-reduce adds the same two micro-batch gradients that accumulation adds (two-term
 # float addition is commutative, the 1/2 scalings are exact), so on CPU the weights agree bitwise (measured:

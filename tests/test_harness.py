@@ -129,6 +129,21 @@ def _values(results: dict) -> dict:
 
 
 @pytest.mark.slow
+def test_an_exported_folder_is_taken_as_the_base(runs, base_scores, tmp_path):
+    """``eval --base EXPORTED``: scale-cl's own export loads with its modeling code; SCALE-Preserve's export computes
+    the base function (up to the rounding of its merged products), so it scores as the base does."""
+    assert main(["export", str(runs / "scale"), str(tmp_path / "export")]) == 0
+    out = tmp_path / "scores.json"
+    assert _cli(["--base", str(tmp_path / "export"), "--out", str(out), "--tasks", *TASKS,
+                 "--include-path", str(TASKS_DIR), *FAST]) == 0  # fmt: skip
+    scores = _values(json.loads(out.read_text()))
+    assert scores.keys() == base_scores.keys()
+    for task, metrics in base_scores.items():
+        for metric, value in metrics.items():
+            assert scores[task][metric] == pytest.approx(value, rel=1e-4), (task, metric)
+
+
+@pytest.mark.slow
 def test_scale_preserve_checkpoint_scores_exactly_as_its_base(runs, capsys):
     common = ["--tasks", *TASKS, "--include-path", str(TASKS_DIR), *FAST]
     assert _cli([str(runs / "scale"), *common]) == 0

@@ -17,7 +17,7 @@ from conftest import ARCHS, VOCAB, make_model, tiny_scale_config
 from scale_cl import ScaleConfig, set_method, upscale
 
 CONFIG = "scale_config.json"
-WEIGHTS = "scale_model.safetensors"
+WEIGHTS = "model.safetensors"
 BASE_WEIGHTS = "base_model.safetensors"
 NEW_NAMES = ("w12", "w21", "w22", "bias_up", "weight_up")
 IO_ARCHS = ["llama-gqa2-tied", "neox-parallel-rot0.25"]

@@ -71,7 +71,7 @@ def _run(command: list[str], cpu: bool = True) -> str:
 
 
 def _weights(out: Path, method: str) -> dict[str, torch.Tensor]:
-    return load_file(out / method / "model" / "scale_model.safetensors")
+    return load_file(out / method / "model" / "model.safetensors")
 
 
 def _metrics(out: Path, method: str) -> list[dict]:

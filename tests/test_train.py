@@ -284,7 +284,7 @@ def test_a_run_killed_with_sigkill_resumes_by_running_the_same_command(workspace
     kill_when(argv(killed), env, killed / "run" / "checkpoint-2" / "checkpoint.json")
     assert not (killed / "result.json").exists(), "killed before the end"
     subprocess.run(argv(killed), env=env, check=True, capture_output=True)
-    weights = [load_file(run / "model" / "scale_model.safetensors") for run in (straight, killed)]
+    weights = [load_file(run / "model" / "model.safetensors") for run in (straight, killed)]
     assert weights[0].keys() == weights[1].keys()
     assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0]), "bitwise the uninterrupted weights"
     curves = [

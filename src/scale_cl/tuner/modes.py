@@ -14,7 +14,7 @@ from torch import nn
 
 from scale_cl.tuner.arch import SPECS, ArchSpec, decoder_layers
 from scale_cl.tuner.config import ScaleConfig, check_method, scale_config_of
-from scale_cl.tuner.io import save
+from scale_cl.tuner.io import save, saved_names
 from scale_cl.tuner.layers import ScaleEmbedding, ScaleLinear, SplitInput, SplitNorm
 from scale_cl.tuner.routing import route_settings, router_named
 from scale_cl.tuner.routing.state import reorder_cache
@@ -174,6 +174,20 @@ class ScaleModelMixin:
         """
         if kwargs.get("is_main_process", True):
             save(self, save_directory, full=full, state_dict=kwargs.get("state_dict"))
+
+    @property
+    def _keys_to_ignore_on_save(self) -> set[str]:
+        """The state-dict keys `save_pretrained` leaves out: the frozen ones (the base's, an earlier stage's).
+
+        The stock ``Trainer`` resuming from its checkpoint loads the saved file with ``strict=False`` and warns of
+        missing keys unless they are exactly these, so it resumes an upscaled model quietly (`scale_cl.tuner.io`).
+        """
+        saved = set(saved_names(self))
+        return {key for key in self.state_dict(keep_vars=True) if key not in saved}
+
+    @_keys_to_ignore_on_save.setter
+    def _keys_to_ignore_on_save(self, value: Any) -> None:
+        """Ignored: what is left out follows from the model (transformers sets its own before upscaling)."""
 
     def _reorder_cache(self, past_key_values: Any, beam_idx: torch.Tensor) -> Any:
         return reorder_cache(self.scale_route, past_key_values, beam_idx)

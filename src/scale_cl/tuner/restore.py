@@ -15,15 +15,16 @@ from typing import Any
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
 
+from scale_cl.remote_code import trust_own_code
 from scale_cl.tuner.config import ScaleConfig
 from scale_cl.tuner.io import (
     BASE_WEIGHTS_NAME,
     CONFIG_NAME,
     FROZEN_WEIGHTS_NAME,
-    WEIGHTS_NAME,
     check_tensors,
     read_meta,
     read_tensors,
+    weights_name,
 )
 from scale_cl.tuner.layers import is_new_parameter
 from scale_cl.tuner.modes import set_method
@@ -99,7 +100,9 @@ def load(
     """Rebuild an upscaled model saved with ``save_pretrained``; its logits are bitwise the saved ones.
 
     Args:
-        directory: the checkpoint directory.
+        directory: the checkpoint directory; or a folder written by ``scale-cl export``, loaded as transformers
+            loads it (its merged weights in `scale_cl.export.modeling_scale`'s classes: runs and serves, does not grow
+            again), with ``trust_remote_code`` where its code is this scale-cl's own (`scale_cl.remote_code`).
         base_model: the base model (a model, upscaled in place, or a hub id / local path); by default
             the one the checkpoint names. Not needed for a ``full=True`` checkpoint.
         check_base_weights: refuse a base model whose weights differ from the one the checkpoint
@@ -109,12 +112,15 @@ def load(
     directory = Path(directory)
     if not directory.is_dir():
         raise FileNotFoundError(f"{directory}: no such folder (relative to {Path.cwd()})")
+    if not (directory / CONFIG_NAME).is_file() and trust_own_code(str(directory)):
+        return AutoModelForCausalLM.from_pretrained(directory, trust_remote_code=True, **from_pretrained_kwargs)
     meta = read_meta(directory)
     cfg = ScaleConfig.from_dict(meta["scale_config"])
-    weights = read_tensors(directory / WEIGHTS_NAME, meta)
+    weights_path = directory / weights_name(meta)
+    weights = read_tensors(weights_path, meta)
     shapes = {n: list(t.shape) for n, t in weights.items()}
     if shapes != meta["tensors"]:
-        raise ValueError(f"{directory / WEIGHTS_NAME} does not hold the tensors {CONFIG_NAME} lists")
+        raise ValueError(f"{weights_path} does not hold the tensors {CONFIG_NAME} lists")
 
     model = _load_base(meta, directory, base_model, dict(from_pretrained_kwargs))
     recorded = meta["base_model"]
@@ -144,7 +150,7 @@ def load(
         model = upscale(model, ScaleConfig.from_dict({**stage, "w21_init": "zero", "w22_init": "zero"}))
     params = dict(model.named_parameters())
     expected = {n: p.shape for n, p in params.items() if is_new_parameter(n)}
-    check_tensors(shapes, expected, str(directory / WEIGHTS_NAME))
+    check_tensors(shapes, expected, str(weights_path))
     with torch.no_grad():
         for name, tensor in weights.items():
             params[name].copy_(tensor)

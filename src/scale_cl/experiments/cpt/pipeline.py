@@ -60,6 +60,7 @@ from scale_cl.experiments.run_folder import check_output_folder, claim_output_fo
 from scale_cl.files import atomic_write, write_json
 from scale_cl.methods import method_spec
 from scale_cl.models import BaseModelRef, load_base, save_trained
+from scale_cl.remote_code import own_code_kwargs
 from scale_cl.train.arguments import training_arguments as stage_training_arguments
 from scale_cl.train.callbacks import PeriodicEval
 from scale_cl.train.device import Placement, stage_placement, used_placement
@@ -580,6 +581,8 @@ def base_model_config(cfg: CptConfig) -> Any:
     ref = base_model_ref(cfg)
     kwargs = {"gguf_file": ref.gguf_file} if ref.gguf_file else {}
     try:
+        if not ref.gguf_file:  # a scale-cl export runs its own modeling code (`scale_cl.remote_code`)
+            kwargs.update(own_code_kwargs(ref.name_or_path))
         return AutoConfig.from_pretrained(ref.name_or_path, **kwargs)
     except OSError as err:
         raise FileNotFoundError(

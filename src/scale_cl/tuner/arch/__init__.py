@@ -25,11 +25,20 @@ SPECS: dict[str, ArchSpec] = {
 SPECS_BY_MODEL_TYPE: dict[str, ArchSpec] = {"llama": LLAMA, "mistral": LLAMA, "qwen2": LLAMA, "gpt_neox": GPT_NEOX}
 
 
+EXPORTED = (
+    "this {name} was exported by scale-cl: its blocks are merged into stock tensors and it cannot be upscaled or "
+    "grown again. Grow the upscaled model it was exported from (scale_cl.load(its saved folder), then upscale), or "
+    "train the export with fft, freeze or lora"
+)
+
+
 def spec_for(model: object) -> ArchSpec:
     """The spec of ``model``'s architecture, or a ValueError naming the supported ones."""
     name = type(model).__name__
     if getattr(model, "is_scale_upscaled", False):
         raise ValueError(f"this {name} is already upscaled by scale_cl; use the base model (upscale grows it again)")
+    if name not in SPECS and getattr(getattr(model, "config", None), "scale_method", None):
+        raise ValueError(EXPORTED.format(name=name))
     if name not in SPECS:
         raise ValueError(
             f"scale_cl cannot upscale {name}: supported architectures are {', '.join(sorted(SPECS))} "
@@ -41,6 +50,8 @@ def spec_for(model: object) -> ArchSpec:
 def spec_for_config(config: Any) -> ArchSpec:
     """The spec of the family a transformers config describes, or a ValueError naming the supported ones."""
     model_type = getattr(config, "model_type", None)
+    if model_type not in SPECS_BY_MODEL_TYPE and getattr(config, "scale_method", None):
+        raise ValueError(EXPORTED.format(name=f"{model_type!r} model"))
     if model_type not in SPECS_BY_MODEL_TYPE:
         raise ValueError(
             f"scale_cl cannot upscale a {model_type!r} model: supported model types are "

@@ -1,0 +1,106 @@
+"""An exported folder loads wherever scale-cl loads a model, running only scale-cl's own modeling code.
+
+`load_base` (behind ``eval --base``, ``cpt --model``, ``train --model``) and `scale_cl.load` pass
+``trust_remote_code`` for a folder whose ``modeling_scale.py`` is byte for byte this scale-cl's, and refuse other
+custom code before any of it runs (`scale_cl.remote_code`).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoTokenizer, LlamaForCausalLM
+
+from conftest import cpt_argv, randomize_new_weights, tiny_config
+from scale_cl import ScaleConfig, load, upscale
+from scale_cl.export import export_model
+from scale_cl.models import BaseModelRef, load_base
+from scale_cl.remote_code import MODELING_FILE, trust_own_code
+from scale_cl.tuner.arch import spec_for_config
+
+
+@pytest.fixture(scope="module")
+def exported(workspace, tmp_path_factory) -> tuple[Path, torch.nn.Module]:
+    """(a SCALE-Adapt model exported with its tokenizer, the upscaled model it was exported from)."""
+    base = LlamaForCausalLM.from_pretrained(workspace / "base").eval()
+    model = upscale(copy.deepcopy(base), ScaleConfig(method="adapt", hidden_up=32, ffn_up=16, preserve_layers=1))
+    randomize_new_weights(model, seed=1, w12_scale=0.05)
+    out = tmp_path_factory.mktemp("export") / "adapt"
+    export_model(model.eval(), out, tokenizer=AutoTokenizer.from_pretrained(workspace / "base"))
+    return out, model
+
+
+def _ids() -> torch.Tensor:
+    return torch.randint(1, 300, (2, 12), generator=torch.Generator().manual_seed(3))
+
+
+def _copy(folder: Path, tmp_path: Path) -> Path:
+    target = tmp_path / folder.name
+    shutil.copytree(folder, target)
+    return target
+
+
+def test_load_base_takes_an_export_and_computes_the_upscaled_model(exported):
+    folder, model = exported
+    loaded, tokenizer = load_base(BaseModelRef.parse(str(folder)))
+    assert type(loaded).__name__ == "ScaleLlamaForCausalLM"
+    assert tokenizer.pad_token is not None
+    with torch.no_grad():
+        torch.testing.assert_close(loaded.eval()(_ids()).logits, model(_ids()).logits, rtol=1e-5, atol=1e-5)
+
+
+def test_scale_cl_load_takes_an_export(exported):
+    folder, model = exported
+    loaded = load(folder).eval()
+    assert type(loaded).__name__ == "ScaleLlamaForCausalLM"
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(_ids()).logits, model(_ids()).logits, rtol=1e-5, atol=1e-5)
+
+
+def test_an_export_whose_code_was_edited_is_refused_before_it_runs(exported, tmp_path):
+    folder = _copy(exported[0], tmp_path)
+    code = folder / MODELING_FILE
+    code.write_text(code.read_text() + "\nraise SystemExit('this code must not run')\n")
+    with pytest.raises(ValueError, match=r"modeling_scale.py differs from this scale-cl's.*scale-cl export"):
+        load_base(BaseModelRef.parse(str(folder)))
+    with pytest.raises(ValueError, match="differs from this scale-cl's"):
+        load(folder)
+
+
+def test_custom_code_scale_cl_did_not_write_is_refused(exported, tmp_path):
+    folder = _copy(exported[0], tmp_path)
+    config = json.loads((folder / "config.json").read_text())
+    config["auto_map"] = {"AutoModelForCausalLM": "modeling_other.OtherForCausalLM"}
+    (folder / "config.json").write_text(json.dumps(config))
+    (folder / "modeling_other.py").write_text("raise SystemExit('this code must not run')\n")
+    with pytest.raises(ValueError, match=r"names custom modeling code \(modeling_other\) that scale-cl did not write"):
+        load_base(BaseModelRef.parse(str(folder)))
+
+
+def test_a_stock_folder_needs_no_remote_code(workspace):
+    assert trust_own_code(str(workspace / "base")) is False
+
+
+def test_an_export_is_not_upscaled_again(exported):
+    loaded = load(exported[0])
+    with pytest.raises(ValueError, match=r"exported by scale-cl.*cannot be upscaled"):
+        upscale(loaded, ScaleConfig(method="preserve", hidden_up=32, ffn_up=16))
+    with pytest.raises(ValueError, match=r"'scale_llama' model was exported by scale-cl"):
+        spec_for_config(loaded.config)  # what a command's settings check asks, before any model loads
+
+
+@pytest.mark.slow
+def test_cpt_trains_an_export(exported, workspace, tmp_path):
+    """``cpt --model EXPORTED`` (full fine-tuning of the exported model) runs to its end and saves the model."""
+    cfg = tiny_config(workspace, ["fft"], steps=2, save_every=2)
+    cfg.model = str(exported[0])
+    result = subprocess.run(cpt_argv(cfg, tmp_path / "run"), capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    saved = json.loads((tmp_path / "run" / "fft" / "model" / "config.json").read_text())
+    assert saved["model_type"] == "scale_llama" and saved["auto_map"]["AutoModelForCausalLM"].startswith("modeling_")
