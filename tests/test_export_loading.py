@@ -19,10 +19,11 @@ from transformers import AutoTokenizer, LlamaForCausalLM
 
 from conftest import cpt_argv, randomize_new_weights, tiny_config
 from scale_cl import ScaleConfig, load, upscale
+from scale_cl.cli import main
 from scale_cl.export import export_model
 from scale_cl.models import BaseModelRef, load_base
 from scale_cl.remote_code import MODELING_FILE, trust_own_code
-from scale_cl.tuner.arch import spec_for_config
+from scale_cl.tuner.arch import refuse_export, spec_for_config
 
 
 @pytest.fixture(scope="module")
@@ -92,7 +93,8 @@ def test_an_export_is_not_upscaled_again(exported):
     with pytest.raises(ValueError, match=r"exported by scale-cl.*cannot be upscaled"):
         upscale(loaded, ScaleConfig(method="preserve", hidden_up=32, ffn_up=16))
     with pytest.raises(ValueError, match=r"'scale_llama' model was exported by scale-cl"):
-        spec_for_config(loaded.config)  # what a command's settings check asks, before any model loads
+        refuse_export(loaded.config)  # what a command's settings check asks, before any model loads
+    assert spec_for_config(loaded.config).backbone == "model"  # its shapes are its family's (plans, FLOP floors)
 
 
 @pytest.mark.slow
@@ -104,3 +106,26 @@ def test_cpt_trains_an_export(exported, workspace, tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     saved = json.loads((tmp_path / "run" / "fft" / "model" / "config.json").read_text())
     assert saved["model_type"] == "scale_llama" and saved["auto_map"]["AutoModelForCausalLM"].startswith("modeling_")
+
+
+def test_train_plans_an_export_and_refuses_to_upscale_it(exported, workspace, tmp_path, capsys):
+    """``train --model EXPORTED --dry_run``: fine-tuning it is planned; a SCALE method is refused before anything is
+    written, saying what to do."""
+    common = [
+        "--model",
+        str(exported[0]),
+        "--data.train",
+        str(workspace / "new.jsonl"),
+        "--data.old_eval",
+        f"toy={workspace / 'old.jsonl'}",
+        "--train.tokens",
+        "2M",
+        "--data.seq_len",
+        "64",
+        "--dry_run",
+    ]
+    assert main(["train", *common, "--method", "fft", "--out", str(tmp_path / "fft")]) == 0
+    assert "parameters" in capsys.readouterr().out
+    assert main(["train", *common, "--method", "scale_preserve", "--out", str(tmp_path / "scale")]) == 2
+    assert "exported by scale-cl" in capsys.readouterr().err
+    assert not (tmp_path / "fft").exists() and not (tmp_path / "scale").exists()

@@ -77,8 +77,9 @@ def parameter_counts(config: Any, cfg: TrainConfig) -> tuple[int, int]:
     from scale_cl.methods import prepare, trainable_parameter_count
     from scale_cl.methods.matching import scale_trainable_count
 
+    # a config with custom code came through `scale_cl.remote_code` (this scale-cl's own modeling file) or not at all
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
+        model = AutoModelForCausalLM.from_config(config, trust_remote_code=bool(getattr(config, "auto_map", None)))
     base = sum(p.numel() for p in model.parameters())
     spec = method_spec(cfg.method)
     if spec.is_scale:

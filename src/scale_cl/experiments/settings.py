@@ -17,6 +17,7 @@ from scale_cl.methods import METHOD_NAMES, check_quantizable, method_spec
 from scale_cl.train.config import StageConfig
 from scale_cl.train.distill import NEW_TOKEN_WEIGHTS, DistillConfig
 from scale_cl.train.route_calibration import Batch, RouteCalibration
+from scale_cl.tuner.arch import refuse_export
 from scale_cl.tuner.config import ScaleConfig
 from scale_cl.tuner.quant import BASE_QUANTS, check_base_quant
 from scale_cl.tuner.routing import route_settings
@@ -217,7 +218,8 @@ class MethodSettings:
         reads = {setting.split(".")[0] for m in methods for setting in settings_of(m)}
         matched = {"lora_rank": self.lora_rank, "llama_pro_blocks": self.llama_pro_blocks}
         if "scale" in reads or any(matched[name] == MATCH for name in reads & set(matched)):
-            dims = base_dims(model_config)  # a model scale_cl cannot upscale (an export included) is refused here
+            refuse_export(model_config)  # merged blocks: grown from its saved folder instead
+            dims = base_dims(model_config)  # a model scale_cl cannot upscale is refused here
             try:
                 resolve(self.scale_config(), dims)
             except ValueError as err:

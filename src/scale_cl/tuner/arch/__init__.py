@@ -32,13 +32,23 @@ EXPORTED = (
 )
 
 
+def is_export(config: Any) -> bool:
+    """Whether a transformers config is one of a folder ``scale-cl export`` wrote (``modeling_scale.py``'s classes)."""
+    return bool(getattr(config, "scale_method", None)) and str(getattr(config, "model_type", "")).startswith("scale_")
+
+
+def refuse_export(config: Any, name: str | None = None) -> None:
+    """A ValueError saying what to do where ``config`` is an export's (see `EXPORTED`); upscaling one is refused."""
+    if is_export(config):
+        raise ValueError(EXPORTED.format(name=name or f"{config.model_type!r} model"))
+
+
 def spec_for(model: object) -> ArchSpec:
     """The spec of ``model``'s architecture, or a ValueError naming the supported ones."""
     name = type(model).__name__
     if getattr(model, "is_scale_upscaled", False):
         raise ValueError(f"this {name} is already upscaled by scale_cl; use the base model (upscale grows it again)")
-    if name not in SPECS and getattr(getattr(model, "config", None), "scale_method", None):
-        raise ValueError(EXPORTED.format(name=name))
+    refuse_export(getattr(model, "config", None), name)
     if name not in SPECS:
         raise ValueError(
             f"scale_cl cannot upscale {name}: supported architectures are {', '.join(sorted(SPECS))} "
@@ -50,8 +60,8 @@ def spec_for(model: object) -> ArchSpec:
 def spec_for_config(config: Any) -> ArchSpec:
     """The spec of the family a transformers config describes, or a ValueError naming the supported ones."""
     model_type = getattr(config, "model_type", None)
-    if model_type not in SPECS_BY_MODEL_TYPE and getattr(config, "scale_method", None):
-        raise ValueError(EXPORTED.format(name=f"{model_type!r} model"))
+    if is_export(config):  # merged into stock-shaped tensors: its family's shapes (`refuse_export` for upscaling)
+        model_type = model_type.removeprefix("scale_")
     if model_type not in SPECS_BY_MODEL_TYPE:
         raise ValueError(
             f"scale_cl cannot upscale a {model_type!r} model: supported model types are "
@@ -72,6 +82,8 @@ __all__ = [
     "LinearSpec",
     "MlpSpec",
     "decoder_layers",
+    "is_export",
+    "refuse_export",
     "spec_for",
     "spec_for_config",
 ]
