@@ -508,6 +508,7 @@ def test_scale_export_folder_is_a_hub_model_folder(scale_exports):
     assert config["architectures"] == ["ScaleQwen2ForCausalLM"]
     assert config["auto_map"] == {
         "AutoConfig": "modeling_scale.ScaleQwen2Config",
+        "AutoModel": "modeling_scale.ScaleQwen2Model",
         "AutoModelForCausalLM": "modeling_scale.ScaleQwen2ForCausalLM",
     }
     assert config["tie_word_embeddings"] is False and "scale_cl" not in config

@@ -21,7 +21,7 @@ TESTED = re.compile(r"# tested equal by (?P<file>[\w/.]+)::(?P<test>\w+)\.")
 # what the exported file copies (a new copy is added here and marked there)
 COPIES = {
     "norm_groups",
-    "SplitRMSNorm",
+    "SplitRMSNormGroups",
     "SplitLayerNorm",
     "TwoPathLinear",
     "route_mask",

@@ -95,8 +95,33 @@ def _usage(info: CardInfo) -> str:
             + (", with SCALE-Route's two paths and per-token routing" if _routes(info.method) else "")
             + "). The tokenizer reads the model's config, so it takes `trust_remote_code=True` too (or transformers "
             "asks).",
+            "",
+            _serving(info),
         ]
     return "\n".join(lines)
+
+
+def _serving(info: CardInfo) -> str:
+    """Whether vLLM's Transformers backend can serve a SCALE export: not where it mixes at the logits
+    (`scale_cl.export.modeling_scale.mixes_logits`); transformers' ``generate`` serves every one."""
+    from scale_cl.export.modeling_scale import mixes_logits
+
+    command = "`vllm serve path/to/this/folder --model-impl transformers --trust-remote-code`"
+    scale = info.scale or {}
+    if "method" not in scale:  # a model exported from memory without its settings: config.json says
+        return (
+            f"Serving: transformers' `generate` serves it; vLLM's Transformers backend ({command}) only where "
+            "config.json has `scale_vllm_servable: true` (SCALE-Adapt, and SCALE-Preserve without a mixing router)."
+        )
+    if mixes_logits(scale["method"], scale.get("router", "cosine")):
+        return (
+            "Serving: not servable by vLLM's Transformers backend (SCALE-Route's per-token routing, or a mixing "
+            "router, mixes at the logits, which its plain LM head cannot compute); use transformers' `generate`."
+        )
+    return (
+        f"Serving: transformers' `generate`, or vLLM's Transformers backend: {command} (the split norms are in the "
+        "base model `AutoModel` loads; the LM head is one plain linear)."
+    )
 
 
 def _method(info: CardInfo) -> list[str]:

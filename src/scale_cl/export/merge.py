@@ -3,9 +3,11 @@
 Every SCALE module becomes the one stock tensor it computes with: a `ScaleLinear` its block matrix
 ``[[W, W12], [W21, W22]]`` (W12 taken as zero where the method does not use it) and bias ``[b; bias_up]``,
 a `SplitNorm` its gains (and biases) concatenated (a grown model's earlier groups first), the embedding
-``[E, E_up]`` and the head ``[W_out, W_out_up]`` (an extended vocabulary's rows appended to ``E``/``W_out``).
-Everything else is taken as it is. The result is checked against the exported class itself (`exported_model`), so a
-mismatch fails before anything is written.
+``[E, E_up]`` and the head ``[W_out, alpha W_out_up]`` (``up_logit_scale`` folded in; an extended vocabulary's rows
+appended to ``E``/``W_out``). Everything else is taken as it is. The result is checked against the exported class
+itself (`exported_model`), so a mismatch fails before anything is written. The config's ``auto_map`` names the base
+model (``AutoModel``) beside the causal LM, and ``scale_vllm_servable`` says whether vLLM's Transformers backend can
+serve the model (`modeling_scale.mixes_logits`).
 """
 
 from __future__ import annotations
@@ -140,9 +142,14 @@ def export_config(model: nn.Module) -> PreTrainedConfig:
             **{f"scale_{name}": getattr(cfg, name) for name in route_settings()},  # the routers' declarations
         }
     )
+    # vLLM's Transformers backend cannot serve a model that mixes at the logits (modeling_scale's module doc)
+    config.scale_vllm_servable = not modeling_scale.mixes_logits(config.scale_method, config.scale_router)
     module = MODELING_FILE.removesuffix(".py")
-    config.auto_map = {"AutoConfig": f"{module}.{config_class.__name__}"}
-    config.auto_map["AutoModelForCausalLM"] = f"{module}.{model_class.__name__}"
+    config.auto_map = {  # the base model (AutoModel, which vLLM's Transformers backend builds) before the causal LM
+        "AutoConfig": f"{module}.{config_class.__name__}",
+        "AutoModel": f"{module}.{model_class.base_class.__name__}",
+        "AutoModelForCausalLM": f"{module}.{model_class.__name__}",
+    }
     config.architectures = [model_class.__name__]
     return config
 

@@ -1,23 +1,24 @@
 """A SCALE-upscaled causal LM as a stock transformers model: the modeling code of an exported folder.
 
 Written by ``scale-cl export`` (arXiv 2511.03270) next to ``config.json`` and the weights, and loaded with
-``AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)``. It imports only torch and
-transformers, so the model runs where the scale-cl package is not installed.
+``AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)`` (``AutoModel`` loads its base model). It
+imports only torch and transformers, so the model runs where the scale-cl package is not installed.
 
 The exported weights are the upscaled model's blocks merged into stock-shaped tensors: every linear is
 ``[[W, W12], [W21, W22]]`` (new attention heads appended after the original ones), the embedding is
-``[E, E_up]`` and the LM head ``[W_out, W_out_up]``. The stock classes therefore compute the upscaled
-model once two things are swapped in:
+``[E, E_up]`` and the LM head ``[W_out, alpha W_out_up]`` (``up_logit_scale`` folded in). The stock classes therefore
+compute the upscaled model once two things are swapped in:
 
-* the norms (`SplitRMSNorm`, `SplitLayerNorm`): the first ``scale_hidden_size`` features (the original
+* the norms (`SplitRMSNormGroups`, `SplitLayerNorm`), in the base model (`ScaleModelMixin`: `ScaleLlamaModel`,
+  `ScaleMistralModel`, `ScaleQwen2Model`, `ScaleGPTNeoXModel`): the first ``scale_hidden_size`` features (the original
   stream ``x``) and the rest (``x_up``) are normalised with their own statistics (``x`` never reads
   ``x_up``'s; with ``scale_up_norm`` ``"original"`` or ``"joint"``, ``x_up`` takes ``x``'s or the whole width's);
   a model grown more than once normalises each earlier stage's group apart too (``scale_norm_groups``), and its
   "original" sizes are those of the model its last stage grew;
 * for ``scale_method == "route"`` (paper Eq. 5), two paths above the first collaborative layer
-  ``scale_preserve_layers``: a pre-hook stacks the batch as ``[preserve path; adapt path]`` there
-  (`stack_paths`, so the KV cache holds both paths in those layers), each linear of those layers applies
-  W12 to the adapt half only (`TwoPathLinear`), and the head combines the halves per token (`RouteHead`).
+  ``scale_preserve_layers``, in the base model too: a pre-hook stacks the batch as ``[preserve path; adapt path]``
+  there (`stack_paths`, so the KV cache holds both paths in those layers) and each linear of those layers applies
+  W12 to the adapt half only (`TwoPathLinear`); the causal LM's head combines the halves per token (`RouteHead`).
   Hidden states asked for with ``output_hidden_states`` hold both paths (2B rows) from that layer on.
   With ``scale_router == "likelihood"`` the head mixes the two paths' distributions by the document's running
   likelihood ratio instead (`likelihood_mix`); a model pre-hook hands it the token ids (`capture_router_inputs`).
@@ -28,6 +29,20 @@ model once two things are swapped in:
   ``"hybrid"`` the same experts (Route's two paths; Preserve's base and itself, or a grown model's nested
   experts) are weighed by each one's confidence at the position, the hybrid's beside the prefix posterior
   (`expert_confidence`, `nested_mix`).
+
+Serving. transformers' ``generate`` serves every export. vLLM's Transformers backend (``model_impl="transformers"``
+with ``trust_remote_code``) builds the base model with ``AutoModel.from_config`` (``auto_map["AutoModel"]``), sets
+``config._attn_implementation`` to its own attention function, passes its own keyword arguments to the base model's
+forward and puts its own LM head on the output, loading ``lm_head.weight``. The classes here keep that contract: the
+customisation (the norms) lives in the base model, attention is the stock layers' (through
+``ALL_ATTENTION_FUNCTIONS[config._attn_implementation]``, the forward's ``**kwargs`` reaching every call), every class
+sets ``_supports_attention_backend = True``, and for SCALE-Preserve and SCALE-Adapt the head is one plain linear over
+the base model's output (``Z + alpha Z_up = [h; h_up] [W_out, alpha W_out_up]^T``). So SCALE-Preserve (with Eq. 5's
+``"cosine"`` router, which leaves it unrouted) and SCALE-Adapt are servable by vLLM's Transformers backend. SCALE-Route
+and SCALE-Preserve with a mixing router (``"likelihood"``, ``"nested"``, ``"confidence"``, ``"hybrid"``) are not
+(`mixes_logits`; ``scale_vllm_servable`` false in the config): they mix per token at the logits, which a plain LM head
+cannot compute, so their base model refuses vLLM's attention implementation (`VLLM_ATTENTION`) rather than serve
+something else; serve them with transformers' ``generate``.
 """
 
 from __future__ import annotations
@@ -44,12 +59,16 @@ from torch import nn
 from transformers import (
     GPTNeoXConfig,
     GPTNeoXForCausalLM,
+    GPTNeoXModel,
     LlamaConfig,
     LlamaForCausalLM,
+    LlamaModel,
     MistralConfig,
     MistralForCausalLM,
+    MistralModel,
     Qwen2Config,
     Qwen2ForCausalLM,
+    Qwen2Model,
 )
 
 # Keyword arguments of a decoder layer that carry the batch dimension: stacked with the hidden states.
@@ -76,12 +95,14 @@ def norm_groups(width: int, split: int, up_norm: str, earlier: list | None = Non
 
 # Copy of scale_cl.tuner.layers.SplitNorm, rewritten standalone;
 # tested equal by tests/test_export.py::test_scale_export_loads_without_scale_cl_and_matches.
-class SplitRMSNorm(nn.Module):
+class SplitRMSNormGroups(nn.Module):
     """RMSNorm over ``x`` (the first ``split`` features) and over ``x_up`` (the rest) separately (on a grown model
     over each stage's group, `norm_groups`).
 
     ``weight`` is the gains concatenated, so the parameter keeps the stock name and shape. The
-    arithmetic is transformers' LlamaRMSNorm's on each part (float32 statistics).
+    arithmetic is transformers' LlamaRMSNorm's on each part (float32 statistics). The class name must not end in
+    "RMSNorm": vLLM's Transformers backend replaced every such module with its own RMSNorm over the whole width (its
+    newer versions match the computation instead, which this one's per-group statistics do not).
     """
 
     def __init__(
@@ -612,6 +633,7 @@ class ScaleFields:
     scale_router_decay: float = 0.95  # likelihood router: the running ratio's decay per token
     scale_router_confidence: str = "entropy"  # confidence and hybrid routers: "entropy" or "top"
     scale_router_temperature: float = 1 / 3  # confidence and hybrid routers: w ~ exp(confidence / T)
+    scale_vllm_servable: bool = True  # not `mixes_logits`: vLLM's Transformers backend can serve it (module doc)
 
 
 class ScaleLlamaConfig(ScaleFields, LlamaConfig):
@@ -630,12 +652,26 @@ class ScaleGPTNeoXConfig(ScaleFields, GPTNeoXConfig):
     model_type = "scale_gpt_neox"
 
 
-class ScaleMixin:
-    """Swaps the norms (and for route the linears and head of the two-path layers) of a stock causal LM."""
+def mixes_logits(method: str, router: str) -> bool:
+    """Whether a model's logits are more than one linear over its base model's output: SCALE-Route's (two paths
+    combined per token, Eq. 5, or mixed by a router) and SCALE-Preserve's with a mixing router (its base's logits and
+    its own mixed per token). vLLM's Transformers backend cannot serve such a model (module doc)."""
+    return method == "route" or (method == "preserve" and router in MIXING_ROUTERS)
 
-    backbone: str  # the attribute holding the decoder
-    final_norm: str  # the backbone's attribute of the last norm
-    layer_norms: tuple[str, ...]
+
+# What vLLM's Transformers backend sets ``config._attn_implementation`` to ("vllm_mla" for MLA) before it builds the
+# base model with ``AutoModel.from_config``: a base model whose causal LM mixes logits refuses it (`ScaleModelMixin`).
+VLLM_ATTENTION = "vllm"
+
+
+class ScaleModelMixin:
+    """The base model (the decoder ``AutoModel`` loads) of an exported causal LM: the stock one with the split norms
+    swapped in and, for SCALE-Route, the two-path layers (`TwoPathLinear`, `stack_paths`) from
+    ``scale_preserve_layers`` on. Attention is the stock layers', called through ``ALL_ATTENTION_FUNCTIONS`` with the
+    forward's keyword arguments, so an attention backend (vLLM's) can run it (module doc)."""
+
+    final_norm: str  # the attribute of the last norm
+    layer_norms: tuple[str, ...]  # each decoder layer's norms
     norm_class: type[nn.Module]
 
     def original_linears(self, config: Any) -> dict[str, tuple[int, int]]:
@@ -643,38 +679,63 @@ class ScaleMixin:
         raise NotImplementedError
 
     def scale_init(self, config: Any) -> None:
-        """Called by ``__init__`` after the stock one: the swaps, made before any weight is loaded."""
-        decoder = getattr(self, self.backbone)
+        """Called after the stock ``__init__``: the swaps, made before any weight is loaded."""
+        if mixes_logits(config.scale_method, config.scale_router) and str(config._attn_implementation).startswith(
+            VLLM_ATTENTION
+        ):
+            raise ValueError(
+                f"this SCALE model (scale_method={config.scale_method!r}, scale_router={config.scale_router!r}) mixes "
+                "at the logits, which vLLM's Transformers backend (a plain LM head on the base model) cannot compute; "
+                "serve it with transformers' generate (AutoModelForCausalLM, trust_remote_code=True)"
+            )
         width, split = config.hidden_size, config.scale_hidden_size
         eps = config.layer_norm_eps if hasattr(config, "layer_norm_eps") else config.rms_norm_eps
         norm = partial(self.norm_class, width, split, eps, config.scale_up_norm, config.scale_norm_groups)
-        setattr(decoder, self.final_norm, norm())
-        for layer in decoder.layers:
+        setattr(self, self.final_norm, norm())
+        for layer in self.layers:
             for name in self.layer_norms:
                 setattr(layer, name, norm())
         self.route_from = None  # the first layer that runs both paths, None when nothing is stacked
+        if config.scale_method == "route" and config.scale_preserve_layers < len(self.layers):
+            self.route_from = config.scale_preserve_layers
+            for index in range(self.route_from, len(self.layers)):
+                layer = self.layers[index]
+                for path, (original_in, original_out) in self.original_linears(config).items():
+                    parent, _, name = path.rpartition(".")
+                    old = layer.get_submodule(path)
+                    bias = old.bias is not None
+                    new = TwoPathLinear(old.in_features, old.out_features, bias, original_in, original_out)
+                    setattr(layer.get_submodule(parent), name, new)
+                hook = partial(stack_paths, first=index == self.route_from)
+                layer.register_forward_pre_hook(hook, with_kwargs=True)
+
+
+class ScaleMixin:
+    """A stock causal LM on a Scale base model (`ScaleModelMixin`), and for a model that mixes at the logits
+    (`mixes_logits`) the head that does it (`RouteHead`)."""
+
+    backbone: str  # the attribute holding the base model
+    base_class: type[nn.Module]  # the Scale base model class
+
+    def scale_init(self, config: Any) -> None:
+        """Called by ``__init__`` after the stock one: the Scale base model, built as ``AutoModel`` builds it, in place
+        of the stock one the stock ``__init__`` made (``from_pretrained`` builds both on the meta device), then the
+        head; all before any weight is loaded."""
+        setattr(self, self.backbone, self.base_class(config))
         # SCALE-Route, and SCALE-Preserve with a mixing router (its Z is the base's logits exactly)
         likelihood = config.scale_method in ("route", "preserve") and config.scale_router in MIXING_ROUTERS
-        if config.scale_method == "route" and config.scale_preserve_layers < len(decoder.layers):
-            self.route_from = config.scale_preserve_layers
-            self.add_route_paths(decoder.layers, config)
+        head = self.get_output_embeddings()
+        if self.route_from is not None:
+            self.set_output_embeddings(RouteHead(head.in_features, head.out_features, config))
         elif likelihood:  # one path: the base's logits are its Z
-            head = self.get_output_embeddings()
             self.set_output_embeddings(RouteHead(head.in_features, head.out_features, config, stacked=False))
         if likelihood and config.scale_router != "confidence":  # the routers that read the token ids
             self.register_forward_pre_hook(capture_router_inputs, with_kwargs=True)
 
-    def add_route_paths(self, layers: nn.ModuleList, config: Any) -> None:
-        for index in range(self.route_from, len(layers)):
-            layer = layers[index]
-            for path, (original_in, original_out) in self.original_linears(config).items():
-                parent, _, name = path.rpartition(".")
-                old = layer.get_submodule(path)
-                new = TwoPathLinear(old.in_features, old.out_features, old.bias is not None, original_in, original_out)
-                setattr(layer.get_submodule(parent), name, new)
-            layer.register_forward_pre_hook(partial(stack_paths, first=index == self.route_from), with_kwargs=True)
-        head = self.get_output_embeddings()
-        self.set_output_embeddings(RouteHead(head.in_features, head.out_features, config))
+    @property
+    def route_from(self) -> int | None:
+        """The first layer that runs both route paths, None when nothing is stacked."""
+        return getattr(self, self.backbone).route_from
 
     def _reorder_cache(self, cache: Any, beam_idx: torch.Tensor) -> Any:
         """Beam search: the layers holding both route paths (2n rows) reorder both halves alike (and the
@@ -692,9 +753,9 @@ class ScaleMixin:
         return cache
 
 
-class LlamaFamilyMixin(ScaleMixin):
-    backbone, final_norm, layer_norms = "model", "norm", ("input_layernorm", "post_attention_layernorm")
-    norm_class = SplitRMSNorm
+class LlamaFamilyModelMixin(ScaleModelMixin):
+    final_norm, layer_norms = "norm", ("input_layernorm", "post_attention_layernorm")
+    norm_class = SplitRMSNormGroups
 
     def original_linears(self, config: Any) -> dict[str, tuple[int, int]]:
         d, ffn = config.scale_hidden_size, config.scale_intermediate_size
@@ -710,35 +771,39 @@ class LlamaFamilyMixin(ScaleMixin):
         }
 
 
-class ScaleLlamaForCausalLM(LlamaFamilyMixin, LlamaForCausalLM):
+class ScaleLlamaModel(LlamaFamilyModelMixin, LlamaModel):
     config_class = ScaleLlamaConfig
+    _supports_attention_backend = True  # set by every class here: vLLM reads it (is_backend_compatible)
 
     def __init__(self, config: ScaleLlamaConfig) -> None:
         super().__init__(config)
         self.scale_init(config)
 
 
-class ScaleMistralForCausalLM(LlamaFamilyMixin, MistralForCausalLM):
+class ScaleMistralModel(LlamaFamilyModelMixin, MistralModel):
     config_class = ScaleMistralConfig
+    _supports_attention_backend = True
 
     def __init__(self, config: ScaleMistralConfig) -> None:
         super().__init__(config)
         self.scale_init(config)
 
 
-class ScaleQwen2ForCausalLM(LlamaFamilyMixin, Qwen2ForCausalLM):
+class ScaleQwen2Model(LlamaFamilyModelMixin, Qwen2Model):
     config_class = ScaleQwen2Config
+    _supports_attention_backend = True
 
     def __init__(self, config: ScaleQwen2Config) -> None:
         super().__init__(config)
         self.scale_init(config)
 
 
-class ScaleGPTNeoXForCausalLM(ScaleMixin, GPTNeoXForCausalLM):
+class ScaleGPTNeoXModel(ScaleModelMixin, GPTNeoXModel):
     """GPT-NeoX: fused per-head ``[q; k; v]`` rows (new heads append 3 x head_size rows each), LayerNorm."""
 
     config_class = ScaleGPTNeoXConfig
-    backbone, final_norm, layer_norms = "gpt_neox", "final_layer_norm", ("input_layernorm", "post_attention_layernorm")
+    _supports_attention_backend = True
+    final_norm, layer_norms = "final_layer_norm", ("input_layernorm", "post_attention_layernorm")
     norm_class = SplitLayerNorm
 
     def __init__(self, config: ScaleGPTNeoXConfig) -> None:
@@ -753,3 +818,43 @@ class ScaleGPTNeoXForCausalLM(ScaleMixin, GPTNeoXForCausalLM):
             "mlp.dense_h_to_4h": (d, ffn),
             "mlp.dense_4h_to_h": (ffn, d),
         }
+
+
+class ScaleLlamaForCausalLM(ScaleMixin, LlamaForCausalLM):
+    config_class = ScaleLlamaConfig
+    _supports_attention_backend = True
+    backbone, base_class = "model", ScaleLlamaModel
+
+    def __init__(self, config: ScaleLlamaConfig) -> None:
+        super().__init__(config)
+        self.scale_init(config)
+
+
+class ScaleMistralForCausalLM(ScaleMixin, MistralForCausalLM):
+    config_class = ScaleMistralConfig
+    _supports_attention_backend = True
+    backbone, base_class = "model", ScaleMistralModel
+
+    def __init__(self, config: ScaleMistralConfig) -> None:
+        super().__init__(config)
+        self.scale_init(config)
+
+
+class ScaleQwen2ForCausalLM(ScaleMixin, Qwen2ForCausalLM):
+    config_class = ScaleQwen2Config
+    _supports_attention_backend = True
+    backbone, base_class = "model", ScaleQwen2Model
+
+    def __init__(self, config: ScaleQwen2Config) -> None:
+        super().__init__(config)
+        self.scale_init(config)
+
+
+class ScaleGPTNeoXForCausalLM(ScaleMixin, GPTNeoXForCausalLM):
+    config_class = ScaleGPTNeoXConfig
+    _supports_attention_backend = True
+    backbone, base_class = "gpt_neox", ScaleGPTNeoXModel
+
+    def __init__(self, config: ScaleGPTNeoXConfig) -> None:
+        super().__init__(config)
+        self.scale_init(config)

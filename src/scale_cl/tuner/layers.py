@@ -319,7 +319,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * x.to(dtype)
 
 
-# Copied to export/modeling_scale.py (SplitRMSNorm, SplitLayerNorm, norm_groups): change both
+# Copied to export/modeling_scale.py (SplitRMSNormGroups, SplitLayerNorm, norm_groups): change both
 # (tests/test_export_copies.py).
 class SplitNorm(SplitInput):
     """Normalises ``x`` with the frozen original norm over ``d`` and ``x_up`` with a new one over ``u``.
