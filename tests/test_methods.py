@@ -608,7 +608,8 @@ def test_import_scale_cl_loads_the_tuner_only():
         "{m.split('.')[1] for m in sys.modules if m.startswith('scale_cl.')})))"
     )
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    # the tuner's folder and its utilities: the settings' checks (types, ranges) and atomic files
-    assert set(json.loads(loaded)) <= {"tuner", "bounds", "setting_types", "files"}, loaded
+    # the tuner's folder and its utilities: the settings' checks (types, ranges), atomic files, and which modeling code
+    # `load` trusts (an exported folder's)
+    assert set(json.loads(loaded)) <= {"tuner", "bounds", "setting_types", "files", "remote_code"}, loaded
     code = "import sys, scale_cl.tuner.vocab; print('scale_cl.tuner.vocab.tokenizer' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout == "False\n"

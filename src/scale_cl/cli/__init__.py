@@ -53,7 +53,8 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
 
 
 def parse_settings(argv: list[str]) -> Any:
-    """The settings object that ``scale-cl *argv`` would run with (its preset, YAML and options applied)."""
+    """The settings object that ``scale-cl *argv`` would run with (its preset, YAML and options applied, and checked:
+    a ValueError for settings the command would refuse before loading anything)."""
     args = build_parser(argv).parse_args(argv)
     return args.func.settings(args)
 

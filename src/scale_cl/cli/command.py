@@ -3,7 +3,10 @@
 Every subcommand is declared as a `Command`; its options come from its settings dataclass
 (`scale_cl.cli.options.add_dataclass_options`), and every one takes ``--config FILE.yaml``. The
 settings are resolved in one order for all: the defaults (a preset's, where the command has
-presets), then the YAML file, then the command-line options. Bad input exits with status 2: the
+presets), then the YAML file, then the command-line options; then the settings' own ``check()``, where
+their dataclass has one: what needs several settings at once but no model, data or device (a batch and
+its micro-batches, a sequence's options), so that every command refuses it before anything loads, its
+``--dry_run`` and `scale_cl.cli.parse_settings` included. Bad input exits with status 2: the
 parser's own errors, and a ``ValueError`` / ``FileNotFoundError`` raised while the settings are
 resolved or the command runs, printed as ``<prog>: error: <message>``. A training run whose loss
 becomes NaN/inf (`NonFiniteLossError`, naming the last good checkpoint) exits with status 1.
@@ -85,13 +88,18 @@ class Runner:
         self.command, self.prog, self.dests = command, prog, tuple(dests)
 
     def settings(self, args: argparse.Namespace) -> Any:
-        """The command's settings: the defaults (or the preset's), then ``--config``'s YAML, then the options."""
+        """The command's settings: the defaults (or the preset's), then ``--config``'s YAML, then the options,
+        then their ``check()`` (a ValueError for settings that cannot work, whatever the model)."""
         options = nest((d, getattr(args, d)) for d in self.dests if hasattr(args, d))
         from_yaml = read_yaml(args.config) if getattr(args, "config", None) else {}
         preset = (options.get("preset") or from_yaml.get("preset")) if self.command.presets else None
         assert self.command.settings is not None
         defaults = self.command.settings(preset) if preset else self.command.settings()
-        return apply_overrides(apply_overrides(defaults, from_yaml), options)
+        settings = apply_overrides(apply_overrides(defaults, from_yaml), options)
+        check = getattr(settings, "check", None)
+        if callable(check):  # the checks of the final settings, before any model or data (module doc)
+            check()
+        return settings
 
     def __call__(self, args: argparse.Namespace, command_line: str | None = None) -> int:
         """Run the command. ``command_line``: how it was started, for a command whose settings record it (a

@@ -36,5 +36,5 @@ COMMAND = Command(
     ),
     settings=DemoSettings,
     run=run,
-    config_example="{hidden_up: 384, methods: [route]}",
+    config_example="{hidden_up: 384, methods: [scale_route]}",
 )

@@ -40,6 +40,10 @@ class DemoResult:
 
 # the SCALE methods, spelt as every command spells them (scale_preserve, ...)
 SCALE_METHODS = tuple(name for name in METHOD_NAMES if method_spec(name).is_scale)
+# SmolLM2-135M's sizes, which bound the demo's settings before it loads: 30 decoder layers, and 3 KV heads of 64
+# (9 query heads), so new width comes in whole GQA groups of head_dim x group = 64 x 3 = 192
+# (`scale_cl.tuner.widths.check_fits`; scale_cl.bench.shapes has the same config)
+SMOLLM2_LAYERS, SMOLLM2_HEAD_UNIT = 30, 192
 
 
 @dataclass
@@ -49,11 +53,17 @@ class DemoSettings:
     section: ClassVar[str] = ""  # where its settings are given (messages name them so)
 
     hidden_up: int = field(
-        default=192, metadata={"gt": 0, "help": "width added to the residual stream (multiple of 192)"}
+        default=192,
+        metadata={"gt": 0, "help": f"width added to the residual stream (multiple of {SMOLLM2_HEAD_UNIT})"},
     )
     ffn_up: int = field(default=512, metadata={"ge": 0, "help": "width added to every FFN"})
     preserve_layers: int = field(
-        default=27, metadata={"ge": -30, "le": 30, "help": "L_fp: layers below it keep W12 frozen (SmolLM2 has 30)"}
+        default=27,
+        metadata={
+            "ge": -SMOLLM2_LAYERS,
+            "le": SMOLLM2_LAYERS,
+            "help": f"L_fp: layers below it keep W12 frozen (SmolLM2 has {SMOLLM2_LAYERS})",
+        },
     )
     max_new_tokens: int = field(default=16, metadata={"ge": 1, "help": "greedy tokens generated per prompt"})
     methods: tuple[str, ...] = field(
@@ -62,6 +72,20 @@ class DemoSettings:
 
     def __post_init__(self) -> None:
         check_fields(self)
+        # refused here, before SmolLM2 loads (`upscale` and the method registry would refuse them only after it)
+        unknown = [m for m in self.methods if m not in SCALE_METHODS]
+        if unknown or not self.methods:
+            spelt = {m: f"scale_{m}" for m in unknown if f"scale_{m}" in SCALE_METHODS}
+            hint = "".join(f"; {m!r} is spelt {name!r}" for m, name in spelt.items())
+            raise ValueError(
+                f"methods: the demo checks the SCALE methods, one or more of {', '.join(SCALE_METHODS)}; got "
+                f"{list(self.methods)}{hint} (e.g. methods: [scale_route])"
+            )
+        if self.hidden_up % SMOLLM2_HEAD_UNIT:
+            raise ValueError(
+                f"hidden_up={self.hidden_up} must add whole attention heads to SmolLM2-135M: a multiple of head_dim "
+                f"x GQA group = 64 x 3 = {SMOLLM2_HEAD_UNIT} (e.g. {SMOLLM2_HEAD_UNIT}, {2 * SMOLLM2_HEAD_UNIT})"
+            )
 
 
 def run_demo(settings: DemoSettings | None = None) -> list[DemoResult]:

@@ -8,8 +8,9 @@ dataclass (or anything else) is built from it.
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Iterable
-from dataclasses import fields, is_dataclass, replace
+from dataclasses import Field, fields, is_dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,23 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ValueError(f"{path} must hold a mapping of settings, got {type(data).__name__}")
     return data
+
+
+def check_choices(name: str, f: Field, value: Any) -> None:
+    """Refuse ``value`` (each item of a list or tuple) for the setting ``name`` unless it is one of the field's
+    declared ``choices`` (``None`` stands for "not given" where the field defaults to None); the error names the
+    valid values and the nearest one."""
+    choices = f.metadata.get("choices")
+    if not choices or value is None:
+        return
+    items = list(value) if isinstance(value, (list, tuple)) else [value]
+    for item in items:
+        if item in choices:
+            continue
+        near = difflib.get_close_matches(str(item), [str(c) for c in choices], n=1)
+        hint = f"; did you mean {near[0]!r}?" if near else ""
+        each = " (each item)" if isinstance(value, (list, tuple)) else ""
+        raise ValueError(f"{name} must be one of {', '.join(map(str, choices))}{each}, got {item!r}{hint}")
 
 
 def _names(config: Any) -> set[str]:
@@ -84,9 +102,13 @@ def apply_overrides(config: Any, overrides: dict[str, Any], where: str = "", lea
     for owner, values in routed.items():
         changes[owner] = apply_overrides(changes.get(owner, getattr(config, owner)), values, where)
     try:
-        return replace(config, **changes)
+        result = replace(config, **changes)
     except ValueError as err:  # a class used in several places names itself (ScaleConfig.router): say it as given
         own = f"{type(config).__name__}."
         if not where or own not in str(err):
             raise
         raise ValueError(str(err).replace(own, where)) from err
+    for key in changes:  # the dataclass's own checks passed: its declared choices too (an inline section's: its own)
+        if key not in routed and not is_dataclass(getattr(result, key)):
+            check_choices(f"{where}{key}", known[key], getattr(result, key))
+    return result

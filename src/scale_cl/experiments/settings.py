@@ -155,7 +155,7 @@ class MethodSettings:
             "help": "store the base model's attention and FFN weights quantized and frozen (bitsandbytes; int8 = "
             "LLM.int8, nf4 = QLoRA's 4-bit NormalFloat): only what a method adds trains, in full precision. SCALE "
             "and LoRA only (LoRA on it is QLoRA); SCALE then preserves the quantized base exactly "
-            "(scale_cl.tuner.quant). Needs pip install 'scale-cl[quant]'",
+            "(scale_cl.tuner.quant). Needs bitsandbytes: pip install -e '.[quant]' in the checkout",
             "choices": BASE_QUANTS,
         },
     )

@@ -82,6 +82,15 @@ class BaseBuildConfig(ExperimentConfig):
         if self.train.max_steps <= 0:
             raise ValueError("train.max_steps must be positive: pre-training is budgeted in optimizer steps")
 
+    def check(self) -> None:
+        """The checks of the final settings, before any text is read (the command line runs them): English text is
+        given. (Not in ``__post_init__``: the micro preset names no text, which the options then give.)"""
+        if not self.data.train:
+            raise ValueError(
+                "no English text given: pass --data.train FILE... (.txt/.jsonl/.parquet, globs, hf:...); "
+                "`python benchmarks/cpt_corpus.py --corpora english-base` builds the default corpus"
+            )
+
 
 def preset(name: str) -> BaseBuildConfig:
     """The settings of preset ``name``."""
@@ -139,6 +148,9 @@ class BaseCommand:
         },
     )
     base: BaseBuildConfig = field(default_factory=lambda: preset("clean-en"), metadata={"inline": True})
+
+    def check(self) -> None:
+        self.base.check()
 
 
 def base_settings(name: str = "clean-en") -> BaseCommand:

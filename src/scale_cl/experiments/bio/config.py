@@ -10,12 +10,13 @@ from dataclasses import dataclass, field, replace
 from typing import ClassVar
 
 from scale_cl.bounds import check_fields
-from scale_cl.data import ATTRIBUTES
+from scale_cl.data import ATTRIBUTES, bio_spec, splits
 from scale_cl.experiments.bio.datasets import QA_LOSSES
 from scale_cl.experiments.experiment import ExperimentConfig
 from scale_cl.experiments.growth import GrowthSettings
 from scale_cl.experiments.settings import MethodSettings, MethodStageConfig
 from scale_cl.methods import METHOD_NAMES as ALL_METHODS
+from scale_cl.methods import method_spec
 from scale_cl.train.config import StageConfig
 from scale_cl.tuner.config import ScaleConfig
 
@@ -67,6 +68,16 @@ class DataConfig:
         check_fields(self)
         if self.packing not in PACKINGS:
             raise ValueError(f"data.packing must be one of {PACKINGS}, got {self.packing!r}")
+        try:
+            bio_spec(self.pools, people=self.people)
+        except ValueError as err:
+            raise ValueError(f"data.pools: {err}") from err  # unknown biography preset 'tiny'; valid presets: ...
+        unknown = [a for a in self.attributes if a not in ATTRIBUTES]
+        if unknown or not self.attributes:
+            raise ValueError(
+                f"data.attributes: unknown attributes {unknown}; valid attributes: {', '.join(ATTRIBUTES)} "
+                "(one or more)"
+            )
         if not 0 <= self.qa_people <= self.people // 4:
             raise ValueError(
                 f"data.qa_people must be between 0 (all) and data.people // 4 = {self.people // 4}, "
@@ -246,6 +257,35 @@ class BioConfig(ExperimentConfig):
     def __post_init__(self) -> None:
         self.check_experiment()
 
+    def check(self) -> None:
+        """The checks of the final settings that need several at once and no model (the backbone is built from
+        these settings: its config is known without building it); the command line runs them before anything is
+        built. The device and the logging backends are the pipeline's (`scale_cl.experiments.bio.pipeline.validate`,
+        which repeats these for settings built in Python). (Not in ``__post_init__``: a YAML file and the options are
+        applied one after the other, and a Python caller may build the settings in steps.)"""
+        from scale_cl.experiments.bio.pipeline import backbone_config
+
+        splits(self.data.people, self.sequence.tasks)  # the cohorts fit the people
+        m = self.model
+        if m.hidden_size % m.heads:
+            raise ValueError(f"model.hidden_size={m.hidden_size} must be a multiple of model.heads={m.heads}")
+        self.options.validate(backbone_config(self), self.methods)  # SCALE widths, freeze_layers: the backbone's
+        if self.sequence.tasks > 1:
+            t, routes = self.task1, any(method_spec(name).routes for name in self.methods)
+            unsupported = {
+                "task1.replay_ratio": t.replay_ratio,
+                "task1.pseudo_replay_ratio": t.pseudo_replay_ratio,
+                "task1.wise_ft_alphas": t.wise_ft_alphas,
+                "options.distill_weight": self.options.distill_weight,
+                "options.route_share": self.options.route_share if routes else 0,
+            }
+            given = [name for name, value in unsupported.items() if value]
+            if given:
+                raise ValueError(
+                    f"sequence.tasks={self.sequence.tasks} does not take {', '.join(given)} yet: set them off"
+                )
+            self.sequence.check_methods(self.methods, self.options.base_quant)
+
 
 def _scale(hidden_up: int, ffn_up: int) -> ScaleConfig:
     """The paper's SCALE set-up for this benchmark: only the last layer collaborative (L_fp = -1)."""
@@ -355,6 +395,9 @@ class BioCommand:
         },
     )
     bio: BioConfig = field(default_factory=lambda: preset("small"), metadata={"inline": True})
+
+    def check(self) -> None:
+        self.bio.check()
 
 
 def bio_settings(name: str = "small") -> BioCommand:

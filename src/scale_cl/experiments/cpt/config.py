@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import asdict, dataclass, field
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from scale_cl.bounds import check_fields
 from scale_cl.data.corpus import CorpusConfig
@@ -290,6 +290,82 @@ class CptConfig(ExperimentConfig):
                 "for a run without old-domain text to replay)"
             )
 
+    def check(self) -> None:
+        """The checks of the final settings that need several at once and no model (`check_run`); the command line
+        runs them before anything loads. (Not in ``__post_init__``: a YAML file and the options are applied one
+        after the other, and a Python caller may build the settings in steps.)"""
+        check_run(self)
+
+
+def check_run(cfg: Any) -> None:
+    """Refuse settings of a continual pre-training run (``cfg``: a `CptConfig` or `scale_cl.experiments.train.config.
+    TrainConfig`) that cannot work whatever the model, the data and the machine: the checks that need several
+    settings at once, made on the final settings (`CptConfig.check`, which every command runs before any model or data
+    loads). What depends on the model's config (widths that fit it), on the data (files there, enough text) or on the
+    launch (processes, GPUs) is checked by the pipeline (`scale_cl.experiments.cpt.pipeline.validate`), still before any
+    weights load; it repeats these for settings built in Python."""
+    t, d, options = cfg.train, cfg.data, cfg.options
+    if t.batch_size % t.micro_batch_size:
+        raise ValueError(
+            f"train.batch_size={t.batch_size} must be a multiple of train.micro_batch_size={t.micro_batch_size} "
+            "(gradient accumulation fills the batch with whole micro-batches; under N processes, a multiple of "
+            "micro_batch_size x N): change one of them"
+        )
+    if d.streaming and t.max_steps <= 0 and not t.token_budget:
+        raise ValueError(
+            "data.streaming needs train.max_steps > 0 or train.tokens (a stream has no length to count epochs on)"
+        )
+    if not d.heldout_fraction and not d.old_eval:
+        raise ValueError(
+            "nothing to measure: set data.heldout_fraction > 0 and/or data.old_eval (learning is measured on the "
+            "held-out share of data.train, forgetting on each old-domain set)"
+        )
+    needs_old = [(m, "route_share calibrates its tau") for m in cfg.methods if options.calibrates_route(m)]
+    needs_old += [(m, "auto_layers measures forgetting") for m in cfg.methods if options.chooses_layers(m)]
+    if needs_old and not d.replay:
+        method, what = needs_old[0]
+        raise ValueError(
+            f"{method}: options.{what} on old-domain text, and none is given: set --data.replay NAME=SOURCE "
+            "(documents the old-domain evaluation sets read are left out; with --data.replay_ratio 0 it is only "
+            "measured on, not trained on)"
+        )
+    if any(options.chooses_layers(m) for m in cfg.methods) and d.streaming:
+        raise ValueError("options.auto_layers needs a packed training split: drop data.streaming")
+    sequence = getattr(cfg, "sequence", None)
+    if sequence is not None and sequence.then:
+        _check_sequence(cfg)
+
+
+def _check_sequence(cfg: CptConfig) -> None:
+    """What a sequence of domains (``sequence.then``) needs and does not take yet (as
+    `scale_cl.experiments.cpt.sequence.validate_sequence`, which also checks the launch and every task's files)."""
+    d, e = cfg.data, cfg.eval
+    unsupported = {
+        "data.replay_ratio": d.replay_ratio,
+        "data.pseudo_replay_ratio": d.pseudo_replay_ratio,
+        "data.extend_vocab": d.extend_vocab,
+        "data.streaming": d.streaming,
+        "options.distill_weight": cfg.options.distill_weight,
+        "options.auto_layers": cfg.options.auto_layers,
+        "options.route_share": cfg.options.route_share,
+        "eval.up_logit_scales": e.up_logit_scales,
+        "eval.wise_ft_alphas": e.wise_ft_alphas,
+        "eval.nll_split": e.nll_split,
+    }
+    given = [name for name, value in unsupported.items() if value]
+    if given:
+        raise ValueError(f"a sequence of domains (sequence.then) does not take {', '.join(given)} yet: set them off")
+    if not d.old_eval or not d.heldout_fraction:
+        raise ValueError(
+            "a sequence of domains measures the old domain and every new one: give data.old_eval and "
+            "data.heldout_fraction > 0"
+        )
+    old_names = {item.partition("=")[0] for item in d.old_eval if "=" in item}
+    clash = old_names & {name for name, _ in cfg.sequence.tasks()}
+    if clash:
+        raise ValueError(f"sequence names {sorted(clash)} are also old-domain set names (data.old_eval): rename them")
+    cfg.sequence.check_methods(cfg.methods, cfg.options.base_quant)
+
 
 def preset(name: str) -> CptConfig:
     """The settings of preset ``name`` (data sources are always the user's: see ``--data.*``)."""
@@ -384,6 +460,9 @@ class CptCommand:
         metadata={"help": "output folder (default: outputs/cpt-<preset>)", "type": str, "metavar": "DIR"},
     )
     cpt: CptConfig = field(default_factory=lambda: preset("smollm2"), metadata={"inline": True})
+
+    def check(self) -> None:
+        self.cpt.check()
 
 
 def cpt_settings(name: str = "smollm2") -> CptCommand:

@@ -106,6 +106,7 @@ def validate(cfg: CptConfig, base_config: Any) -> None:
     placement = run_placement(cfg)  # train.device cuda without a GPU, bf16 on a GPU without it: refused here
     cfg.options.validate(base_config, cfg.methods)
     report_to_argument(cfg.train.report_to)  # its backends are installed
+    cfg.check()  # the settings' own checks, for settings built in Python (the command line ran them first)
     world = process_state(cpu=placement.device == "cpu").num_processes
     t = cfg.train
     if t.batch_size % (t.micro_batch_size * world):
@@ -113,21 +114,6 @@ def validate(cfg: CptConfig, base_config: Any) -> None:
             f"train.batch_size={t.batch_size} must be a multiple of train.micro_batch_size={t.micro_batch_size} "
             f"x {world} process(es)"
         )
-    if cfg.data.streaming and t.max_steps <= 0 and not t.token_budget:
-        raise ValueError(
-            "data.streaming needs train.max_steps > 0 or train.tokens (a stream has no length to count epochs on)"
-        )
-    needs_old = [(m, "route_share calibrates its tau") for m in cfg.methods if cfg.options.calibrates_route(m)]
-    needs_old += [(m, "auto_layers measures forgetting") for m in cfg.methods if cfg.options.chooses_layers(m)]
-    if needs_old and not cfg.data.replay:
-        method, what = needs_old[0]
-        raise ValueError(
-            f"{method}: options.{what} on old-domain text, and none is given: set --data.replay NAME=SOURCE "
-            "(documents the old-domain evaluation sets read are left out; with --data.replay_ratio 0 it is only "
-            "measured on, not trained on)"
-        )
-    if any(cfg.options.chooses_layers(m) for m in cfg.methods) and cfg.data.streaming:
-        raise ValueError("options.auto_layers needs a packed training split: drop data.streaming")
     sharding = requested_sharding()
     if sharding is not None:
         unsupported = [

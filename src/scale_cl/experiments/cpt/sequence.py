@@ -45,34 +45,9 @@ def validate_sequence(cfg: CptConfig) -> None:
     """What a sequence of domains needs, and the options it does not take yet, refused by name before any writing."""
     from scale_cl.experiments.cpt.pipeline import process_state
 
-    d, e = cfg.data, cfg.eval
-    unsupported = {
-        "data.replay_ratio": d.replay_ratio,
-        "data.pseudo_replay_ratio": d.pseudo_replay_ratio,
-        "data.extend_vocab": d.extend_vocab,
-        "data.streaming": d.streaming,
-        "options.distill_weight": cfg.options.distill_weight,
-        "options.auto_layers": cfg.options.auto_layers,
-        "options.route_share": cfg.options.route_share,
-        "eval.up_logit_scales": e.up_logit_scales,
-        "eval.wise_ft_alphas": e.wise_ft_alphas,
-        "eval.nll_split": e.nll_split,
-    }
-    given = [name for name, value in unsupported.items() if value]
-    if given:
-        raise ValueError(f"a sequence of domains (sequence.then) does not take {', '.join(given)} yet: set them off")
+    cfg.check()  # the settings' own checks, the sequence's among them (`scale_cl.experiments.cpt.config.check_run`)
     if process_state().num_processes > 1:
         raise ValueError("a sequence of domains (sequence.then) runs in one process for now")
-    if not d.old_eval or not d.heldout_fraction:
-        raise ValueError(
-            "a sequence of domains measures the old domain and every new one: give data.old_eval and "
-            "data.heldout_fraction > 0"
-        )
-    old_names = {item.partition("=")[0] for item in d.old_eval if "=" in item}
-    clash = old_names & {name for name, _ in cfg.sequence.tasks()}
-    if clash:
-        raise ValueError(f"sequence names {sorted(clash)} are also old-domain set names (data.old_eval): rename them")
-    cfg.sequence.check_methods(cfg.methods, cfg.options.base_quant)
     for _, source in cfg.sequence.tasks()[1:]:
         check_corpus(replace(cfg.data, train=[source]))
 

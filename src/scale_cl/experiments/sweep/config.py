@@ -128,6 +128,21 @@ class BioSweep:
     sweep: SweepOptions = field(default_factory=SweepOptions, metadata={"inline": True, "group": "sweep settings"})
     bio: BioConfig = field(default_factory=lambda: bio_preset("micro"), metadata={"inline": True})
 
+    def check(self) -> None:
+        """The checks of the final settings, before anything is built (the command line runs them; the runner
+        repeats them, with every point's settings): the experiment's, the grid's and the target's."""
+        from scale_cl.experiments.sweep.experiments import BioExperiment
+
+        if self.bio.sequence.tasks > 1:
+            raise ValueError(
+                "sweep bio does not run a sequence of tasks yet (sequence.tasks > 1): run `scale-cl bio "
+                "--sequence.tasks T` at each rate instead"
+            )
+        self.bio.check()
+        settings = self.sweep.sweep_settings()
+        settings.validate(self.bio.methods)
+        BioExperiment.check_target(settings.target)
+
 
 @dataclass
 class CptSweep:
@@ -137,6 +152,21 @@ class CptSweep:
         default_factory=CptSweepOptions, metadata={"inline": True, "group": "sweep settings"}
     )
     cpt: CptConfig = field(default_factory=lambda: cpt_preset("smollm2"), metadata={"inline": True})
+
+    def check(self) -> None:
+        """The checks of the final settings, before any model or data loads (the command line runs them; the runner
+        repeats them, with every point's settings): the experiment's, the grid's and the target's."""
+        from scale_cl.experiments.sweep.experiments import CptExperiment
+
+        if self.cpt.sequence.then:
+            raise ValueError(
+                "sweep cpt does not run a sequence of domains yet (sequence.then): run `scale-cl cpt --sequence.then "
+                "...` at each rate instead"
+            )
+        self.cpt.check()
+        settings = self.sweep.sweep_settings()
+        settings.validate(self.cpt.methods)
+        CptExperiment.check_target(settings.target)
 
 
 def bio_sweep_settings(name: str = "micro") -> BioSweep:

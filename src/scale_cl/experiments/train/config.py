@@ -18,6 +18,7 @@ from scale_cl.experiments.cpt.config import (
     CptDataConfig,
     CptTrainConfig,
     EvalConfig,
+    check_run,
 )
 from scale_cl.experiments.experiment import ExperimentConfig
 from scale_cl.experiments.settings import MethodSettings
@@ -97,6 +98,19 @@ class TrainConfig(ExperimentConfig):
             )
         if self.data.pseudo_replay_ratio and self.data.replay_ratio:
             raise ValueError("data.pseudo_replay_ratio and data.replay_ratio share one schedule: set one of them")
+
+    def check(self) -> None:
+        """The checks of the final settings that need several at once and no model: continual pre-training's
+        (`scale_cl.experiments.cpt.config.check_run`) and a token budget of at least one optimizer step. The command
+        line runs them before anything loads, ``--dry_run`` included."""
+        check_run(self)
+        step = self.train.batch_size * self.data.seq_len
+        if 0 < self.train.token_budget < step:
+            raise ValueError(
+                f"train.tokens={self.train.tokens} is less than one optimizer step (train.batch_size="
+                f"{self.train.batch_size} x data.seq_len={self.data.seq_len} = {step:,} tokens): raise it, or lower "
+                "the batch or sequence length"
+            )
 
     @property
     def read_with(self) -> str:
@@ -213,6 +227,9 @@ class TrainCommand:
     )
     command: str = field(default="", metadata={"cli": False, "help": "the command line (set by the program)"})
     train: TrainConfig = field(default_factory=lambda: preset("smollm2"), metadata={"inline": True})
+
+    def check(self) -> None:
+        self.train.check()
 
 
 def train_settings(name: str = "smollm2") -> TrainCommand:
