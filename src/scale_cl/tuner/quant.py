@@ -46,7 +46,8 @@ def check_base_quant(kind: str) -> None:
         return
     if importlib.util.find_spec("bitsandbytes") is None:
         raise ValueError(
-            f"base_quant {kind!r} needs bitsandbytes: pip install bitsandbytes (or pip install -e '.[quant]' in scale-cl's checkout)"
+            f"base_quant {kind!r} needs bitsandbytes: pip install bitsandbytes (or pip install -e '.[quant]' in "
+            "scale-cl's checkout)"
         )
 
 

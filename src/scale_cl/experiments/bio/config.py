@@ -7,7 +7,9 @@ its ``metadata["help"]`` is the option's help text.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import ClassVar
+from typing import Any, ClassVar
+
+from transformers import GPTNeoXConfig
 
 from scale_cl.bounds import check_fields
 from scale_cl.data import ATTRIBUTES, bio_spec, splits
@@ -261,10 +263,8 @@ class BioConfig(ExperimentConfig):
         """The checks of the final settings that need several at once and no model (the backbone is built from
         these settings: its config is known without building it); the command line runs them before anything is
         built. The device and the logging backends are the pipeline's (`scale_cl.experiments.bio.pipeline.validate`,
-        which repeats these for settings built in Python). (Not in ``__post_init__``: a YAML file and the options are
-        applied one after the other, and a Python caller may build the settings in steps.)"""
-        from scale_cl.experiments.bio.pipeline import backbone_config
-
+        which runs this check first, for settings built in Python). (Not in ``__post_init__``: a YAML file and the
+        options are applied one after the other, and a Python caller may build the settings in steps.)"""
         splits(self.data.people, self.sequence.tasks)  # the cohorts fit the people
         m = self.model
         if m.hidden_size % m.heads:
@@ -403,3 +403,19 @@ class BioCommand:
 def bio_settings(name: str = "small") -> BioCommand:
     """The command's settings with preset ``name``'s experiment settings."""
     return BioCommand(bio=preset(name))
+
+
+def backbone_config(cfg: BioConfig, **tokens: Any) -> GPTNeoXConfig:
+    """The stage-1 model's config; ``tokens``: vocab_size and the special token ids, once the tokenizer exists."""
+    m = cfg.model
+    return GPTNeoXConfig(
+        hidden_size=m.hidden_size,
+        num_hidden_layers=m.layers,
+        num_attention_heads=m.heads,
+        intermediate_size=m.intermediate_size,
+        rotary_pct=m.rotary_pct,
+        max_position_embeddings=m.max_seq_len,
+        use_parallel_residual=True,
+        tie_word_embeddings=False,
+        **tokens,
+    )

@@ -42,10 +42,9 @@ from typing import Any
 
 import torch
 from safetensors import safe_open
-from transformers import GPTNeoXConfig, GPTNeoXForCausalLM, PreTrainedTokenizerFast
+from transformers import GPTNeoXForCausalLM, PreTrainedTokenizerFast
 
 from scale_cl.data import (
-    ATTRIBUTES,
     answer_first_token,
     bio_spec,
     biography_corpus,
@@ -61,7 +60,7 @@ from scale_cl.eval.first_token import QAExample, first_token_accuracy
 from scale_cl.eval.mixture import MIXTURE_ROUTERS, mixture_read_as
 from scale_cl.eval.readings import up_logit_frontier, wise_ft_frontier
 from scale_cl.eval.route_separation import auroc, collect_base_weights, mixes_experts, routes_by_eq5
-from scale_cl.experiments.bio.config import BioConfig
+from scale_cl.experiments.bio.config import BioConfig, backbone_config
 from scale_cl.experiments.bio.datasets import PackedText, PadCollator, QATraining
 from scale_cl.experiments.run_folder import check_output_folder, claim_output_folder
 from scale_cl.files import write_json
@@ -188,22 +187,6 @@ def build_data(cfg: BioConfig, cache: Path) -> BioData:
             QATraining(qa_pairs(ranges[f"task{j}"]), eos, cfg.task1.qa_loss) for j in range(2, cfg.sequence.tasks + 1)
         ],
         later_test=[examples(ranges[f"task{j}"]) for j in range(2, cfg.sequence.tasks + 1)],
-    )
-
-
-def backbone_config(cfg: BioConfig, **tokens: Any) -> GPTNeoXConfig:
-    """The stage-1 model's config; ``tokens``: vocab_size and the special token ids, once the tokenizer exists."""
-    m = cfg.model
-    return GPTNeoXConfig(
-        hidden_size=m.hidden_size,
-        num_hidden_layers=m.layers,
-        num_attention_heads=m.heads,
-        intermediate_size=m.intermediate_size,
-        rotary_pct=m.rotary_pct,
-        max_position_embeddings=m.max_seq_len,
-        use_parallel_residual=True,
-        tie_word_embeddings=False,
-        **tokens,
     )
 
 
@@ -519,37 +502,12 @@ def likelihood_control(
 
 
 def validate(cfg: BioConfig) -> None:
-    """Raise a ValueError for settings that cannot work, before anything is written."""
-    bio_spec(cfg.data.pools, people=cfg.data.people)
-    splits(cfg.data.people, cfg.sequence.tasks)
-    if cfg.sequence.tasks > 1:
-        _validate_sequence(cfg)
-    unknown = [a for a in cfg.data.attributes if a not in ATTRIBUTES]
-    if unknown or not cfg.data.attributes:
-        raise ValueError(f"unknown attributes {unknown}; valid attributes: {', '.join(ATTRIBUTES)}")
-    m = cfg.model
-    if m.hidden_size % m.heads:
-        raise ValueError(f"model.hidden_size={m.hidden_size} must be a multiple of model.heads={m.heads}")
-    cfg.options.validate(backbone_config(cfg), cfg.methods)
+    """Raise a ValueError for settings that cannot work, before anything is written: the settings' own checks (for
+    settings built in Python; the command line ran them first), then the devices and logging backends."""
+    cfg.check()
     for section, stage in (("pretrain.", cfg.pretrain), ("task0.", cfg.task0), ("task1.", cfg.task1)):
         report_to_argument(stage.report_to)  # its backends are installed
         stage_placement(stage, section)  # a device that is not there, bf16 on a GPU without it
-
-
-def _validate_sequence(cfg: BioConfig) -> None:
-    """What a sequence of tasks does not take yet (each is a Task-1 option with one old task in mind)."""
-    t = cfg.task1
-    unsupported = {
-        "task1.replay_ratio": t.replay_ratio,
-        "task1.pseudo_replay_ratio": t.pseudo_replay_ratio,
-        "task1.wise_ft_alphas": t.wise_ft_alphas,
-        "options.distill_weight": cfg.options.distill_weight,
-        "options.route_share": cfg.options.route_share if any(method_spec(m).routes for m in cfg.methods) else 0,
-    }
-    given = [name for name, value in unsupported.items() if value]
-    if given:
-        raise ValueError(f"sequence.tasks={cfg.sequence.tasks} does not take {', '.join(given)} yet: set them off")
-    cfg.sequence.check_methods(cfg.methods, cfg.options.base_quant)
 
 
 def run_bio(

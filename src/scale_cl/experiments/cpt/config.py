@@ -303,7 +303,7 @@ def check_run(cfg: Any) -> None:
     settings at once, made on the final settings (`CptConfig.check`, which every command runs before any model or data
     loads). What depends on the model's config (widths that fit it), on the data (files there, enough text) or on the
     launch (processes, GPUs) is checked by the pipeline (`scale_cl.experiments.cpt.pipeline.validate`), still before any
-    weights load; it repeats these for settings built in Python."""
+    weights load; it runs these first, for settings built in Python."""
     t, d, options = cfg.train, cfg.data, cfg.options
     if t.batch_size % t.micro_batch_size:
         raise ValueError(
