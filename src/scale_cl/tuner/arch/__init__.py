@@ -34,7 +34,7 @@ EXPORTED = (
 
 def is_export(config: Any) -> bool:
     """Whether a transformers config is one of a folder ``scale-cl export`` wrote (``modeling_scale.py``'s classes)."""
-    return bool(getattr(config, "scale_method", None)) and str(getattr(config, "model_type", "")).startswith("scale_")
+    return bool(getattr(config, "scale_hidden_size", 0))  # a field of the exported configs only (the original width)
 
 
 def refuse_export(config: Any, name: str | None = None) -> None:
@@ -61,7 +61,8 @@ def spec_for_config(config: Any) -> ArchSpec:
     """The spec of the family a transformers config describes, or a ValueError naming the supported ones."""
     model_type = getattr(config, "model_type", None)
     if is_export(config):  # merged into stock-shaped tensors: its family's shapes (`refuse_export` for upscaling)
-        model_type = model_type.removeprefix("scale_")
+        stock = [getattr(cls, "model_type", None) for cls in type(config).__mro__[1:]]  # its stock config class's
+        model_type = next((name for name in stock if name in SPECS_BY_MODEL_TYPE), model_type)
     if model_type not in SPECS_BY_MODEL_TYPE:
         raise ValueError(
             f"scale_cl cannot upscale a {model_type!r} model: supported model types are "
