@@ -581,23 +581,6 @@ def test_every_method_declares_the_experiment_settings_it_reads():
         settings_of("ftt")
 
 
-@pytest.mark.parametrize(
-    ("old", "message"),
-    [
-        ("scale_cl.layers", "scale_cl.layers moved to scale_cl.tuner.layers"),
-        ("scale_cl.route", "scale_cl.route moved to scale_cl.tuner.routing.state"),
-        ("scale_cl.vocab.grow", "scale_cl.vocab moved to scale_cl.tuner.vocab"),  # its package is found moved first
-        ("scale_cl.eval.router", "scale_cl.eval.router moved to scale_cl.eval.route_separation"),
-    ],
-)
-def test_an_old_module_path_names_the_new_one(old, message):
-    """Users' imports of the modules issue 39 moved fail with the new path."""
-    import importlib
-
-    with pytest.raises(ModuleNotFoundError, match=message):
-        importlib.import_module(old)
-
-
 def test_import_scale_cl_loads_the_tuner_only():
     """``import scale_cl`` is the tuner: no method, training, data, experiment or CLI module, and no library for
     learning tokens (the vocabulary rows it loads need none), for the baselines (PEFT) or for a quantized base
