@@ -445,3 +445,23 @@ def test_compiled_models_are_timed(tmp_path):
     assert results["config"]["compile"] == "default"
     assert all(r["step_s"] > 0 for r in results["shapes"]["tiny"]["methods"].values())
     assert "torch.compile(mode='default') in the timed steps" in (out / "results.md").read_text()
+
+
+def test_bench_refuses_an_out_of_other_settings_before_measuring(tmp_path, capsys, monkeypatch):
+    """``--out`` holding another kind of run, or this command's results of other settings, is refused before anything
+    is measured (as every command refuses it); nothing there is changed."""
+    import scale_cl.bench.runner as runner
+
+    monkeypatch.setattr(runner, "run_bench", lambda *a, **k: pytest.fail("measured despite a refused --out"))
+    train_run = tmp_path / "train-run"
+    train_run.mkdir()
+    (train_run / "train_config.json").write_text("{}")
+    assert main(["bench", "--shapes", "tiny", "--out", str(train_run)]) == 2
+    assert "a scale-cl train run" in capsys.readouterr().err
+    earlier = tmp_path / "bench"
+    earlier.mkdir()
+    (earlier / "bench_config.json").write_text(json.dumps({"shapes": ["tiny"], "rounds": 99}))
+    (earlier / "results.json").write_text("{}")
+    assert main(["bench", "--shapes", "tiny", "--out", str(earlier)]) == 2
+    assert "holds results of another configuration" in capsys.readouterr().err
+    assert (earlier / "results.json").read_text() == "{}"

@@ -28,10 +28,18 @@ EPILOG = (
 )
 
 
+BENCH_CONFIG = "bench_config.json"
+
+
 def run(settings: BenchCommand) -> int:
+    """Refuse an ``--out`` that is a file, cannot be written, holds another kind of run or this command's results of
+    other settings (as every command does, before anything is measured); then measure and write there."""
     from scale_cl.bench.runner import run_bench
+    from scale_cl.experiments.run_folder import claim_output_folder
 
     out = Path(settings.out)
+    recorded = {k: v for k, v in settings.bench.to_dict().items() if k != "progress"}  # bars change no result
+    claim_output_folder(out, BENCH_CONFIG, recorded)
     run_bench(settings.bench, out, command=settings.command or "scale-cl bench")
     print((out / "results.md").read_text())
     print(f"[bench] wrote {out / 'results.md'} and {out / 'results.json'}")

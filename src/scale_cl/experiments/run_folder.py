@@ -28,6 +28,7 @@ RUN_FILES = {
     "sweep_config.json": "sweep",
     "base_config.json": "base",
     "train_config.json": "train",
+    "bench_config.json": "bench",
 }
 
 
