@@ -343,3 +343,23 @@ def _kill_tree(pid: int) -> None:
     for member in tree:
         with contextlib.suppress(ProcessLookupError):
             os.kill(member, signal.SIGKILL)
+
+
+@pytest.fixture
+def no_model(monkeypatch, tmp_path):
+    """An empty working folder (relative data paths lead nowhere) in which building or loading any model, or reading
+    any model's configuration, fails the test: what is checked there is checked from the settings alone."""
+    import transformers
+
+    import scale_cl.models
+    import scale_cl.models.smollm2
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a model (or its configuration) was loaded while only the settings were to be read")
+
+    monkeypatch.setattr(transformers.PreTrainedModel, "__init__", refuse)
+    monkeypatch.setattr(transformers.AutoConfig, "from_pretrained", refuse)
+    monkeypatch.setattr(scale_cl.models, "load_base", refuse)
+    monkeypatch.setattr(scale_cl.models.smollm2, "load_smollm2", refuse)
+    monkeypatch.chdir(tmp_path)
+    return tmp_path

@@ -58,26 +58,6 @@ def model_config(shape: str):
     return SHAPES[shape].make_config()
 
 
-@pytest.fixture
-def no_model(monkeypatch, tmp_path):
-    """An empty working folder (a recipe's relative data paths lead nowhere) in which building or loading any model,
-    or reading any model's configuration, fails the test."""
-    import transformers
-
-    import scale_cl.models
-    import scale_cl.models.smollm2
-
-    def refuse(*args, **kwargs):
-        raise AssertionError("a model (or its configuration) was loaded while only the settings were read")
-
-    monkeypatch.setattr(transformers.PreTrainedModel, "__init__", refuse)
-    monkeypatch.setattr(transformers.AutoConfig, "from_pretrained", refuse)
-    monkeypatch.setattr(scale_cl.models, "load_base", refuse)
-    monkeypatch.setattr(scale_cl.models.smollm2, "load_smollm2", refuse)
-    monkeypatch.chdir(tmp_path)
-    return tmp_path
-
-
 def test_every_recipe_is_listed_here():
     assert {path.name for path in RECIPES} == set(EXPECTED), "a recipe without its expectations (or one removed)"
 

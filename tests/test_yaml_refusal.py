@@ -21,26 +21,6 @@ from scale_cl.cli import commands, main, parse_settings
 from scale_cl.experiments.overrides import apply_overrides, nest
 
 
-@pytest.fixture
-def no_model(monkeypatch, tmp_path):
-    """An empty working folder in which building or loading any model (or reading a model's configuration) fails
-    the test: what is refused here must be refused from the settings alone."""
-    import transformers
-
-    import scale_cl.models
-    import scale_cl.models.smollm2
-
-    def refuse(*args, **kwargs):
-        raise AssertionError("a model (or its configuration) was loaded before the bad setting was refused")
-
-    monkeypatch.setattr(transformers.PreTrainedModel, "__init__", refuse)
-    monkeypatch.setattr(transformers.AutoConfig, "from_pretrained", refuse)
-    monkeypatch.setattr(scale_cl.models, "load_base", refuse)
-    monkeypatch.setattr(scale_cl.models.smollm2, "load_smollm2", refuse)
-    monkeypatch.chdir(tmp_path)
-    return tmp_path
-
-
 def _leaf_commands() -> Iterator[tuple[str, Any]]:
     for command in commands():
         for sub in command.subcommands or (command,):

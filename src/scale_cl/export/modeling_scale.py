@@ -674,6 +674,10 @@ class ScaleModelMixin:
     layer_norms: tuple[str, ...]  # each decoder layer's norms
     norm_class: type[nn.Module]
 
+    def __init__(self, config: Any) -> None:
+        super().__init__(config)
+        self.scale_init(config)
+
     def original_linears(self, config: Any) -> dict[str, tuple[int, int]]:
         """Each linear of a decoder layer (its path) -> its (in, out) sizes before upscaling."""
         raise NotImplementedError
@@ -716,6 +720,10 @@ class ScaleMixin:
 
     backbone: str  # the attribute holding the base model
     base_class: type[nn.Module]  # the Scale base model class
+
+    def __init__(self, config: Any) -> None:
+        super().__init__(config)
+        self.scale_init(config)
 
     def scale_init(self, config: Any) -> None:
         """Called by ``__init__`` after the stock one: the Scale base model, built as ``AutoModel`` builds it, in place
@@ -775,27 +783,15 @@ class ScaleLlamaModel(LlamaFamilyModelMixin, LlamaModel):
     config_class = ScaleLlamaConfig
     _supports_attention_backend = True  # set by every class here: vLLM reads it (is_backend_compatible)
 
-    def __init__(self, config: ScaleLlamaConfig) -> None:
-        super().__init__(config)
-        self.scale_init(config)
-
 
 class ScaleMistralModel(LlamaFamilyModelMixin, MistralModel):
     config_class = ScaleMistralConfig
     _supports_attention_backend = True
 
-    def __init__(self, config: ScaleMistralConfig) -> None:
-        super().__init__(config)
-        self.scale_init(config)
-
 
 class ScaleQwen2Model(LlamaFamilyModelMixin, Qwen2Model):
     config_class = ScaleQwen2Config
     _supports_attention_backend = True
-
-    def __init__(self, config: ScaleQwen2Config) -> None:
-        super().__init__(config)
-        self.scale_init(config)
 
 
 class ScaleGPTNeoXModel(ScaleModelMixin, GPTNeoXModel):
@@ -805,10 +801,6 @@ class ScaleGPTNeoXModel(ScaleModelMixin, GPTNeoXModel):
     _supports_attention_backend = True
     final_norm, layer_norms = "final_layer_norm", ("input_layernorm", "post_attention_layernorm")
     norm_class = SplitLayerNorm
-
-    def __init__(self, config: ScaleGPTNeoXConfig) -> None:
-        super().__init__(config)
-        self.scale_init(config)
 
     def original_linears(self, config: Any) -> dict[str, tuple[int, int]]:
         d, ffn = config.scale_hidden_size, config.scale_intermediate_size
@@ -825,19 +817,11 @@ class ScaleLlamaForCausalLM(ScaleMixin, LlamaForCausalLM):
     _supports_attention_backend = True
     backbone, base_class = "model", ScaleLlamaModel
 
-    def __init__(self, config: ScaleLlamaConfig) -> None:
-        super().__init__(config)
-        self.scale_init(config)
-
 
 class ScaleMistralForCausalLM(ScaleMixin, MistralForCausalLM):
     config_class = ScaleMistralConfig
     _supports_attention_backend = True
     backbone, base_class = "model", ScaleMistralModel
-
-    def __init__(self, config: ScaleMistralConfig) -> None:
-        super().__init__(config)
-        self.scale_init(config)
 
 
 class ScaleQwen2ForCausalLM(ScaleMixin, Qwen2ForCausalLM):
@@ -845,16 +829,8 @@ class ScaleQwen2ForCausalLM(ScaleMixin, Qwen2ForCausalLM):
     _supports_attention_backend = True
     backbone, base_class = "model", ScaleQwen2Model
 
-    def __init__(self, config: ScaleQwen2Config) -> None:
-        super().__init__(config)
-        self.scale_init(config)
-
 
 class ScaleGPTNeoXForCausalLM(ScaleMixin, GPTNeoXForCausalLM):
     config_class = ScaleGPTNeoXConfig
     _supports_attention_backend = True
     backbone, base_class = "gpt_neox", ScaleGPTNeoXModel
-
-    def __init__(self, config: ScaleGPTNeoXConfig) -> None:
-        super().__init__(config)
-        self.scale_init(config)

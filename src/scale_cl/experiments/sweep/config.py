@@ -133,11 +133,7 @@ class BioSweep:
         repeats them, with every point's settings): the experiment's, the grid's and the target's."""
         from scale_cl.experiments.sweep.experiments import BioExperiment
 
-        if self.bio.sequence.tasks > 1:
-            raise ValueError(
-                "sweep bio does not run a sequence of tasks yet (sequence.tasks > 1): run `scale-cl bio "
-                "--sequence.tasks T` at each rate instead"
-            )
+        BioExperiment.refuse_sequence(self.bio)
         self.bio.check()
         settings = self.sweep.sweep_settings()
         settings.validate(self.bio.methods)
@@ -158,11 +154,7 @@ class CptSweep:
         repeats them, with every point's settings): the experiment's, the grid's and the target's."""
         from scale_cl.experiments.sweep.experiments import CptExperiment
 
-        if self.cpt.sequence.then:
-            raise ValueError(
-                "sweep cpt does not run a sequence of domains yet (sequence.then): run `scale-cl cpt --sequence.then "
-                "...` at each rate instead"
-            )
+        CptExperiment.refuse_sequence(self.cpt)
         self.cpt.check()
         settings = self.sweep.sweep_settings()
         settings.validate(self.cpt.methods)

@@ -66,14 +66,19 @@ class BioExperiment:
         if target is not None and not 0 < target <= 1:
             raise ValueError(f"--target {target:g}: bio compares methods at a Task-1 accuracy in (0, 1] (0.9: 90%)")
 
-    def validate(self, cfg: Any) -> None:
-        from scale_cl.experiments.bio.pipeline import validate
-
+    @staticmethod
+    def refuse_sequence(cfg: Any) -> None:
+        """A sweep point is one task after Task 0."""
         if cfg.sequence.tasks > 1:
             raise ValueError(
                 "sweep bio does not run a sequence of tasks yet (sequence.tasks > 1): run `scale-cl bio "
                 "--sequence.tasks T` at each rate instead"
             )
+
+    def validate(self, cfg: Any) -> None:
+        from scale_cl.experiments.bio.pipeline import validate
+
+        self.refuse_sequence(cfg)
         validate(cfg)
 
     def prepare(self, out: Path) -> dict[str, float]:
@@ -181,14 +186,19 @@ class CptExperiment:
         if target is not None and target < 1:
             raise ValueError(f"--target {target:g}: cpt compares methods at a new-domain perplexity, >= 1")
 
-    def validate(self, cfg: Any) -> None:
-        from scale_cl.experiments.cpt.pipeline import base_model_config, validate
-
+    @staticmethod
+    def refuse_sequence(cfg: Any) -> None:
+        """A sweep point is one new domain."""
         if cfg.sequence.then:
             raise ValueError(
                 "sweep cpt does not run a sequence of domains yet (sequence.then): run `scale-cl cpt --sequence.then "
                 "...` at each rate instead"
             )
+
+    def validate(self, cfg: Any) -> None:
+        from scale_cl.experiments.cpt.pipeline import base_model_config, validate
+
+        self.refuse_sequence(cfg)
         if self._base_config is None:
             self._base_config = base_model_config(cfg)
         validate(cfg, self._base_config)
