@@ -30,9 +30,10 @@ from scale_cl import ScaleConfig, set_method, upscale
 from scale_cl.cli import main
 from scale_cl.eval.route_separation import mixes_experts
 from scale_cl.export import modeling_scale
+from scale_cl.export.card import CardInfo, model_card
 from scale_cl.export.export import export_model
 from scale_cl.export.merge import FAMILIES
-from scale_cl.methods import prepare
+from scale_cl.methods import REGISTRY, prepare
 from scale_cl.models import BaseModelRef, load_base, save_trained
 from scale_cl.models.smollm2 import INSTALL_HINT, load_smollm2, smollm2_gguf
 from scale_cl.train.trainer import CHECKPOINT_META
@@ -658,6 +659,22 @@ def test_run_export_brings_tokenizer_and_model_card(other_exports, workspace):
     assert "base_model:" not in card  # a local path is no hub id
     lora_card = (root / "lora-export" / "README.md").read_text()
     assert "trust_remote_code" not in lora_card and "- method: `lora`" in lora_card
+
+
+@pytest.mark.parametrize("method", ["scale_preserve", "scale_adapt", "scale_route"])
+def test_the_card_states_every_scale_setting_the_method_reads(method):
+    """Every ``scale.*`` setting the method's declaration reads (the sweep's list), with the saved ScaleConfig's value,
+    in the declaration's order; the rows the card always had read as they did."""
+    spec = REGISTRY[method]
+    scale = ScaleConfig(hidden_up=32, ffn_up=16, method=spec.scale_method, preserve_layers=1, route_tau=0.25)
+    card = model_card(CardInfo(method=method, custom_code=True, scale=scale))
+    rows = [line for line in card.splitlines() if line.startswith("- ") and line.endswith("`") and ": `" in line]
+    names = [s.removeprefix("scale.") for s in spec.settings if s.startswith("scale.")]
+    assert [row[2:].split(":")[0] for row in rows[1:]] == names  # after "- method: ..."
+    assert {"- hidden_up: `32`", "- ffn_up: `16`", "- up_norm: `own`"} <= set(rows)
+    adapts = spec.scale_method != "preserve"
+    assert ("- preserve_layers: `1`" in rows) == ("- collab_modules: `attn, ffn`" in rows) == adapts
+    assert ("- route_tau: `0.25`" in rows) == ("- router: `cosine`" in rows) == spec.two_paths
 
 
 def test_dtype_option_casts_the_weights(tmp_path, workspace):

@@ -243,7 +243,8 @@ def test_exports_that_mix_at_the_logits_are_marked_and_still_run_in_transformers
 
 def test_the_model_card_says_where_it_can_be_served():
     def card(method: str, router: str) -> str:
-        info = CardInfo(method=f"scale_{method}", custom_code=True, scale={"method": method, "router": router})
+        scale = ScaleConfig(hidden_up=32, ffn_up=0, method=method, router=router)
+        info = CardInfo(method=f"scale_{method}", custom_code=True, scale=scale)
         return model_card(info)
 
     command = "vllm serve path/to/this/folder --model-impl transformers --trust-remote-code"

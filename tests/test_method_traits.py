@@ -25,14 +25,23 @@ def _names(node: ast.AST) -> list[str]:
     return []
 
 
+def _is_value(node: ast.AST) -> bool:
+    """A constant (a rate, a measurement, a phrase), negative numbers included."""
+    return isinstance(node, ast.Constant) or (isinstance(node, ast.UnaryOp) and isinstance(node.operand, ast.Constant))
+
+
 def name_tests(source: str) -> list[tuple[int, list[str]]]:
     """(line, names) of every place in ``source`` that tests a value against method names: a comparison (``==``,
     ``in``, ...) with a name or a collection of names, a collection of names kept under a name of its own (a list
-    of methods with some trait), or a ``startswith("scale_")``."""
+    of methods with some trait), a ``startswith("scale_")``, or a table keyed by method names whose values are more
+    than constants (what each method reads or takes: its declaration's, `MethodSpec.settings`; a rate or a
+    measurement per method is a value, not a trait)."""
     found = []
     for node in ast.walk(ast.parse(source)):
         names: list[str] = []
-        if isinstance(node, ast.Compare):
+        if isinstance(node, ast.Dict) and not all(_is_value(v) for v in node.values):
+            names += [k.value for k in node.keys if isinstance(k, ast.Constant) and k.value in NAMES]
+        elif isinstance(node, ast.Compare):
             for side in (node.left, *node.comparators):
                 names += _names(side)
         elif isinstance(node, ast.Assign | ast.AnnAssign) and node.value is not None:
@@ -51,8 +60,10 @@ def test_the_check_finds_each_kind_of_name_test():
         'ROWS = ("scale_preserve", "scale_adapt")\n'
         'x = name.startswith("scale_")\n'
         'label = "fft"\n'  # one name given as a value is not a test
+        'SETTINGS = {"lora": ("lora_rank",), "freeze": {"layers": "freeze_layers"}}\n'
+        'RATES = {"lora": 1e-4, "scale_route": -1.0, "fft": "full fine-tuning"}\n'  # a value per method is no trait
     )
-    assert sorted(line for line, _ in name_tests(source)) == [1, 2, 3, 4]
+    assert sorted(line for line, _ in name_tests(source)) == [1, 2, 3, 4, 6]
 
 
 def test_no_method_name_is_compared_outside_methods():
@@ -80,12 +91,11 @@ def test_the_declared_traits_are_what_prepare_does(method):
     model = prepare(base, method, **OPTIONS.get(method, {}))
     params = dict(model.named_parameters())
     trains_original = any(p.requires_grad for name, p in params.items() if name in original)
-    assert spec.trains_base_weights == trains_original
     assert spec.trains_everything == all(p.requires_grad for p in params.values())
     same_architecture = {name: p.shape for name, p in params.items()} == original
     assert spec.wise_ft == (same_architecture and trains_original)
     assert spec.adapter == hasattr(model, "peft_config")
-    assert spec.routes == (hasattr(model, "scale_route") and model.scale_route.active)
+    assert spec.two_paths == (hasattr(model, "scale_route") and model.scale_route.first_stacked is not None)
     if spec.quantizable_base:  # a quantized base keeps the original weights frozen: the method must not train them
         assert not trains_original
     assert (method in QUANTIZABLE_METHODS) == spec.quantizable_base

@@ -29,6 +29,7 @@ from scale_cl.methods import (
     match_lora_rank,
     method_options,
     prepare,
+    scale_spec,
     scale_trainable_count,
     trainable_parameter_count,
 )
@@ -154,6 +155,9 @@ def test_registry_derives_the_scale_methods_and_imports_no_baseline_until_asked(
     """One registry: its SCALE entries are ScaleConfig's methods, and `import scale_cl` pulls in no PEFT."""
     scale = {spec.scale_method for spec in REGISTRY.values() if spec.is_scale}
     assert scale == set(SCALE_CONFIG_METHODS) and len(METHOD_NAMES) == len(REGISTRY) == 7
+    assert all(scale_spec(spec.scale_method) is spec for spec in REGISTRY.values() if spec.is_scale)
+    with pytest.raises(ValueError, match="unknown SCALE method 'scale_route'; valid: preserve, adapt, route"):
+        scale_spec("scale_route")  # a method's name is not its ScaleConfig.method
     assert all(callable(spec.prepare_function()) for spec in REGISTRY.values())
     code = "import sys, scale_cl, scale_cl.methods; print(any(m.split('.')[0] == 'peft' for m in sys.modules))"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout == "False\n"
@@ -563,20 +567,23 @@ def test_matching_on_llama_3_2_1b_shapes_gives_the_papers_16_to_20_layers(method
 
 
 def test_every_method_declares_the_experiment_settings_it_reads():
-    """The experiment layer, not the registry, says which `MethodSettings` each method reads; every name is real."""
+    """Each method's declaration names the `MethodSettings` it reads and the prepare options they give; every name is
+    real: a setting of `MethodSettings`, an option its prepare function takes."""
     from dataclasses import fields, is_dataclass
 
-    from scale_cl.experiments.settings import METHOD_SETTINGS, MethodSettings, settings_of
+    from scale_cl.experiments.settings import MethodSettings, settings_of
 
-    assert set(METHOD_SETTINGS) == set(METHOD_NAMES)
     options = MethodSettings()
-    for method, names in METHOD_SETTINGS.items():
-        assert settings_of(method) == names
-        for dotted in names:
+    for method, spec in REGISTRY.items():
+        assert settings_of(method) == spec.settings and spec.settings
+        for dotted in spec.settings:
             node = options
             for part in dotted.split("."):
                 assert is_dataclass(node) and part in {f.name for f in fields(node)}, f"{method}: {dotted}"
                 node = getattr(node, part)
+        for option, setting in spec.prepare_settings:
+            assert option in method_options(method) and setting in spec.settings, f"{method}: {option}"
+        assert spec.match_option is None or spec.match_option in dict(spec.prepare_settings)
     with pytest.raises(ValueError, match="unknown method 'ftt'"):
         settings_of("ftt")
 

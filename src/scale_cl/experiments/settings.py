@@ -20,65 +20,16 @@ from scale_cl.train.route_calibration import Batch, RouteCalibration
 from scale_cl.tuner.arch import refuse_export
 from scale_cl.tuner.config import ScaleConfig
 from scale_cl.tuner.quant import BASE_QUANTS, check_base_quant
-from scale_cl.tuner.routing import route_settings
 from scale_cl.tuner.widths import base_dims, resolve
 
 MATCH = "match"
 W12_SUFFIX = ".w12"  # the name of every ScaleLinear's W12 block ends so
 
-# The settings of `MethodSettings` (dotted below ``options``) each method reads: a sweep axis over any other
-# method setting does not re-run it, and only these are checked against the model for it.
-_PRESERVE_SETTINGS = (
-    "scale.hidden_up",
-    "scale.ffn_up",
-    "scale.w21_init",
-    "scale.w22_init",
-    "scale.embed_up_init",
-    "scale.up_norm",
-    "scale.up_logit_scale",
-)
-_ADAPT_SETTINGS = (
-    *_PRESERVE_SETTINGS,
-    "scale.preserve_layers",
-    "scale.collab_modules",
-    "w12_lr_ratio",
-    "auto_layers",
-    "auto_layers_budget",
-    "auto_layers_steps",
-)
-# every method's (base_quant: refused by the methods that train the original weights)
-_EVERY_METHOD_SETTINGS = ("base_quant", "distill_weight", "distill_temperature", "distill_new_tokens")
-_PRESERVE_SETTINGS = (*_EVERY_METHOD_SETTINGS, *_PRESERVE_SETTINGS)
-_ADAPT_SETTINGS = (*_EVERY_METHOD_SETTINGS, *_ADAPT_SETTINGS)
-METHOD_SETTINGS: dict[str, tuple[str, ...]] = {
-    "fft": _EVERY_METHOD_SETTINGS,
-    "lora": (*_EVERY_METHOD_SETTINGS, "lora_rank"),
-    "freeze": (*_EVERY_METHOD_SETTINGS, "freeze_layers"),
-    "llama_pro": (*_EVERY_METHOD_SETTINGS, "llama_pro_blocks"),
-    "scale_preserve": _PRESERVE_SETTINGS,
-    "scale_adapt": _ADAPT_SETTINGS,
-    "scale_route": (
-        *_ADAPT_SETTINGS,
-        *(f"scale.{name}" for name in route_settings()),  # the routers' own declarations (scale_cl.tuner.routing)
-        "route_share",
-        "route_calibrate_every",
-        "route_calibration_sequences",
-    ),
-}
-
-
-# the option of each baseline's prepare function that a `MethodSettings` field gives (beside base_quant)
-PREPARE_OPTIONS: dict[str, dict[str, str]] = {
-    "lora": {"rank": "lora_rank"},
-    "freeze": {"layers": "freeze_layers"},
-    "llama_pro": {"blocks": "llama_pro_blocks"},
-}
-
 
 def settings_of(method: str) -> tuple[str, ...]:
-    """The `MethodSettings` ``method`` reads (dotted below ``options``), or a ValueError naming the valid methods."""
-    method_spec(method)
-    return METHOD_SETTINGS[method]
+    """The `MethodSettings` ``method`` reads (dotted below ``options``; its declaration's `MethodSpec.settings`), or a
+    ValueError naming the valid methods."""
+    return method_spec(method).settings
 
 
 def _default_scale() -> ScaleConfig:
@@ -235,7 +186,7 @@ class MethodSettings:
         if spec.is_scale:
             return {"scale": self.scale_config(spec.scale_method, seed), **quant}
         options: dict[str, Any] = {}
-        for option, setting in PREPARE_OPTIONS.get(method, {}).items():
+        for option, setting in spec.prepare_settings:
             value = getattr(self, setting)
             if option != spec.match_option:
                 options[option] = value

@@ -12,14 +12,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from scale_cl.methods import REGISTRY, MethodSpec
+from scale_cl.tuner.config import ScaleConfig
+
 PAPER = "https://arxiv.org/abs/2511.03270"
-# The ScaleConfig settings each SCALE method reads (scale_cl.methods), stated in the card.
-_PRESERVE = ("hidden_up", "ffn_up")
-SCALE_SETTINGS = {
-    "scale_preserve": _PRESERVE,
-    "scale_adapt": (*_PRESERVE, "preserve_layers", "collab_modules"),
-    "scale_route": (*_PRESERVE, "preserve_layers", "collab_modules", "route_tau"),
-}
+SCALE_PREFIX = "scale."  # a method setting of the ScaleConfig (`MethodSpec.settings`)
 BASELINES = {
     "fft": "full fine-tuning",
     "freeze": "fine-tuning with the embedding and the bottom decoder layers frozen",
@@ -35,7 +32,7 @@ class CardInfo:
     method: str
     custom_code: bool
     base_model: str | None = None  # the base model's hub id or path, as the run named it
-    scale: dict[str, Any] | None = None  # the ScaleConfig of a SCALE model
+    scale: ScaleConfig | None = None  # the ScaleConfig a SCALE model saved
     run_settings: dict[str, Any] | None = None  # the run's cpt_config.json
     result: dict[str, Any] | None = None  # the method's result.json
     extra: dict[str, Any] = field(default_factory=dict)  # more "key: value" lines under "Training"
@@ -70,14 +67,20 @@ def _front_matter(info: CardInfo) -> str:
     return "\n".join([*lines, "---"])
 
 
-def _routes(method: str) -> bool:
-    """Whether ``method`` (a method's name, or "fine-tuned") routes each token between two paths."""
-    from scale_cl.methods import REGISTRY
+def _spec(method: str) -> MethodSpec | None:
+    """The declaration of ``method`` (a method's name), or None for one the card cannot name ("fine-tuned")."""
+    return REGISTRY.get(method)
 
-    return method in REGISTRY and REGISTRY[method].routes
+
+def _scale_settings(method: str) -> tuple[str, ...]:
+    """The ScaleConfig fields ``method`` reads: its declared method settings below ``scale``."""
+    spec = _spec(method)
+    settings = spec.settings if spec else ()
+    return tuple(s.removeprefix(SCALE_PREFIX) for s in settings if s.startswith(SCALE_PREFIX))
 
 
 def _usage(info: CardInfo) -> str:
+    spec = _spec(info.method)
     remote = ", trust_remote_code=True" if info.custom_code else ""
     lines = [
         "```python",
@@ -92,7 +95,7 @@ def _usage(info: CardInfo) -> str:
             "",
             "It needs torch and transformers, not scale-cl: `modeling_scale.py` in this folder defines the model "
             "(a stock transformers class whose norms normalise the original and the added features apart"
-            + (", with SCALE-Route's two paths and per-token routing" if _routes(info.method) else "")
+            + (", with SCALE-Route's two paths and per-token routing" if spec and spec.two_paths else "")
             + "). The tokenizer reads the model's config, so it takes `trust_remote_code=True` too (or transformers "
             "asks).",
             "",
@@ -107,13 +110,12 @@ def _serving(info: CardInfo) -> str:
     from scale_cl.export.modeling_scale import mixes_logits
 
     command = "`vllm serve path/to/this/folder --model-impl transformers --trust-remote-code`"
-    scale = info.scale or {}
-    if "method" not in scale:  # a model exported from memory without its settings: config.json says
+    if info.scale is None:  # a model exported from memory without its settings: config.json says
         return (
             f"Serving: transformers' `generate` serves it; vLLM's Transformers backend ({command}) only where "
             "config.json has `scale_vllm_servable: true` (SCALE-Adapt, and SCALE-Preserve without a mixing router)."
         )
-    if mixes_logits(scale["method"], scale.get("router", "cosine")):
+    if mixes_logits(info.scale.method, info.scale.router):
         return (
             "Serving: not servable by vLLM's Transformers backend (SCALE-Route's per-token routing, or a mixing "
             "router, mixes at the logits, which its plain LM head cannot compute); use transformers' `generate`."
@@ -128,13 +130,13 @@ def _method(info: CardInfo) -> list[str]:
     lines = [f"- method: `{info.method}`"]
     if info.method in BASELINES:
         lines.append(f"- {BASELINES[info.method]}")
-    if info.scale:
+    if info.scale is not None:
         lines.append(
             f"- SCALE ([arXiv 2511.03270]({PAPER})): width-upscaled continual learning; the original weights are "
             "frozen, new width is added beside them"
         )
-        for key in SCALE_SETTINGS.get(info.method, ()):
-            value = info.scale.get(key)
+        for key in _scale_settings(info.method):
+            value = getattr(info.scale, key)
             shown = ", ".join(map(str, value)) if isinstance(value, (list, tuple)) else value
             lines.append(f"- {key}: `{shown}`")
     if info.base_model:

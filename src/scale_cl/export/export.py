@@ -26,6 +26,8 @@ from scale_cl.export import modeling_scale
 from scale_cl.export.card import CardInfo, model_card
 from scale_cl.export.config import DEFAULT_SHARD_SIZE, ExportSettings
 from scale_cl.export.merge import MODELING_FILE, exported_model
+from scale_cl.methods import scale_spec
+from scale_cl.tuner.config import scale_config_of
 
 
 def check_out(out: str | os.PathLike) -> Path:
@@ -46,7 +48,7 @@ def _is_peft(model: nn.Module) -> bool:
 def _method_of(model: nn.Module) -> str:
     """The method a model in memory shows it was trained with (fft and freeze look alike: "fine-tuned")."""
     if getattr(model, "is_scale_upscaled", False):
-        return f"scale_{model.config.scale_cl['config']['method']}"
+        return scale_spec(scale_config_of(model).method).name
     if _is_peft(model):
         return "lora"
     return "llama_pro" if getattr(model.config, "llama_pro", None) else "fine-tuned"

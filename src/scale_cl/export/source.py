@@ -24,6 +24,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from scale_cl.export.card import CardInfo, read_json
 from scale_cl.models import RUN_FILE, read_run_file
+from scale_cl.tuner.config import scale_config_of
 from scale_cl.tuner.io import CONFIG_NAME, read_meta
 
 MODEL_DIR = "model"  # a cpt method folder's saved model
@@ -127,7 +128,7 @@ def load_tokenizer(model_dir: Path) -> PreTrainedTokenizerBase | None:
 
 def card_info(source: Source, method: str, base_model: str | None, custom_code: bool, model: nn.Module) -> CardInfo:
     """The model card's facts: the method and base, the SCALE settings, the run's settings and results."""
-    scale = model.config.scale_cl["config"] if getattr(model, "is_scale_upscaled", False) else None
+    scale = scale_config_of(model) if getattr(model, "is_scale_upscaled", False) else None
     return CardInfo(
         method=method,
         custom_code=custom_code,

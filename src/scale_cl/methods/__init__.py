@@ -41,6 +41,7 @@ from scale_cl.methods.matching import (
 )
 from scale_cl.tuner.config import METHODS as SCALE_CONFIG_METHODS
 from scale_cl.tuner.quant import BASE_QUANTS, check_base_quant, quantize_base
+from scale_cl.tuner.routing import route_settings
 
 
 @dataclass(frozen=True)
@@ -56,8 +57,6 @@ class MethodSpec:
         scale_method: ``ScaleConfig.method`` of a SCALE method, None for a baseline.
         trains_everything: every weight of the model trains (full fine-tuning): every product takes its input's
             and its weight's gradient, which is its FLOP floor (`scale_cl.bench.floor`).
-        trains_base_weights: the base model's own weights train (so a quantized base, which keeps them frozen in
-            4 or 8 bits, cannot hold them).
         quantizable_base: the base's linears can be stored quantized and frozen (`--options.base_quant`).
         wise_ft: the trained model has the base's architecture and nothing added, so WiSE-FT reads it along the
             line between the base's weights and its own.
@@ -65,10 +64,18 @@ class MethodSpec:
             adapter); a method that adds width but cannot grow again is refused there.
         base_logits_exact: one forward pass of the trained model also yields the base model's logits exactly
             (SCALE-Preserve's Z; SCALE-Route's preserve path).
-        routes: it sends each token along one of two paths (SCALE-Route): its readings are the router's.
+        two_paths: it trains two paths through the same weights and routes each token along one (SCALE-Route's
+            preserve and adapt paths): its readings are the router's, and its base logits are exact only while
+            the two paths are stacked (route mode). Not `ScaleConfig.routed`, which says whether a router makes a
+            model's logits (SCALE-Preserve's too, with a one-path router).
         adapter: it is saved, loaded and grown as a PEFT adapter over the base (LoRA).
         match_option: the option of its prepare function whose value ``"match"`` sizes it to SCALE-Route's
             trainable count (with ``match=`` the ScaleConfig to match).
+        settings: the experiments' method settings it reads (`scale_cl.experiments.settings.MethodSettings`
+            fields, dotted below ``options``): a sweep axis over another does not re-run it, only these are checked
+            against the model for it, and the model card states the ``scale.*`` ones.
+        prepare_settings: (option of its prepare function, the method setting that gives it) pairs, beside
+            ``base_quant`` (a SCALE method takes the whole ``scale``).
     """
 
     name: str
@@ -77,14 +84,15 @@ class MethodSpec:
     describe: str
     scale_method: str | None = None
     trains_everything: bool = False
-    trains_base_weights: bool = False
     quantizable_base: bool = False
     wise_ft: bool = False
     grows_again: bool = False
     base_logits_exact: bool = False
-    routes: bool = False
+    two_paths: bool = False
     adapter: bool = False
     match_option: str | None = None
+    settings: tuple[str, ...] = ()
+    prepare_settings: tuple[tuple[str, str], ...] = ()
 
     @property
     def is_scale(self) -> bool:
@@ -102,6 +110,41 @@ def _function(path: str) -> Callable[..., Any]:
     return getattr(importlib.import_module(module), function)
 
 
+# The method settings every method reads (base_quant: refused by the methods that train the original weights), then
+# what SCALE-Preserve reads and what SCALE-Adapt reads beside them; SCALE-Route reads the route settings too.
+_EVERY_METHOD_SETTINGS = ("base_quant", "distill_weight", "distill_temperature", "distill_new_tokens")
+_PRESERVE_SETTINGS = (
+    "scale.hidden_up",
+    "scale.ffn_up",
+    "scale.w21_init",
+    "scale.w22_init",
+    "scale.embed_up_init",
+    "scale.up_norm",
+    "scale.up_logit_scale",
+)
+_ADAPT_SETTINGS = (
+    "scale.preserve_layers",
+    "scale.collab_modules",
+    "w12_lr_ratio",
+    "auto_layers",
+    "auto_layers_budget",
+    "auto_layers_steps",
+)
+_SCALE_SETTINGS = {
+    "preserve": (*_EVERY_METHOD_SETTINGS, *_PRESERVE_SETTINGS),
+    "adapt": (*_EVERY_METHOD_SETTINGS, *_PRESERVE_SETTINGS, *_ADAPT_SETTINGS),
+    "route": (
+        *_EVERY_METHOD_SETTINGS,
+        *_PRESERVE_SETTINGS,
+        *_ADAPT_SETTINGS,
+        *(f"scale.{name}" for name in route_settings()),  # the routers' own declarations (scale_cl.tuner.routing)
+        "route_share",
+        "route_calibrate_every",
+        "route_calibration_sequences",
+    ),
+}
+
+
 def _scale_spec(variant: str) -> MethodSpec:
     return MethodSpec(
         f"scale_{variant}",
@@ -112,7 +155,8 @@ def _scale_spec(variant: str) -> MethodSpec:
         quantizable_base=True,
         grows_again=variant != "route",  # two paths of the same weights: no frozen base computes them
         base_logits_exact=variant in ("preserve", "route"),
-        routes=variant == "route",
+        two_paths=variant == "route",
+        settings=_SCALE_SETTINGS[variant],
     )
 
 
@@ -123,8 +167,8 @@ REGISTRY: dict[str, MethodSpec] = {
         "scale_cl.methods.fft:prepare_fft",
         "scale_cl.methods.fft:describe_fft",
         trains_everything=True,
-        trains_base_weights=True,
         wise_ft=True,
+        settings=_EVERY_METHOD_SETTINGS,
     ),
     "lora": MethodSpec(
         "lora",
@@ -135,14 +179,17 @@ REGISTRY: dict[str, MethodSpec] = {
         grows_again=True,
         adapter=True,
         match_option="rank",
+        settings=(*_EVERY_METHOD_SETTINGS, "lora_rank"),
+        prepare_settings=(("rank", "lora_rank"),),
     ),
     "freeze": MethodSpec(
         "freeze",
         "Freeze",
         "scale_cl.methods.freeze:prepare_freeze",
         "scale_cl.methods.freeze:describe_freeze",
-        trains_base_weights=True,
         wise_ft=True,
+        settings=(*_EVERY_METHOD_SETTINGS, "freeze_layers"),
+        prepare_settings=(("layers", "freeze_layers"),),
     ),
     "llama_pro": MethodSpec(
         "llama_pro",
@@ -150,6 +197,8 @@ REGISTRY: dict[str, MethodSpec] = {
         "scale_cl.methods.llama_pro:prepare_llama_pro",
         "scale_cl.methods.llama_pro:describe_llama_pro",
         match_option="blocks",
+        settings=(*_EVERY_METHOD_SETTINGS, "llama_pro_blocks"),
+        prepare_settings=(("blocks", "llama_pro_blocks"),),
     ),
     **{f"scale_{variant}": _scale_spec(variant) for variant in SCALE_CONFIG_METHODS},
 }
@@ -163,6 +212,14 @@ def method_spec(method: str) -> MethodSpec:
     if method not in REGISTRY:
         raise ValueError(f"unknown method {method!r}; valid methods: {', '.join(METHOD_NAMES)}")
     return REGISTRY[method]
+
+
+def scale_spec(scale_method: str) -> MethodSpec:
+    """The SCALE method whose `ScaleConfig.method` is ``scale_method`` (an upscaled model's record), or a ValueError."""
+    for spec in REGISTRY.values():
+        if spec.scale_method == scale_method:
+            return spec
+    raise ValueError(f"unknown SCALE method {scale_method!r}; valid: {', '.join(SCALE_CONFIG_METHODS)}")
 
 
 def check_methods(methods: list[str]) -> None:
@@ -232,6 +289,7 @@ __all__ = [
     "method_options",
     "method_spec",
     "prepare",
+    "scale_spec",
     "scale_trainable_count",
     "trainable_parameter_count",
 ]

@@ -271,7 +271,7 @@ class BioConfig(ExperimentConfig):
             raise ValueError(f"model.hidden_size={m.hidden_size} must be a multiple of model.heads={m.heads}")
         self.options.validate(backbone_config(self), self.methods)  # SCALE widths, freeze_layers: the backbone's
         if self.sequence.tasks > 1:
-            t, routes = self.task1, any(method_spec(name).routes for name in self.methods)
+            t, routes = self.task1, any(method_spec(name).two_paths for name in self.methods)
             unsupported = {
                 "task1.replay_ratio": t.replay_ratio,
                 "task1.pseudo_replay_ratio": t.pseudo_replay_ratio,

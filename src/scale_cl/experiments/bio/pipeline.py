@@ -467,7 +467,7 @@ def run_method(
     elif cfg.task1.wise_ft_alphas and method_spec(method).wise_ft:
         task0 = GPTNeoXForCausalLM.from_pretrained(task0_dir)
         result["readings"] = wise_ft_frontier(model, task0, lambda m: evaluate_tasks(m, data), cfg.task1.wise_ft_alphas)
-    if cfg.task1.likelihood_control and not method_spec(method).routes:
+    if cfg.task1.likelihood_control and not method_spec(method).two_paths:
         result["likelihood_control"] = likelihood_control(cfg, model, task0_dir, data)
     write_json(result_path, result)
     shutil.rmtree(run_dir, ignore_errors=True)  # the method is finished: nothing to resume

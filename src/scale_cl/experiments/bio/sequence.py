@@ -88,7 +88,7 @@ def run_sequence(
     control = None
     # the control of the routers' readings: for a method that neither routes nor grows (a grown SCALE-Preserve model
     # holds its earlier stages itself: options.scale.router nested reads them in one pass)
-    if cfg.task1.likelihood_control and not method_spec(method).routes and not grows:
+    if cfg.task1.likelihood_control and not method_spec(method).two_paths and not grows:
         task0 = GPTNeoXForCausalLM.from_pretrained(task0_dir).to(task1_placement(cfg).device)
         scale = cfg.options.scale
         prepared = partial(_start_model, cfg, task0_dir, method, seed)

@@ -459,7 +459,7 @@ def run_method(
         start = grown_base(*load_base(ref), corpus)[0]
         summary["wise_ft_frontier"] = wise_ft_frontier(trainer.model, start, tracker.evaluate, cfg.eval.wise_ft_alphas)
         del start
-    if state.is_main_process and cfg.eval.likelihood_control and not method_spec(method).routes:
+    if state.is_main_process and cfg.eval.likelihood_control and not method_spec(method).two_paths:
         summary["likelihood_control"] = likelihood_control(
             cfg, trainer.model, grown_base(*load_base(ref), corpus)[0], tracker.evaluate
         )

@@ -107,7 +107,7 @@ def run_method_sequence(
     control = None
     # the control of the routers' readings: for a method that neither routes nor grows (a grown SCALE-Preserve model
     # holds its earlier stages itself: options.scale.router nested reads them in one pass)
-    if cfg.eval.likelihood_control and not method_spec(method).routes and not growth.grows(method):
+    if cfg.eval.likelihood_control and not method_spec(method).two_paths and not growth.grows(method):
         options, scale = cfg.options.prepare_options(method, cfg.seed), cfg.options.scale
 
         def prepared() -> torch.nn.Module:

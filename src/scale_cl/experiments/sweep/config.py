@@ -9,13 +9,13 @@ from scale_cl.experiments.bio.config import BioConfig
 from scale_cl.experiments.bio.config import preset as bio_preset
 from scale_cl.experiments.cpt.config import CptConfig
 from scale_cl.experiments.cpt.config import preset as cpt_preset
-from scale_cl.experiments.settings import METHOD_SETTINGS
 from scale_cl.experiments.sweep.runner import DEFAULT_LR_SCALES, Axis, SweepSettings
+from scale_cl.methods import REGISTRY
 
 
 def _concerned() -> str:
-    """Which methods each method setting concerns (`scale_cl.experiments.settings.METHOD_SETTINGS`)."""
-    return "; ".join(f"{name}: {' '.join(read)}" for name, read in METHOD_SETTINGS.items() if read)
+    """Which method settings each method reads (its declaration's `MethodSpec.settings`)."""
+    return "; ".join(f"{name}: {' '.join(spec.settings)}" for name, spec in REGISTRY.items() if spec.settings)
 
 
 @dataclass

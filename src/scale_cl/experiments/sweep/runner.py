@@ -23,14 +23,14 @@ from typing import Any
 
 from scale_cl.experiments.overrides import apply_overrides, nest
 from scale_cl.experiments.run_folder import check_output_folder, claim_output_folder
-from scale_cl.experiments.settings import METHOD_SETTINGS, settings_of
+from scale_cl.experiments.settings import settings_of
 from scale_cl.experiments.sweep.experiments import CONFIG_FILE
 from scale_cl.files import write_json
-from scale_cl.methods import METHOD_NAMES
+from scale_cl.methods import METHOD_NAMES, REGISTRY
 
 POINT_FILE = "point.json"
 DEFAULT_LR_SCALES = (0.25, 0.5, 1.0, 2.0, 4.0)
-OPTIONS = "options."  # settings below it concern only the methods that read them (`METHOD_SETTINGS`)
+OPTIONS = "options."  # settings below it concern only the methods that read them (`settings_of`)
 
 
 def concerns(setting: str, method: str) -> bool:
@@ -40,7 +40,7 @@ def concerns(setting: str, method: str) -> bool:
     is then refused when its value is read.
     """
     name = setting.removeprefix(OPTIONS)
-    if not setting.startswith(OPTIONS) or not any(name in read for read in METHOD_SETTINGS.values()):
+    if not setting.startswith(OPTIONS) or not any(name in spec.settings for spec in REGISTRY.values()):
         return True
     return name in settings_of(method)
 
