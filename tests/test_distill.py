@@ -118,6 +118,24 @@ def test_the_frozen_copy_runs_in_the_stages_precision():
     assert fp32.dtype == torch.float32 and torch.equal(bf16, expected) and not torch.equal(bf16.float(), fp32)
 
 
+@pytest.mark.parametrize("method", ["preserve", "adapt", "route"])
+def test_the_free_teacher_is_preserve_and_route_in_route_mode_whatever_the_router(method):
+    """The decision by the declared trait is the one by the method's name: SCALE-Preserve always, SCALE-Route while
+    its paths run (``scale_route.active``), SCALE-Adapt never; the router changes none of it."""
+    from scale_cl.tuner.modes import set_live_settings
+    from scale_cl.tuner.routing import ROUTERS
+
+    base = _base()
+    model = upscale(copy.deepcopy(base), tiny_scale_config(base, method, preserve_layers=1))
+    for router in ROUTERS:
+        set_live_settings(model, router=router)
+        for active in (True, False):
+            model.scale_route.active = active
+            expected = method == "preserve" or (method == "route" and active)
+            assert free_teacher(model) == expected, (router, active)
+    assert not free_teacher(base)
+
+
 def test_an_extended_vocabulary_falls_back_to_the_copy():
     from scale_cl.tuner.vocab import VocabExtension, grow_embeddings
 

@@ -155,16 +155,18 @@ class CopyTeacher:
 
 
 def free_teacher(model: nn.Module) -> bool:
-    """Whether ``model``'s own forward pass computes the base model's logits exactly: SCALE-Preserve, or
-    SCALE-Route in route mode, with the base vocabulary (an extended vocabulary's new rows train inside the
-    original stream, which then is no longer the base)."""
+    """Whether ``model``'s own forward pass computes the base model's logits exactly: its method declares so
+    (`MethodSpec.base_logits_exact`; a two-path method's only in route mode, where both paths run), with the base
+    vocabulary (an extended vocabulary's new rows train inside the original stream, which then is no longer the
+    base)."""
+    from scale_cl.methods import scale_spec
     from scale_cl.tuner.config import scale_config_of
 
     route = getattr(model, "scale_route", None)
     if route is None or any(name.endswith("weight_new") for name, _ in model.named_parameters()):
         return False
-    method = scale_config_of(model).method
-    return method == "preserve" or (method == "route" and route.active)
+    spec = scale_spec(scale_config_of(model).method)
+    return spec.base_logits_exact and (route.active or not spec.two_paths)
 
 
 def teacher_for(model: nn.Module, load_base: Callable[[], nn.Module], bf16: bool = False) -> HeadTeacher | CopyTeacher:
