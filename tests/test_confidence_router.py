@@ -1,4 +1,4 @@
-"""The confidence routers (issue 50): the experts weighed by each one's confidence at the position (``confidence``),
+"""The confidence routers: the experts weighed by each one's confidence at the position (``confidence``),
 or by that and the prefix posterior (``hybrid``); causal, normalised, reset at EOS, equal across ``generate()``'s
 calls, in SCALE-Route's two paths, SCALE-Preserve's one path and a grown model's nested experts, and equal to the
 two-model control (`ModelMixture`) of the same experts run apart."""
@@ -15,9 +15,8 @@ from scale_cl import ScaleConfig, load, set_method, upscale
 from scale_cl.eval.mixture import ModelMixture
 from scale_cl.eval.route_separation import collect_base_weights, mixes_experts
 from scale_cl.tuner.modes import set_live_settings
-from scale_cl.tuner.routing.likelihood import likelihood_mix
 from scale_cl.tuner.routing.mixing import expert_confidence, log_normalisers
-from scale_cl.tuner.routing.nested import nested_mix
+from scale_cl.tuner.routing.posterior import posterior_mix
 
 EOS = 2
 PRIOR, DECAY, TEMPERATURE = 0.3, 0.9, 0.5
@@ -51,7 +50,7 @@ def test_the_confidence_router_weighs_each_position_by_the_experts_confidence_al
     position's weight depends on that position's distributions only."""
     gen = torch.Generator().manual_seed(1)
     experts = [torch.randn(2, 6, 9, generator=gen) * 2 for _ in range(2)]
-    logits, weights, memory = nested_mix(
+    logits, weights, memory = posterior_mix(
         experts, None, prior=PRIOR, decay=DECAY, eos_ids=(EOS,), confidence=kind, temperature=TEMPERATURE, prefix=False
     )
     log_p = torch.stack([z.log_softmax(-1) for z in experts])
@@ -64,8 +63,8 @@ def test_the_confidence_router_weighs_each_position_by_the_experts_confidence_al
     assert memory is None
     changed = [z.clone() for z in experts]
     changed[1][:, 3:] = torch.randn(2, 3, 9, generator=gen)
-    again = nested_mix(changed, None, prior=PRIOR, decay=DECAY, eos_ids=(EOS,), confidence=kind, prefix=False)[1]
-    first = nested_mix(experts, None, prior=PRIOR, decay=DECAY, eos_ids=(EOS,), confidence=kind, prefix=False)[1]
+    again = posterior_mix(changed, None, prior=PRIOR, decay=DECAY, eos_ids=(EOS,), confidence=kind, prefix=False)[1]
+    first = posterior_mix(experts, None, prior=PRIOR, decay=DECAY, eos_ids=(EOS,), confidence=kind, prefix=False)[1]
     torch.testing.assert_close(again[:, :, :3], first[:, :, :3], atol=0, rtol=0)  # position t reads position t
 
 
@@ -77,7 +76,7 @@ def test_the_hybrid_is_the_prefix_posterior_with_the_confidence_added_and_resets
     ids = torch.randint(3, 9, (2, 7), generator=gen)
     ids[1, 3] = EOS
     settings = {"prior": PRIOR, "decay": DECAY, "eos_ids": (EOS,)}
-    logits, weights, _ = nested_mix([base, new], ids, **settings, confidence="entropy", temperature=TEMPERATURE)
+    logits, weights, _ = posterior_mix([base, new], ids, **settings, confidence="entropy", temperature=TEMPERATURE)
     lb, ln = base.log_softmax(-1), new.log_softmax(-1)
     for row in range(2):
         ratio = 0.0
@@ -89,13 +88,9 @@ def test_the_hybrid_is_the_prefix_posterior_with_the_confidence_added_and_resets
             assert float(weights[0, row, t]) == pytest.approx(float(w), abs=1e-5), (row, t)
             expected = torch.log(w * lb[row, t].exp() + (1 - w) * ln[row, t].exp())
             torch.testing.assert_close(logits[row, t], expected, atol=1e-5, rtol=0)
-    plain, plain_w, _ = nested_mix([base, new], ids, **settings)
-    likelihood, likelihood_w, _ = likelihood_mix(base, new, ids, **settings)
-    torch.testing.assert_close(plain, likelihood, atol=1e-5, rtol=0)
-    torch.testing.assert_close(plain_w[0], likelihood_w, atol=1e-6, rtol=0)
     changed = ids.clone()
     changed[:, -1] = (changed[:, -1] + 1) % 9
-    again = nested_mix([base, new], changed, **settings, confidence="entropy", temperature=TEMPERATURE)[0]
+    again = posterior_mix([base, new], changed, **settings, confidence="entropy", temperature=TEMPERATURE)[0]
     torch.testing.assert_close(again[:, :-1], logits[:, :-1], atol=0, rtol=0)
 
 
@@ -104,9 +99,9 @@ def test_a_hybrid_call_that_continues_reads_its_first_evidence_from_the_memory()
     experts = [torch.randn(1, 8, 9, generator=gen) for _ in range(3)]
     ids = torch.randint(3, 9, (1, 8), generator=gen)
     settings = {"prior": 0.0, "decay": 0.9, "eos_ids": (EOS,), "confidence": "top", "increments": True}
-    whole, w_whole, _ = nested_mix(experts, ids, **settings)
-    first, _, memory = nested_mix([z[:, :5] for z in experts], ids[:, :5], **settings)
-    rest, w_rest, _ = nested_mix([z[:, 5:] for z in experts], ids[:, 5:], **settings, memory=memory)
+    whole, w_whole, _ = posterior_mix(experts, ids, **settings)
+    first, _, memory = posterior_mix([z[:, :5] for z in experts], ids[:, :5], **settings)
+    rest, w_rest, _ = posterior_mix([z[:, 5:] for z in experts], ids[:, 5:], **settings, memory=memory)
     torch.testing.assert_close(torch.cat((first, rest), 1), whole, atol=1e-6, rtol=0)
     torch.testing.assert_close(w_rest, w_whole[:, :, 5:], atol=1e-6, rtol=0)
 
@@ -148,7 +143,7 @@ def test_route_is_read_as_the_mixture_of_the_base_model_and_the_adapt_path(route
         set_live_settings(model, router_temperature=0.01, router_prior=settings["prior"])
         got = model(input_ids=ids).logits
         share = model(input_ids=ids)["route_preserve_share"]
-    expected, weights, _ = nested_mix(
+    expected, weights, _ = posterior_mix(
         experts, ids, **settings, confidence="entropy", temperature=0.01, prefix=router == "hybrid"
     )
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)

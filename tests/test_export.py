@@ -393,6 +393,7 @@ def test_exported_route_head_is_the_packages_eq5(new_rows, tau, exact):
         scale_route_vocab_size=vocab if new_rows else 0,
         scale_route_exact=exact,
         scale_router="cosine",
+        scale_mixture=None,
     )
     head = modeling_scale.RouteHead(d + u, vocab + new_rows, config)
     with torch.no_grad():
@@ -465,8 +466,9 @@ def test_the_confidence_routers_are_exported(scale_exports, name):
     config = json.loads((root / name / "config.json").read_text())
     settings = CONFIDENCE_CASES[name][3]
     assert config["scale_router"] == settings["router"]
-    assert config["scale_router_confidence"] == settings.get("router_confidence", "entropy")
-    assert config["scale_router_temperature"] == CONFIDENCE["router_temperature"]
+    assert config["scale_mixture"]["confidence"] == settings.get("router_confidence", "entropy")
+    assert config["scale_mixture"]["temperature"] == CONFIDENCE["router_temperature"]
+    assert config["scale_mixture"]["prefix"] is (settings["router"] == "hybrid")
     assert_matches(got[name], expected[name], mask)
     assert "weight" in got[name], "the exported head keeps the base's weight per token"
 

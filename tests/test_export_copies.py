@@ -26,8 +26,11 @@ COPIES = {
     "TwoPathLinear",
     "route_mask",
     "running_ratio",
-    "likelihood_mix",
-    "nested_mix",
+    "padding_free",
+    "document_starts",
+    "with_missing_rows",
+    "ExpertMemory",
+    "posterior_mix",
     "expert_confidence",
     "log_normalisers",
     "chunk_rows",
@@ -97,13 +100,25 @@ def test_a_changed_verbatim_copy_is_found():
 
 
 def test_the_exported_config_holds_every_route_setting():
-    """`ScaleFields` (the exported config's SCALE settings, a standalone copy) has ``scale_<name>`` for each route
-    setting the routers declare, with the same default as `ScaleConfig`'s."""
+    """`ScaleFields` (the exported config's SCALE settings, a standalone copy) has Eq. 5's settings as
+    ``scale_<name>`` with `ScaleConfig`'s defaults, and a mixing router's as its declaration writes them
+    (``scale_mixture``): each setting a registered mixing router declares is in its mixture, under the name
+    `posterior_mix` takes, so the export computes every router it can write."""
+    import inspect as inspect_
     from dataclasses import fields
 
     from scale_cl.tuner.config import ScaleConfig
-    from scale_cl.tuner.routing import route_settings
+    from scale_cl.tuner.routing import ROUTERS
+    from scale_cl.tuner.routing.posterior import MixtureRouter, posterior_mix
 
     exported = {f.name: f.default for f in fields(modeling_scale.ScaleFields)}
     ours = {f.name: f.default for f in fields(ScaleConfig)}
-    assert {f"scale_{name}": ours[name] for name in route_settings()}.items() <= exported.items()
+    assert {f"scale_{name}": ours[name] for name in ROUTERS["cosine"].settings}.items() <= exported.items()
+    assert exported["scale_mixture"] is None
+    taken = set(inspect_.signature(posterior_mix).parameters)
+    config = ScaleConfig(hidden_up=32, ffn_up=0)
+    for router in ROUTERS.values():
+        if isinstance(router, MixtureRouter):
+            mixture = router.mixture(lambda name: getattr(config, name))
+            assert set(mixture) <= taken, router.name
+            assert {name.removeprefix("router_") for name in router.settings} <= set(mixture), router.name

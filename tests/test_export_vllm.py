@@ -31,6 +31,7 @@ from scale_cl.export.card import CardInfo, model_card
 from scale_cl.export.export import export_model
 from scale_cl.export.merge import FAMILIES
 from scale_cl.tuner.config import ScaleConfig
+from scale_cl.tuner.routing import ROUTERS
 from test_export import LIKELIHOOD, lively_scale_model
 from test_generate import padded_prompts  # three rows, left-padded by 0, 3 and 5 tokens
 
@@ -212,9 +213,10 @@ def test_what_mixes_at_the_logits():
     for method in ("preserve", "adapt", "route"):
         for router in routers:
             expected = method == "route" or (method == "preserve" and router != "cosine")
-            assert modeling_scale.mixes_logits(method, router) is expected, (method, router)
             library = ScaleConfig(hidden_up=32, ffn_up=0, method=method, router=router)
             assert library.routed is expected, (method, router)
+            mixture = ROUTERS[router].mixture(lambda name, c=library: getattr(c, name)) if library.routed else None
+            assert modeling_scale.mixes_logits(method, mixture) is expected, (method, router)
 
 
 # ------------------------------------------------------------------------------------- not servable

@@ -1,4 +1,5 @@
-"""The likelihood router (issue 28, item 2): p = w p_base + (1 - w) p_new, w from the document's running ratio."""
+"""The likelihood router: p = w p_base + (1 - w) p_new, w = sigmoid(prior + r) from the document's running
+log-likelihood ratio; the posterior mixture of `scale_cl.tuner.routing.posterior` with two experts and its prefix."""
 
 from __future__ import annotations
 
@@ -10,9 +11,15 @@ import torch
 from conftest import VOCAB, make_model, randomize_new_weights, upscaled_copy
 from scale_cl import set_method
 from scale_cl.tuner.modes import set_live_settings
-from scale_cl.tuner.routing.likelihood import likelihood_mix, running_ratio
+from scale_cl.tuner.routing.posterior import ExpertMemory, posterior_mix, running_ratio
 
 EOS = 2
+
+
+def likelihood_mix(base, new, ids, **settings):
+    """The likelihood router's mixture of two experts: (logits, the base's weight w, the memory)."""
+    logits, weights, memory = posterior_mix([base, new], ids, **settings)
+    return logits, weights[0], memory
 
 
 def test_the_running_ratio_decays_and_resets_at_document_starts():
@@ -62,7 +69,7 @@ def test_the_mixture_is_the_posterior_weighted_sum_and_never_reads_the_token_it_
     changed[:, -1] = (changed[:, -1] + 1) % 9
     again = likelihood_mix(base, new, changed, prior=0.5, decay=0.8, eos_ids=(EOS,))[0]
     torch.testing.assert_close(again[:, :-1], logits[:, :-1], atol=0, rtol=0)  # w_t reads tokens up to x_t only
-    assert memory.ratio.shape == (2,) and memory.last_log_ratio.shape == (2, 9)
+    assert memory.ratio.shape == (2, 2) and memory.last_log_probs.shape == (2, 2, 9)  # per expert
 
 
 def test_a_call_that_continues_reads_its_first_evidence_from_the_memory():
@@ -145,12 +152,10 @@ def test_left_padded_generation_equals_each_row_alone_and_beam_search_runs():
         for row, pad in enumerate([0, 2, 4]):
             alone = model.generate(ids[row : row + 1, pad:], max_new_tokens=5, do_sample=False, pad_token_id=0)
             assert torch.equal(out[row, 7:], alone[0, 7 - pad :]), row
-    from scale_cl.tuner.routing.likelihood import RouterMemory
-
     reorders = []
-    reorder = RouterMemory.reorder
+    reorder = ExpertMemory.reorder
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(RouterMemory, "reorder", lambda self, index: (reorders.append(1), reorder(self, index))[1])
+        patch.setattr(ExpertMemory, "reorder", lambda self, index: (reorders.append(1), reorder(self, index))[1])
         with torch.no_grad():
             beams = model.generate(
                 ids, attention_mask=mask, max_new_tokens=4, num_beams=3, do_sample=False, pad_token_id=0
@@ -196,3 +201,57 @@ def test_the_base_weight_read_where_each_left_padded_prompt_ends_equals_the_prom
         collect_base_weights(set_method(model, "adapt")),
     ):
         pass
+
+
+def _extended(method: str, router: str):
+    """An upscaled model with 4 new tokens (trainable rows of E and W_out, moved from their start), read by
+    ``router``; with the base it was made from."""
+    from scale_cl.tuner.vocab import grow_embeddings, new_row_parameters
+
+    base = make_model("llama-gqa2-tied", seed=0).eval()
+    model = upscaled_copy(base, method, preserve_layers=1, w21_init="random", w22_init="random", seed=1)
+    randomize_new_weights(model, seed=4, w12_scale=0.3)
+    grow_embeddings(model, 4)
+    with torch.no_grad():
+        for param in new_row_parameters(model):
+            param.add_(torch.randn(param.shape, generator=torch.Generator().manual_seed(6)))
+    model.config.eos_token_id = EOS
+    model.scale_route.eos_ids = (EOS,)
+    return base, set_live_settings(model.eval(), router=router, router_prior=0.3, router_decay=0.9)
+
+
+@pytest.mark.parametrize("router", ["likelihood", "confidence"])
+@pytest.mark.parametrize("method", ["preserve", "route"])
+def test_with_new_tokens_the_base_expert_is_the_base_and_the_mixture_its_two_model_control(method, router):
+    """The base model has no row for an extended vocabulary's new tokens, so the base expert gives them no mass (as
+    the two-model control gives a base that lacks them), however the new rows trained: the router's mixture equals
+    the control of the base and the model's own path (SCALE-Preserve's ``Z + alpha Z_up``, Route's adapt path)."""
+    from scale_cl.eval.mixture import ModelMixture
+
+    base, model = _extended(method, router)
+    own = set_method(copy.deepcopy(model), "adapt" if method == "route" else "preserve")
+    own = set_live_settings(own, router="cosine")  # one path, unrouted: Z + alpha Z_up over every row
+    ids = torch.randint(3, VOCAB, (2, 10), generator=torch.Generator().manual_seed(3))  # tokens the base reads
+    control = ModelMixture([base, own], prior=0.3, decay=0.9, router=router, temperature=1 / 3)
+    with torch.no_grad():
+        got = model(input_ids=ids).logits
+        expected = control(input_ids=ids).logits
+        own_logits = own(input_ids=ids).logits
+    assert got.shape[-1] == VOCAB + 4
+    assert own_logits[..., VOCAB:].softmax(-1).sum() > 0 and own_logits.softmax(-1)[..., VOCAB:].sum(-1).min() > 1e-3
+    torch.testing.assert_close(got, expected, atol=2e-5, rtol=0)
+
+
+def test_the_base_expert_puts_no_mass_on_new_tokens_and_a_new_token_read_rules_the_base_out():
+    """With the base's prior at its bound (w = sigmoid(20), 1 in fp32) the mixture is the base expert alone, with no
+    probability on the new tokens; once the document holds a new token (one the base cannot produce) the posterior
+    gives it to the model's own path."""
+    _, model = _extended("preserve", "likelihood")
+    set_live_settings(model, router_prior=20.0)
+    ids = torch.randint(3, VOCAB, (2, 10), generator=torch.Generator().manual_seed(8))
+    ids[:, 5] = VOCAB + 1  # a new token in the input
+    with torch.no_grad():
+        probs = model(input_ids=ids).logits.float().softmax(-1)
+    weight = model.scale_route.last_mask
+    assert float(weight[:, :5].min()) == 1.0 and float(probs[:, :5, VOCAB:].sum(-1).max()) < 1e-6
+    assert float(weight[:, 5:].max()) < 1e-6, "after a token only the new path produces, the document is not the base's"

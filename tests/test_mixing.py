@@ -11,9 +11,8 @@ import torch
 import torch.nn.functional as F
 
 from scale_cl.tuner.routing import mixing
-from scale_cl.tuner.routing.likelihood import likelihood_mix
 from scale_cl.tuner.routing.mixing import log_normalisers, mixture_log_probs
-from scale_cl.tuner.routing.nested import nested_mix
+from scale_cl.tuner.routing.posterior import posterior_mix
 
 
 def textbook(logits: list[torch.Tensor], weights: torch.Tensor) -> torch.Tensor:
@@ -104,22 +103,18 @@ def test_a_weight_of_zero_drops_its_expert_and_the_other_reads_as_itself():
 
 
 def test_the_routers_read_increments_as_the_summed_experts():
-    """The likelihood and nested routers given a path's increment (never summing it as a whole tensor) return what
-    they return for the summed logits: the mixture, the weights and the memory a generation step hands on."""
+    """The mixing routers given each expert's increment (never summing it as a whole tensor) return what they return
+    for the summed logits, with two experts (SCALE-Preserve's one path) and three (a grown model): the mixture, the
+    weights and the memory a generation step hands on."""
     gen = torch.Generator().manual_seed(4)
     logits = [torch.randn(2, 7, 50, generator=gen) * 3 for _ in range(3)]
     ids = torch.randint(0, 50, (2, 7), generator=gen)
     settings = {"prior": 0.3, "decay": 0.9, "eos_ids": (5,)}
-    with torch.no_grad():
-        whole = likelihood_mix(logits[0], logits[1], ids, **settings)
-        parts = likelihood_mix(logits[0], logits[1] - logits[0], ids, **settings, increment=True)
-        torch.testing.assert_close(parts[0], whole[0], rtol=0, atol=2e-5)
-        torch.testing.assert_close(parts[1], whole[1], rtol=0, atol=1e-6)
+    for experts in (logits[:2], logits):
+        with torch.no_grad():
+            whole = posterior_mix(experts, ids, **settings)
+            parts = posterior_mix(as_increments(experts), ids, **settings, increments=True)
+        for ours, expected in zip(parts[:2], whole[:2], strict=True):
+            torch.testing.assert_close(ours, expected, rtol=0, atol=2e-5)
         torch.testing.assert_close(parts[2].ratio, whole[2].ratio, rtol=0, atol=1e-5)
-        torch.testing.assert_close(parts[2].last_log_ratio, whole[2].last_log_ratio, rtol=0, atol=1e-5)
-        whole = nested_mix(logits, ids, **settings)
-        parts = nested_mix(as_increments(logits), ids, **settings, increments=True)
-    for ours, expected in zip(parts[:2], whole[:2], strict=True):
-        torch.testing.assert_close(ours, expected, rtol=0, atol=2e-5)
-    torch.testing.assert_close(parts[2].ratio, whole[2].ratio, rtol=0, atol=1e-5)
-    torch.testing.assert_close(parts[2].last_log_probs, whole[2].last_log_probs, rtol=0, atol=1e-5)
+        torch.testing.assert_close(parts[2].last_log_probs, whole[2].last_log_probs, rtol=0, atol=1e-5)

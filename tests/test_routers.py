@@ -1,8 +1,11 @@
-"""The routers behind one interface (issue 39): a router is a `Router` subclass plus its registration, the route
+"""The routers behind one interface: a router is a `Router` subclass plus its registration, the route
 settings are what the routers declare, and a registered router is selected, saved and checked like the built-in
 ones."""
 
 from __future__ import annotations
+
+import copy
+import json
 
 import pytest
 import torch
@@ -16,6 +19,7 @@ from scale_cl.tuner.routing.confidence import ConfidenceRouter, HybridRouter
 from scale_cl.tuner.routing.cosine import CosineRouter
 from scale_cl.tuner.routing.likelihood import LikelihoodRouter
 from scale_cl.tuner.routing.nested import NestedRouter
+from scale_cl.tuner.routing.posterior import MixtureRouter
 
 
 class AdaptPathRouter(Router):
@@ -97,3 +101,62 @@ def test_set_method_takes_tau_with_route_only():
             set_method(model, method, tau=0.9)
     assert scale_config_of(set_method(model, "route")).route_tau == before
     assert scale_config_of(set_method(model, "route", tau=0.3)).route_tau == 0.3
+
+
+class FixedMixRouter(MixtureRouter):
+    """A mixing router as a user would add one, in this one file: the base and the model mixed with a fixed weight,
+    ``p = w p_base + (1 - w) p_new``, ``w = sigmoid(router_prior)`` (no evidence read)."""
+
+    name = "fixed_mix"
+    settings = ("router_prior",)
+    prefix = False
+
+
+@pytest.fixture
+def fixed_mix_router():
+    router = register_router(FixedMixRouter())
+    try:
+        yield router
+    finally:
+        del ROUTERS[router.name]
+
+
+@pytest.mark.parametrize("method", ["preserve", "route"])
+def test_a_mixing_router_is_added_in_one_file_and_exported_from_its_declaration(fixed_mix_router, method, tmp_path):
+    """The router file (here, the class above), its registration (the fixture) and this test are all it takes: the
+    model computes its mixture (SCALE-Preserve's one path, Route's two), and the export, which names no router,
+    computes the same from the router's declaration (`MixtureRouter.mixture`)."""
+    from scale_cl import load
+    from scale_cl.export import export_model
+
+    model = upscaled_copy(make_model("llama-gqa2-tied"), method, preserve_layers=1, w21_init="random", seed=1)
+    randomize_new_weights(model, seed=3, w12_scale=0.3)
+    set_live_settings(model.eval(), router="fixed_mix", router_prior=0.4)
+    assert ROUTERS["fixed_mix"].reads_tokens is False  # no prefix: no token ids read
+    ids, mask = token_batch()
+    with torch.no_grad():
+        mixed = model(input_ids=ids, attention_mask=mask).logits
+        base = set_method(copy.deepcopy(model), "preserve")  # at alpha 0 the base's logits (Theorem 3.1)
+        base_logits = set_live_settings(base, router="cosine", up_logit_scale=0.0)(ids, attention_mask=mask).logits
+        new = set_method(copy.deepcopy(model), "adapt" if method == "route" else "preserve")
+        new_logits = set_live_settings(new, router="cosine")(ids, attention_mask=mask).logits
+    w = torch.sigmoid(torch.tensor(0.4))
+    expected = torch.log(w * base_logits.softmax(-1) + (1 - w) * new_logits.softmax(-1))
+    torch.testing.assert_close(mixed, expected, atol=1e-5, rtol=0)
+    assert (new_logits - base_logits).abs().max() > 1e-2, "the experts differ, so the mixture is not trivial"
+    export_model(model, tmp_path / "export")
+    config = json.loads((tmp_path / "export" / "config.json").read_text())
+    assert config["scale_mixture"] == {"prefix": False, "prior": 0.4, "decay": 1.0, "confidence": None}
+    with torch.no_grad():
+        exported = load(tmp_path / "export")(input_ids=ids, attention_mask=mask).logits
+    torch.testing.assert_close(exported, mixed, atol=1e-5, rtol=0)
+
+
+def test_a_router_with_no_export_form_is_refused_before_anything_is_written(adapt_path_router, tmp_path):
+    from scale_cl.export import export_model
+
+    model = upscaled_copy(make_model("llama-gqa2-tied"), "route", preserve_layers=1)
+    set_live_settings(model, router="adapt_path")
+    with pytest.raises(ValueError, match="cannot export the adapt_path router"):
+        export_model(model, tmp_path / "export")
+    assert not (tmp_path / "export").exists() or not any((tmp_path / "export").iterdir())

@@ -1,8 +1,8 @@
 """The control of the likelihood routers: separate models (a base and what was trained from it), mixed per token by
 the posterior over which model the document so far is from, in one forward pass each.
 
-``p = sum_j w_j p_j``, ``w`` the posterior that the document so far is model j's (`scale_cl.tuner.routing.nested.
-nested_mix`; with two models, the base and a trained one, the likelihood router's ``w p_base + (1 - w) p_trained``).
+``p = sum_j w_j p_j``, ``w`` the posterior that the document so far is model j's (`scale_cl.tuner.routing.posterior.
+posterior_mix`; with two models, the base and a trained one, the likelihood router's ``w p_base + (1 - w) p_trained``).
 This is Bayesian model averaging over the prefix, the mechanism of DEMix layers (Gururangan et al., 2021) and of
 mixing experts by a domain posterior; it is not SCALE's. SCALE-Route and SCALE-Preserve read with the likelihood
 router compute the same mixture of their base logits and their own in one model and one pass, a grown
@@ -24,12 +24,8 @@ from torch import nn
 from transformers.modeling_outputs import CausalLMOutputWithPast
 from transformers.utils import ModelOutput
 
-from scale_cl.tuner.routing.nested import NestedMemory, nested_mix
-
-# A token of an extended vocabulary has no row in the base: the base gives it this logit below its least, a
-# probability of about e^-10000 (finite, so that masked evidence stays a number: -inf x 0 would be NaN).
-MISSING_ROW_LOGIT_GAP = 1e4
-
+from scale_cl.tuner.routing import router_named
+from scale_cl.tuner.routing.posterior import ExpertMemory, posterior_mix, with_missing_rows
 
 # The routers a mixture of separate models is read by: those of `scale_cl.tuner.routing` that mix whole models.
 MIXTURE_ROUTERS = ("likelihood", "confidence", "hybrid")
@@ -88,26 +84,21 @@ class ModelMixture(nn.Module):
         expert_logits: list[torch.Tensor],
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor | None,
-        memory: NestedMemory | None = None,
-    ) -> tuple[torch.Tensor, NestedMemory]:
+        memory: ExpertMemory | None = None,
+    ) -> tuple[torch.Tensor, ExpertMemory]:
         vocab = max(z.shape[-1] for z in expert_logits)
-        padded = []
-        for z in expert_logits:  # an extended vocabulary: rows an earlier model lacks
-            if z.shape[-1] < vocab:
-                floor = z.amin(dim=-1, keepdim=True) - MISSING_ROW_LOGIT_GAP
-                z = torch.cat((z, floor.expand(*floor.shape[:-1], vocab - z.shape[-1])), dim=-1)
-            padded.append(z)
-        logits, self.last_weights, memory = nested_mix(
-            padded,
+        router = router_named(self.router)  # which evidence it reads: its declaration
+        logits, self.last_weights, memory = posterior_mix(
+            [with_missing_rows(z, vocab) for z in expert_logits],  # an extended vocabulary: rows a model lacks
             input_ids,
             prior=self.prior,
             decay=self.decay,
             eos_ids=self.eos_ids,
             attention_mask=attention_mask,
             memory=memory,
-            confidence=None if self.router == "likelihood" else self.confidence,
+            confidence=self.confidence if router.confident else None,
             temperature=self.temperature,
-            prefix=self.router != "confidence",
+            prefix=router.prefix,
         )
         return logits, memory
 

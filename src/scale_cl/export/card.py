@@ -106,16 +106,15 @@ def _usage(info: CardInfo) -> str:
 
 def _serving(info: CardInfo) -> str:
     """Whether vLLM's Transformers backend can serve a SCALE export: not where it mixes at the logits
-    (`scale_cl.export.modeling_scale.mixes_logits`); transformers' ``generate`` serves every one."""
-    from scale_cl.export.modeling_scale import mixes_logits
-
+    (`scale_cl.export.modeling_scale.mixes_logits`: a routed model, `ScaleConfig.routed`); transformers' ``generate``
+    serves every one."""
     command = "`vllm serve path/to/this/folder --model-impl transformers --trust-remote-code`"
     if info.scale is None:  # a model exported from memory without its settings: config.json says
         return (
             f"Serving: transformers' `generate` serves it; vLLM's Transformers backend ({command}) only where "
             "config.json has `scale_vllm_servable: true` (SCALE-Adapt, and SCALE-Preserve without a mixing router)."
         )
-    if mixes_logits(info.scale.method, info.scale.router):
+    if info.scale.routed:
         return (
             "Serving: not servable by vLLM's Transformers backend (SCALE-Route's per-token routing, or a mixing "
             "router, mixes at the logits, which its plain LM head cannot compute); use transformers' `generate`."

@@ -19,7 +19,7 @@ from transformers import PreTrainedConfig, PreTrainedModel
 from scale_cl.export import modeling_scale
 from scale_cl.tuner.config import scale_config_of
 from scale_cl.tuner.layers import INNER, ScaleEmbedding, ScaleHead, ScaleLinear, SplitNorm
-from scale_cl.tuner.routing import route_settings
+from scale_cl.tuner.routing import router_named
 from scale_cl.tuner.stages import STAGES_KEY
 from scale_cl.tuner.vocab import extension_record
 
@@ -44,10 +44,6 @@ _DROPPED = (
     "quantization_config",
     "tie_word_embeddings",
 )
-
-
-# The routers the exported modeling file carries (`scale_cl.export.modeling_scale.RouteHead`).
-EXPORTED_ROUTERS = ("cosine", "likelihood", "nested", "confidence", "hybrid")
 
 
 def _family(model: nn.Module) -> tuple[type[PreTrainedConfig], type[PreTrainedModel]]:
@@ -113,12 +109,8 @@ def export_config(model: nn.Module) -> PreTrainedConfig:
     state = model.config.scale_cl
     cfg, dims = scale_config_of(model), state.get("dims", state["base"]["dims"])  # the sizes the last stage grew
     earlier = [[stage["config"]["hidden_up"], stage["config"]["up_norm"]] for stage in state.get(STAGES_KEY, [])]
-    if cfg.routed and cfg.router not in EXPORTED_ROUTERS:
-        raise ValueError(
-            f"cannot export the {cfg.router} router yet (the exported model carries {', '.join(EXPORTED_ROUTERS)}): "
-            "export the model without it (set_live_settings(model, router='likelihood') or 'cosine'), or use it "
-            "through scale-cl"
-        )
+    # Eq. 5 from route_tau and route_exact, or the mixture the router declares (`Router.mixture` refuses the rest)
+    mixture = router_named(cfg.router).mixture(lambda name: getattr(cfg, name)) if cfg.routed else None
     if cfg.method == "route" and cfg.route_exact and cfg.preserve_layers >= model.config.num_hidden_layers:
         raise ValueError(
             "cannot export SCALE-Route with route_exact and no collaborative layer: every token would route to the "
@@ -139,11 +131,14 @@ def export_config(model: nn.Module) -> PreTrainedConfig:
             "scale_route_vocab_size": extension["base_rows"] if extension else 0,
             "scale_up_norm": cfg.up_norm,
             "scale_norm_groups": earlier or None,
-            **{f"scale_{name}": getattr(cfg, name) for name in route_settings()},  # the routers' declarations
+            "scale_router": cfg.router,
+            "scale_route_tau": cfg.route_tau,
+            "scale_route_exact": cfg.route_exact,
+            "scale_mixture": mixture,
         }
     )
     # vLLM's Transformers backend cannot serve a model that mixes at the logits (modeling_scale's module doc)
-    config.scale_vllm_servable = not modeling_scale.mixes_logits(config.scale_method, config.scale_router)
+    config.scale_vllm_servable = not modeling_scale.mixes_logits(config.scale_method, config.scale_mixture)
     module = MODELING_FILE.removesuffix(".py")
     config.auto_map = {  # the base model (AutoModel, which vLLM's Transformers backend builds) before the causal LM
         "AutoConfig": f"{module}.{config_class.__name__}",

@@ -20,15 +20,13 @@ compute the upscaled model once two things are swapped in:
   there (`stack_paths`, so the KV cache holds both paths in those layers) and each linear of those layers applies
   W12 to the adapt half only (`TwoPathLinear`); the causal LM's head combines the halves per token (`RouteHead`).
   Hidden states asked for with ``output_hidden_states`` hold both paths (2B rows) from that layer on.
-  With ``scale_router == "likelihood"`` the head mixes the two paths' distributions by the document's running
-  likelihood ratio instead (`likelihood_mix`); a model pre-hook hands it the token ids (`capture_router_inputs`).
-  SCALE-Preserve with ``scale_router == "likelihood"`` mixes its one path's ``Z`` (the base's logits) and
-  ``Z + Z_up`` the same way (`RouteHead` with ``stacked=False``); with ``scale_router == "nested"`` (a model grown
-  per task) it mixes the base's logits, the model's after each earlier stage (the cumulative sums of the head's
-  stage columns) and its own by the posterior over them (`nested_mix`). With ``scale_router`` ``"confidence"`` or
-  ``"hybrid"`` the same experts (Route's two paths; Preserve's base and itself, or a grown model's nested
-  experts) are weighed by each one's confidence at the position, the hybrid's beside the prefix posterior
-  (`expert_confidence`, `nested_mix`).
+  With a mixing router (``scale_mixture``: scale-cl's likelihood, nested, confidence or hybrid router, or any other
+  that declares its evidence) the head mixes experts' distributions by the posterior over experts instead
+  (`posterior_mix`): Route's two paths; SCALE-Preserve's one path's ``Z`` (the base's logits) and ``Z + Z_up``
+  (`RouteHead` with ``stacked=False``), or on a model grown per task the base's logits, the model's after each
+  earlier stage (the cumulative sums of the head's stage columns) and its own. The posterior reads the document so
+  far (``prefix``: a model pre-hook hands the head the token ids, `capture_router_inputs`), each expert's confidence
+  at the position (`expert_confidence`), or both.
 
 Serving. transformers' ``generate`` serves every export. vLLM's Transformers backend (``model_impl="transformers"``
 with ``trust_remote_code``) builds the base model with ``AutoModel.from_config`` (``auto_map["AutoModel"]``), sets
@@ -39,7 +37,7 @@ customisation (the norms) lives in the base model, attention is the stock layers
 sets ``_supports_attention_backend = True``, and for SCALE-Preserve and SCALE-Adapt the head is one plain linear over
 the base model's output (``Z + alpha Z_up = [h; h_up] [W_out, alpha W_out_up]^T``). So SCALE-Preserve (with Eq. 5's
 ``"cosine"`` router, which leaves it unrouted) and SCALE-Adapt are servable by vLLM's Transformers backend. SCALE-Route
-and SCALE-Preserve with a mixing router (``"likelihood"``, ``"nested"``, ``"confidence"``, ``"hybrid"``) are not
+and SCALE-Preserve with a mixing router (``scale_mixture``) are not
 (`mixes_logits`; ``scale_vllm_servable`` false in the config): they mix per token at the logits, which a plain LM head
 cannot compute, so their base model refuses vLLM's attention implementation (`VLLM_ATTENTION`) rather than serve
 something else; serve them with transformers' ``generate``.
@@ -262,7 +260,7 @@ def mixture_log_probs(
     return out.view(experts[0].shape)
 
 
-# Copy of scale_cl.tuner.routing.likelihood.running_ratio: the same code.
+# Copy of scale_cl.tuner.routing.posterior.running_ratio: the same code.
 def running_ratio(
     evidence: torch.Tensor, starts: torch.Tensor, decay: float, initial: torch.Tensor | None = None, chunk: int = 64
 ) -> torch.Tensor:
@@ -288,57 +286,39 @@ def running_ratio(
     return out
 
 
-# Copy of scale_cl.tuner.routing.likelihood.likelihood_mix, rewritten standalone;
-# tested equal by tests/test_export.py::test_the_likelihood_router_is_exported.
-def likelihood_mix(
-    base_logits: torch.Tensor,
-    new_logits: torch.Tensor,
-    input_ids: torch.Tensor,
-    *,
-    prior: float,
-    decay: float,
-    eos_ids: tuple[int, ...],
-    attention_mask: torch.Tensor | None = None,
-    memory: tuple[torch.Tensor, torch.Tensor] | None = None,
-    increment: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
-    """``p = w p_base + (1 - w) p_new`` as log-probabilities, with ``w_t = sigmoid(prior + r_t)`` and
-    ``r_t = decay r_{t-1} + ln p_base(x_t) - ln p_new(x_t)`` (0 at a sequence start and at EOS; no evidence from
-    padding); returns it, ``w`` (B, T) and the memory for the next call (``r`` and the last position's log-ratio
-    row). ``increment``: ``new_logits`` is what the new path adds to the base's. A standalone copy of scale-cl's
-    ``likelihood_mix``, tested equal to it."""
-    experts = (base_logits, new_logits)
-    norm_base, norm_new = log_normalisers(experts, increment)
-    ids = input_ids.to(base_logits.device)
-    evidence = torch.zeros(ids.shape, device=base_logits.device)
-    with torch.no_grad():
-        if ids.shape[1] > 1:
-            nxt = ids[:, 1:, None]
-            base_next = base_logits[:, :-1].gather(-1, nxt).squeeze(-1).float()
-            new_next = new_logits[:, :-1].gather(-1, nxt).squeeze(-1).float() + (base_next if increment else 0)
-            evidence[:, 1:] = (base_next - norm_base[:, :-1]) - (new_next - norm_new[:, :-1])
-        if memory is not None:
-            evidence[:, 0] = memory[1].gather(-1, ids[:, :1]).squeeze(-1)
-        if attention_mask is not None:
-            mask = attention_mask.to(evidence.device, evidence.dtype)
-            evidence = evidence * mask
-            evidence[:, 1:] *= mask[:, :-1]
-        starts = torch.zeros(ids.shape, dtype=torch.bool, device=ids.device)
-        for eos in eos_ids:
-            starts |= ids == eos
-        ratio = running_ratio(evidence, starts, decay, None if memory is None else memory[0])
-        score = prior + ratio
-    mixed = mixture_log_probs(experts, (F.logsigmoid(score) - norm_base, F.logsigmoid(-score) - norm_new), increment)
-    last_base = base_logits[:, -1].float()
-    last_new = new_logits[:, -1].float() + (last_base if increment else 0)
-    last_log_ratio = last_base - norm_base[:, -1, None] - (last_new - norm_new[:, -1, None])
-    next_memory = (ratio[:, -1].detach(), last_log_ratio.detach())
-    return mixed.to(new_logits.dtype), torch.sigmoid(score), next_memory
+# Copy of scale_cl.tuner.routing.posterior.padding_free: the same code.
+def padding_free(evidence: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+    """``evidence`` (..., B, T) with no evidence from a padded token or one whose prediction came from padding."""
+    if attention_mask is None:
+        return evidence
+    mask = attention_mask.to(evidence.device, evidence.dtype)
+    evidence = evidence * mask
+    evidence[..., 1:] *= mask[:, :-1]
+    return evidence
+
+
+# Copy of scale_cl.tuner.routing.posterior.document_starts: the same code.
+def document_starts(ids: torch.Tensor, eos_ids: tuple[int, ...]) -> torch.Tensor:
+    """Where a document starts (B, T): at each EOS token (the running ratio is reset there)."""
+    starts = torch.zeros(ids.shape, dtype=torch.bool, device=ids.device)
+    for eos in eos_ids:
+        starts |= ids == eos
+    return starts
+
+
+MISSING_ROW_LOGIT_GAP = 1e4  # as scale_cl.tuner.routing.posterior's: a base's logit below its least for a new token
+
+
+# Copy of scale_cl.tuner.routing.posterior.with_missing_rows: the same code.
+def with_missing_rows(logits: torch.Tensor, vocab: int) -> torch.Tensor:
+    """``logits`` (..., V) widened to ``vocab`` entries: each missing one ``MISSING_ROW_LOGIT_GAP`` below the least."""
+    if logits.shape[-1] == vocab:
+        return logits
+    floor = logits.amin(dim=-1, keepdim=True) - MISSING_ROW_LOGIT_GAP
+    return torch.cat((logits, floor.expand(*floor.shape[:-1], vocab - logits.shape[-1])), dim=-1)
 
 
 CONFIDENCES = ("entropy", "top")  # what an expert's confidence at a position is read as (`expert_confidence`)
-CONFIDENCE_ROUTERS = ("confidence", "hybrid")  # the routers that read it (scale_cl.tuner.routing.confidence)
-MIXING_ROUTERS = ("likelihood", "nested", *CONFIDENCE_ROUTERS)  # the routers that mix distributions
 
 
 # Copy of scale_cl.tuner.routing.mixing.expert_confidence: the same code.
@@ -368,29 +348,40 @@ def expert_confidence(
     return out.view(norms.shape)
 
 
-# Copy of scale_cl.tuner.routing.nested.nested_mix, rewritten standalone;
-# tested equal by tests/test_export.py::test_the_nested_router_is_exported.
-def nested_mix(
-    expert_logits: list[torch.Tensor],
+# Copy of scale_cl.tuner.routing.posterior.ExpertMemory: the same code.
+@dataclass
+class ExpertMemory:
+    """What a generation step hands the next: each expert's running ratio and last position's log-probabilities."""
+
+    ratio: torch.Tensor  # (E, B)
+    last_log_probs: torch.Tensor  # (E, B, V)
+
+    def reorder(self, index: torch.Tensor) -> None:
+        self.ratio = self.ratio.index_select(1, index.to(self.ratio.device))
+        self.last_log_probs = self.last_log_probs.index_select(1, index.to(self.last_log_probs.device))
+
+
+# Copy of scale_cl.tuner.routing.posterior.posterior_mix: the same code.
+def posterior_mix(
+    expert_logits: Sequence[torch.Tensor],
     input_ids: torch.Tensor | None,
     *,
     prior: float,
     decay: float,
     eos_ids: tuple[int, ...],
     attention_mask: torch.Tensor | None = None,
-    memory: tuple[torch.Tensor, torch.Tensor] | None = None,
+    memory: ExpertMemory | None = None,
     increments: bool = False,
     confidence: str | None = None,
     temperature: float = 1.0,
     prefix: bool = True,
-) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
+) -> tuple[torch.Tensor, torch.Tensor, ExpertMemory | None]:
     """``p = sum_j w_j p_j`` over the experts (the base's logits first) as log-probabilities, with ``w_t =
     softmax_j(prior_j + r_j,t + c_j,t / temperature)`` (``prior_0 = prior``, the others 0), ``r_j,t = decay
     r_j,t-1 + ln p_j(x_t)`` (0 at a sequence start and at EOS; no evidence from padding; 0 throughout without
     ``prefix``) and ``c`` each expert's ``confidence`` at the position (none when None); returns it, every expert's
-    weight (E, B, T) and the memory for the next call (``r`` (E, B) and the last position's log-probabilities (E, B,
-    V); None without ``prefix``). ``increments``: each tensor after the first is what its expert adds to the one
-    before. A standalone copy of scale-cl's ``nested_mix``, tested equal to it."""
+    weight (E, B, T) and the memory for the next call (None without ``prefix``). ``increments``: each tensor after
+    the first is what its expert adds to the one before."""
     norms = log_normalisers(expert_logits, increments)  # (E, B, T): expert - norm are log-probabilities
     experts, rows, length = norms.shape
     with torch.no_grad():
@@ -406,15 +397,11 @@ def nested_mix(
                 chosen = chosen.cumsum(0) if increments else chosen
                 evidence[:, :, 1:] = chosen - norms[:, :, :-1]
             if memory is not None:
-                evidence[:, :, :1] = memory[1].gather(-1, ids[None, :, :1].expand(experts, -1, -1))
-            if attention_mask is not None:
-                mask = attention_mask.to(evidence.device, evidence.dtype)
-                evidence = evidence * mask
-                evidence[..., 1:] *= mask[:, :-1]
-            starts = torch.zeros(ids.shape, dtype=torch.bool, device=ids.device)
-            for eos in eos_ids:
-                starts |= ids == eos
-            initial = None if memory is None else memory[0].reshape(-1)
+                first = ids[None, :, :1].expand(experts, -1, -1)
+                evidence[:, :, :1] = memory.last_log_probs.gather(-1, first)
+            evidence = padding_free(evidence, attention_mask)
+            starts = document_starts(ids, eos_ids)
+            initial = None if memory is None else memory.ratio.reshape(-1)
             ratio = running_ratio(evidence.reshape(-1, length), starts.repeat(experts, 1), decay, initial)
             ratio = ratio.view(experts, rows, length)
             score = score + ratio
@@ -426,7 +413,7 @@ def nested_mix(
     if prefix:
         last = torch.stack([z[:, -1].float() for z in expert_logits])
         last_log_probs = (last.cumsum(0) if increments else last) - norms[:, :, -1, None]
-        next_memory = (ratio[:, :, -1].detach(), last_log_probs.detach())
+        next_memory = ExpertMemory(ratio[:, :, -1].detach(), last_log_probs.detach())
     return mixed.to(expert_logits[-1].dtype), log_w.exp(), next_memory
 
 
@@ -453,9 +440,10 @@ def capture_router_inputs(model: nn.Module, args: tuple, kwargs: dict) -> tuple[
 # Copy of scale_cl.tuner.routing.cosine.route_logits, rewritten standalone;
 # tested equal by tests/test_export.py::test_exported_route_head_is_the_packages_eq5.
 class RouteHead(nn.Linear):
-    """The LM head of a route model: reads ``[preserve path; adapt path]`` (2B rows), returns B rows (Eq. 5).
+    """The LM head of a model that mixes at the logits: Eq. 5 over ``[preserve path; adapt path]`` (2B rows in, B
+    rows out), or a mixing router's posterior mixture of experts (``scale_mixture``).
 
-    With ``Z = W_out x`` and ``Z_up = W_out_up x_up`` (``weight`` is ``[W_out, W_out_up]``), per token::
+    With ``Z = W_out x`` and ``Z_up = W_out_up x_up`` (``weight`` is ``[W_out, W_out_up]``), per token (Eq. 5)::
 
         cos(Z_p, Z_a) > tau  ->  (Z_p + Z_a) / 2 + Z_p_up     (Z_p alone with scale_route_exact)
         otherwise            ->  Z_a + Z_a_up
@@ -465,10 +453,9 @@ class RouteHead(nn.Linear):
     ``last_mask`` keeps the last decision (True: preserve path). A standalone copy of scale-cl's
     ``route_logits`` (this file must import nothing but torch and transformers), tested equal to it.
 
-    With ``scale_router == "likelihood"``: ``likelihood_mix`` of ``Z_p`` (the base model's logits) and
-    ``Z_a + Z_a_up``; ``last_weight`` keeps the base path's weight per token. ``stacked=False`` (SCALE-Preserve, or
-    Route without a collaborative layer; likelihood router only): one path, whose ``Z`` is the base's and ``Z +
-    Z_up`` the new.
+    With ``scale_mixture`` (what scale-cl's mixing router declared: its evidence and settings) the experts
+    (`experts`) are mixed by `posterior_mix`; ``last_weight`` keeps the base's weight per token. ``stacked=False``
+    (SCALE-Preserve, or Route without a collaborative layer): one path, whose ``Z`` is the base's logits.
     """
 
     def __init__(self, in_features: int, out_features: int, config: Any, stacked: bool = True) -> None:
@@ -479,20 +466,16 @@ class RouteHead(nn.Linear):
         self.stacked = stacked
         self.last_mask: torch.Tensor | None = None
         self.last_weight: torch.Tensor | None = None
-        self.inputs: dict[str, Any] = {}  # the likelihood router's: this call's token ids and mask
-        self.memory: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.inputs: dict[str, Any] = {}  # a prefix-reading router's: this call's token ids and mask
+        self.memory: ExpertMemory | None = None
 
     @property
     def tau(self) -> float:
         return self.config.scale_route_tau
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        if self.config.scale_router == "likelihood":
-            return self._likelihood(hidden)
-        if self.config.scale_router == "nested":
-            return self._nested(hidden)
-        if self.config.scale_router in CONFIDENCE_ROUTERS:
-            return self._confident(hidden)
+        if self.config.scale_mixture is not None:
+            return self._mix(hidden)
         half, d = hidden.shape[0] // 2, self.split
         x, x_up = hidden[..., :d], hidden[..., d:]
         w_out, w_up = self.weight[:, :d], self.weight[:, d:]
@@ -506,81 +489,50 @@ class RouteHead(nn.Linear):
         z = torch.where(keep, (z_p + z_a) / 2, z_a)
         return z + F.linear(torch.where(keep, x_up[:half], x_up[half:]), w_up)
 
-    def _likelihood(self, hidden: torch.Tensor) -> torch.Tensor:
-        d = self.split
+    def experts(self, hidden: torch.Tensor) -> tuple[list[torch.Tensor], bool]:
+        """Copy of scale_cl.tuner.routing.posterior.path_experts: the experts' logits and whether they are increments:
+        the two stacked paths', a grown model's nested experts (the base's, then what each earlier stage's columns
+        and the current stage add), or the base's ``Z`` and ``Z_up``; an extended vocabulary's new tokens get no
+        mass from the base expert."""
+        d, vocab, extended = self.split, self.route_vocab_size, self.route_vocab_size < self.out_features
         x, x_up = hidden[..., :d], hidden[..., d:]
         w_out, w_up = self.weight[:, :d], self.weight[:, d:]
         if self.stacked:
             half = hidden.shape[0] // 2
             base = F.linear(x[:half], w_out)
             new = F.linear(x[half:], w_out) + F.linear(x_up[half:], w_up)
-        else:  # one path: the new path's logits given as their increment over the base's
-            base, new = F.linear(x, w_out), F.linear(x_up, w_up)
-        settings = {**self._settings(), "increment": not self.stacked}
-        logits, self.last_weight, self.memory = likelihood_mix(base, new, *self._router_inputs(), **settings)
-        return logits
-
-    def _nested(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Copy of scale_cl.tuner.routing.nested.nested_logits: the base's logits, then what each earlier stage's
-        columns and the current stage add (the experts are their cumulative sums), mixed by ``nested_mix``."""
-        d = self.split
+            return [with_missing_rows(base[..., :vocab], self.out_features) if extended else base, new], False
         earlier = [width for width, _ in self.config.scale_norm_groups or []]
-        widths = (d - sum(earlier), *earlier)  # the base's hidden size, then what each earlier stage added
-        parts, columns = hidden[..., :d].split(widths, dim=-1), self.weight[:, :d].split(widths, dim=1)
-        experts = [F.linear(x, w) for x, w in zip(parts, columns, strict=True)]
-        experts.append(F.linear(hidden[..., d:], self.weight[:, d:]))
-        logits, weights, self.memory = nested_mix(experts, *self._router_inputs(), **self._settings(), increments=True)
-        self.last_weight = weights[0]
-        return logits
+        if earlier:
+            widths = (d - sum(earlier), *earlier)  # the base's hidden size, then what each earlier stage added
+            parts, columns = x.split(widths, dim=-1), w_out.split(widths, dim=1)
+            return [*(F.linear(p, w) for p, w in zip(parts, columns, strict=True)), F.linear(x_up, w_up)], True
+        base = F.linear(x, w_out)
+        if not extended:
+            return [base, F.linear(x_up, w_up)], True
+        return [with_missing_rows(base[..., :vocab], self.out_features), base + F.linear(x_up, w_up)], False
 
-    def _confident(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Copy of scale_cl.tuner.routing.confidence.path_experts: the two stacked paths' logits, or the nested
-        experts of one path (``_nested``'s), mixed by ``nested_mix`` with each expert's confidence; the hybrid reads
-        the prefix too."""
-        d = self.split
-        if self.stacked:
-            half = hidden.shape[0] // 2
-            x, x_up = hidden[..., :d], hidden[..., d:]
-            w_out, w_up = self.weight[:, :d], self.weight[:, d:]
-            experts = [F.linear(x[:half], w_out), F.linear(x[half:], w_out) + F.linear(x_up[half:], w_up)]
-        else:
-            earlier = [width for width, _ in self.config.scale_norm_groups or []]
-            widths = (d - sum(earlier), *earlier)
-            parts, columns = hidden[..., :d].split(widths, dim=-1), self.weight[:, :d].split(widths, dim=1)
-            experts = [F.linear(x, w) for x, w in zip(parts, columns, strict=True)]
-            experts.append(F.linear(hidden[..., d:], self.weight[:, d:]))
-        prefix = self.config.scale_router == "hybrid"
-        settings = {**self._settings(), "memory": self.memory if prefix else None}
-        ids = self._router_inputs()[0] if prefix else None
-        logits, weights, self.memory = nested_mix(
-            experts,
-            ids,
-            **settings,
-            increments=not self.stacked,
-            confidence=self.config.scale_router_confidence,
-            temperature=self.config.scale_router_temperature,
-            prefix=prefix,
-        )
-        self.last_weight = weights[0]
-        return logits
-
-    def _router_inputs(self) -> tuple[torch.Tensor]:
+    def _mix(self, hidden: torch.Tensor) -> torch.Tensor:
+        mixture = dict(self.config.scale_mixture)
+        prefix = mixture["prefix"]
         ids = self.inputs.get("input_ids")
-        if ids is None:
+        if prefix and ids is None:
             raise ValueError(
                 f"the {self.config.scale_router} router reads the input token ids: call the model with input_ids"
             )
-        return (ids,)
-
-    def _settings(self) -> dict[str, Any]:
         eos = self.config.eos_token_id
-        return {
-            "prior": self.config.scale_router_prior,
-            "decay": self.config.scale_router_decay,
-            "eos_ids": tuple(eos) if isinstance(eos, list | tuple) else () if eos is None else (eos,),
-            "attention_mask": self.inputs.get("attention_mask"),
-            "memory": self.memory,
-        }
+        experts, increments = self.experts(hidden)
+        logits, weights, self.memory = posterior_mix(
+            experts,
+            ids if prefix else None,
+            eos_ids=tuple(eos) if isinstance(eos, list | tuple) else () if eos is None else (eos,),
+            attention_mask=self.inputs.get("attention_mask"),
+            memory=self.memory if prefix else None,
+            increments=increments,
+            **mixture,
+        )
+        self.last_weight = weights[0]
+        return logits
 
     def extra_repr(self) -> str:
         return f"{self.split}+{self.in_features - self.split} -> {self.out_features}, tau={self.tau}"
@@ -611,8 +563,8 @@ def stack_paths(
     return (hidden, *args[1:]), kwargs
 
 
-# The route settings below copy the routers' declarations (scale_cl.tuner.routing.route_settings), each as
-# scale_<name>; tested by tests/test_export_copies.py::test_the_exported_config_holds_every_route_setting.
+# The route settings below: Eq. 5's as scale_<name>, a mixing router's as it declares them (its
+# MixtureRouter.mixture); tested by tests/test_export_copies.py::test_the_exported_config_holds_every_route_setting.
 @dataclass(kw_only=True, repr=False)
 class ScaleFields:
     """What the stock config lacks: the original (pre-upscaling) sizes and the SCALE method's settings."""
@@ -628,11 +580,8 @@ class ScaleFields:
     scale_route_exact: bool = False  # route: a token routed to the preserve path gets the base model's logits
     scale_up_norm: str = "own"  # x_up normalised by its own statistic, the original stream's or the whole width's
     scale_norm_groups: list | None = None  # a grown model: [width, up_norm] of each earlier stage's group
-    scale_router: str = "cosine"  # route: Eq. 5's cosine router, "likelihood", "nested", "confidence" or "hybrid"
-    scale_router_prior: float = 0.0  # likelihood router: the prior log-odds of the base path
-    scale_router_decay: float = 0.95  # likelihood router: the running ratio's decay per token
-    scale_router_confidence: str = "entropy"  # confidence and hybrid routers: "entropy" or "top"
-    scale_router_temperature: float = 1 / 3  # confidence and hybrid routers: w ~ exp(confidence / T)
+    scale_router: str = "cosine"  # the router's name in scale-cl: Eq. 5's "cosine", or a mixing router
+    scale_mixture: dict | None = None  # a mixing router: posterior_mix's prefix, prior, decay, confidence, temperature
     scale_vllm_servable: bool = True  # not `mixes_logits`: vLLM's Transformers backend can serve it (module doc)
 
 
@@ -652,11 +601,11 @@ class ScaleGPTNeoXConfig(ScaleFields, GPTNeoXConfig):
     model_type = "scale_gpt_neox"
 
 
-def mixes_logits(method: str, router: str) -> bool:
+def mixes_logits(method: str, mixture: dict | None) -> bool:
     """Whether a model's logits are more than one linear over its base model's output: SCALE-Route's (two paths
     combined per token, Eq. 5, or mixed by a router) and SCALE-Preserve's with a mixing router (its base's logits and
     its own mixed per token). vLLM's Transformers backend cannot serve such a model (module doc)."""
-    return method == "route" or (method == "preserve" and router in MIXING_ROUTERS)
+    return method == "route" or (method == "preserve" and mixture is not None)
 
 
 # What vLLM's Transformers backend sets ``config._attn_implementation`` to ("vllm_mla" for MLA) before it builds the
@@ -684,7 +633,7 @@ class ScaleModelMixin:
 
     def scale_init(self, config: Any) -> None:
         """Called after the stock ``__init__``: the swaps, made before any weight is loaded."""
-        if mixes_logits(config.scale_method, config.scale_router) and str(config._attn_implementation).startswith(
+        if mixes_logits(config.scale_method, config.scale_mixture) and str(config._attn_implementation).startswith(
             VLLM_ATTENTION
         ):
             raise ValueError(
@@ -731,13 +680,13 @@ class ScaleMixin:
         head; all before any weight is loaded."""
         setattr(self, self.backbone, self.base_class(config))
         # SCALE-Route, and SCALE-Preserve with a mixing router (its Z is the base's logits exactly)
-        likelihood = config.scale_method in ("route", "preserve") and config.scale_router in MIXING_ROUTERS
+        mixture = config.scale_mixture if config.scale_method in ("route", "preserve") else None
         head = self.get_output_embeddings()
         if self.route_from is not None:
             self.set_output_embeddings(RouteHead(head.in_features, head.out_features, config))
-        elif likelihood:  # one path: the base's logits are its Z
+        elif mixture is not None:  # one path: the base's logits are its Z
             self.set_output_embeddings(RouteHead(head.in_features, head.out_features, config, stacked=False))
-        if likelihood and config.scale_router != "confidence":  # the routers that read the token ids
+        if mixture is not None and mixture["prefix"]:  # the routers that read the token ids
             self.register_forward_pre_hook(capture_router_inputs, with_kwargs=True)
 
     @property
@@ -747,11 +696,10 @@ class ScaleMixin:
 
     def _reorder_cache(self, cache: Any, beam_idx: torch.Tensor) -> Any:
         """Beam search: the layers holding both route paths (2n rows) reorder both halves alike (and the
-        likelihood router's memory is reordered with the beams)."""
+        mixing router's memory is reordered with the beams)."""
         head = self.get_output_embeddings()
-        if getattr(head, "memory", None) is not None:  # the nested router's: one row per expert first
-            rows = 1 if self.config.scale_router in ("nested", "hybrid") else 0
-            head.memory = tuple(m.index_select(rows, beam_idx.to(m.device)) for m in head.memory)
+        if getattr(head, "memory", None) is not None:
+            head.memory.reorder(beam_idx)
         if self.route_from is None:
             cache.reorder_cache(beam_idx)
             return cache

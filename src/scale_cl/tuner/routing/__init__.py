@@ -1,9 +1,11 @@
 """SCALE-Route's routing: the two paths' state on a model (`state`) and the routers behind one interface
-(`router`): Eq. 5's cosine router (`cosine`, the paper's), the likelihood router (`likelihood`), the
-nested-stage router of a grown model (`nested`) and the routers by each expert's confidence (`confidence`: the
-confidence router alone and the hybrid beside the prefix posterior).
+(`router`): Eq. 5's cosine router (`cosine`, the paper's) and the routers that mix experts by one posterior
+(`posterior`): the likelihood router (`likelihood`), the nested-stage router of a grown model (`nested`) and the
+routers by each expert's confidence (`confidence`: the confidence router alone and the hybrid beside the prefix
+posterior).
 
-A new router is a `Router` subclass in a file of its own that calls `register_router`, imported here; the route
+A new router is a `Router` subclass in a file of its own that calls `register_router`, imported here (a mixing
+router: a `MixtureRouter` that declares its evidence; the export computes it from that declaration); the route
 settings (`route_settings`) are ``router`` and what each router declares.
 """
 

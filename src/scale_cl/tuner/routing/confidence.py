@@ -29,80 +29,31 @@ reset at EOS as ``r`` is; ``w`` is a decision (no gradient flows through it).
 
 The experts are the likelihood router's two (SCALE-Route's preserve path ``Z_p`` and adapt path; SCALE-Preserve's
 ``Z``, the base's logits, and ``Z + alpha Z_up``) or, on a model grown k times, the nested router's k + 1 (the
-base and each stage's model, `scale_cl.tuner.routing.nested`): one formula, `nested_mix`, for every form.
+base and each stage's model, `scale_cl.tuner.routing.nested`): one formula, `scale_cl.tuner.routing.posterior.
+posterior_mix`, for every form.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-import torch
-
-from scale_cl.tuner.routing.nested import nested_logits, nested_mix
-from scale_cl.tuner.routing.router import HeadPaths, Router, register_router
-
-if TYPE_CHECKING:
-    from scale_cl.tuner.routing.state import RouteState
+from scale_cl.tuner.routing.posterior import MixtureRouter
+from scale_cl.tuner.routing.router import register_router
 
 
-# Copied to export/modeling_scale.py (RouteHead._confident): change both (tests/test_export.py).
-def path_experts(paths: HeadPaths, state: RouteState) -> tuple[list[torch.Tensor], bool]:
-    """The experts' logits from the head's input, and whether they are given as increments (`nested_mix`): the two
-    stacked paths' (Route), the base's ``Z`` and ``alpha Z_up`` (one path, upscaled once: an extended vocabulary's
-    new rows on both), or a grown model's nested experts."""
-    if paths.stacked:
-        half = paths.x.shape[0] // 2
-        with torch.set_grad_enabled(torch.is_grad_enabled() and paths.weight_new is not None):
-            base = paths.original_logits(paths.x[:half])
-        adapt = paths.original_logits(paths.x[half:])
-        return [base, torch.add(adapt, paths.up_logits(paths.x_up[half:]), alpha=paths.alpha)], False
-    widths = state.stage_widths()
-    if len(widths) == 1:
-        return [paths.original_logits(paths.x), paths.scaled_up_logits(paths.x_up)], True
-    if paths.weight_new is not None:
-        raise ValueError("a grown model's nested experts are read without an extended vocabulary")
-    return nested_logits(paths, widths), True
-
-
-class ConfidenceRouter(Router):
+class ConfidenceRouter(MixtureRouter):
     """The module doc's confidence router: the experts weighed by their confidence at each position alone."""
 
     name = "confidence"
     settings = ("router_prior", "router_confidence", "router_temperature")
-    one_path = True
-    prefix = False  # the hybrid's running ratio of the prefix
-
-    def combine(self, paths: HeadPaths, state: RouteState) -> torch.Tensor:
-        experts, increments = path_experts(paths, state)
-        state.keep_base(experts[0][..., : paths.vocab])
-        ids = state.inputs.get("input_ids")
-        if self.prefix and ids is None:
-            raise ValueError(f"the {self.name} router reads the input token ids: call the model with input_ids")
-        logits, weights, memory = nested_mix(
-            experts,
-            ids,
-            prior=state.setting("router_prior"),
-            decay=state.setting("router_decay"),
-            eos_ids=state.eos_ids,
-            attention_mask=state.inputs.get("attention_mask"),
-            memory=state.memory if self.prefix else None,
-            increments=increments,
-            confidence=state.setting("router_confidence"),
-            temperature=state.setting("router_temperature"),
-            prefix=self.prefix,
-        )
-        state.memory = memory
-        state.last_cosine, state.last_mask, state.last_weights = None, weights[0], weights
-        return logits
+    prefix = False
+    confident = True
 
 
-class HybridRouter(ConfidenceRouter):
+class HybridRouter(MixtureRouter):
     """The module doc's hybrid: the prefix posterior of the likelihood routers and each expert's confidence."""
 
     name = "hybrid"
     settings = ("router_prior", "router_decay", "router_confidence", "router_temperature")
-    reads_tokens = True
-    prefix = True
+    confident = True
 
 
 register_router(ConfidenceRouter())

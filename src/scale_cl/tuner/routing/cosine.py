@@ -11,7 +11,7 @@ with `scale_cl.tuner.modes.set_live_settings` (or ``set_method(model, "route", t
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -125,6 +125,10 @@ class CosineRouter(Router):
         )
         state.record(cosine)
         return logits
+
+    def mixture(self, setting: Callable[[str], Any]) -> None:
+        """None: the export computes Eq. 5 itself, from ``route_tau`` and ``route_exact``."""
+        return None
 
 
 register_router(CosineRouter())

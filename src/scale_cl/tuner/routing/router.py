@@ -10,8 +10,9 @@ settings it reads (``settings``) join the route settings that are saved, reloade
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -35,8 +36,8 @@ class HeadPaths:
     ``x`` / ``x_up``: the original and added features of the head's input, ``[preserve path; adapt path]`` (2B
     rows) when ``stacked``, else one batch that both paths share (no collaborative layer: the paths are one
     network). ``alpha``: the new stream's logit weight (``Z + alpha Z_up``, `ScaleConfig.up_logit_scale`).
-    ``vocab``: the original vocabulary's size (a router decides from those logits; an extended vocabulary's new
-    rows, ``weight_new``, are appended to every path's).
+    ``vocab``: the head's output size; an extended vocabulary's new rows (``weight_new``) follow the original
+    vocabulary's ``weight.shape[0]`` in every path's logits.
     """
 
     x: torch.Tensor
@@ -83,6 +84,16 @@ class Router(ABC):
     @abstractmethod
     def combine(self, paths: HeadPaths, state: RouteState) -> torch.Tensor:
         """The logits of the model: ``paths`` combined, the decision recorded in ``state`` (``last_mask``)."""
+
+    def mixture(self, setting: Callable[[str], Any]) -> dict[str, Any] | None:
+        """How the exported model computes this router from the model's settings (``setting(name)``): the posterior
+        mixture's form and settings (`scale_cl.tuner.routing.posterior.MixtureRouter`), or None for Eq. 5, which
+        the export computes from ``route_tau`` and ``route_exact``. A router that declares neither is not exported."""
+        raise ValueError(
+            f"cannot export the {self.name} router (the exported model computes Eq. 5 and the posterior mixture of "
+            "scale_cl.tuner.routing.posterior): export the model with another router (set_live_settings(model, "
+            "router='likelihood') or 'cosine'), or use it through scale-cl"
+        )
 
 
 ROUTERS: dict[str, Router] = {}

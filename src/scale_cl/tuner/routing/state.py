@@ -65,11 +65,11 @@ class RouteState:
         self.first_stacked: int | None = None
         self.last_mask: torch.Tensor | None = None
         self.last_cosine: torch.Tensor | None = None
-        self.last_weights: torch.Tensor | None = None  # the nested router's: every expert's weight (E, B, T)
+        self.last_weights: torch.Tensor | None = None  # a mixing router's: every expert's weight (E, B, T)
         self.capture_base = False
         self.base_logits: torch.Tensor | None = None
         # a router's view of the call and its memory across calls (the likelihood router's: this call's tokens and
-        # a `scale_cl.tuner.routing.likelihood.RouterMemory`, which has ``reorder(beam_idx)`` for beam search)
+        # a `scale_cl.tuner.routing.posterior.ExpertMemory`, which has ``reorder(beam_idx)`` for beam search)
         self.inputs: dict[str, Any] = {}
         self.memory: Any = None
         self.eos_ids: tuple[int, ...] = ()
