@@ -62,6 +62,7 @@ from scale_cl.eval.readings import up_logit_frontier, wise_ft_frontier
 from scale_cl.eval.route_separation import auroc, collect_base_weights, mixes_experts, routes_by_eq5
 from scale_cl.experiments.bio.config import BioConfig, backbone_config
 from scale_cl.experiments.bio.datasets import PackedText, PadCollator, QATraining
+from scale_cl.experiments.bio.report import result_path
 from scale_cl.experiments.run_folder import check_output_folder, claim_output_folder
 from scale_cl.files import write_json
 from scale_cl.methods import method_spec
@@ -387,16 +388,16 @@ def run_method(
     """
     from scale_cl.methods import prepare, trainable_parameter_count
 
-    result_path = out / f"seed-{seed}" / f"{method}.json"
-    if result_path.is_file():
-        return json.loads(result_path.read_text())
-    result_path.parent.mkdir(parents=True, exist_ok=True)
+    path = result_path(out, seed, method)
+    if path.is_file():
+        return json.loads(path.read_text())
+    path.parent.mkdir(parents=True, exist_ok=True)
     model = GPTNeoXForCausalLM.from_pretrained(task0_dir)
     model = prepare(model, method, **cfg.options.prepare_options(method, seed))
     lr = cfg.task1.lr_of(method)
     stage = replace(cfg.task1, lr=lr)
-    log = result_path.with_suffix(".jsonl")
-    run_dir, logging_dir = result_path.with_suffix(".checkpoints"), result_path.with_suffix(".logs")
+    log = path.with_suffix(".jsonl")
+    run_dir, logging_dir = path.with_suffix(".checkpoints"), path.with_suffix(".logs")
     replay = ""
     if cfg.task1.replay_ratio:
         replay = f", {describe_share(cfg.task1.replay_ratio, cfg.task1.batch_size)} replayed from Task 0"
@@ -469,7 +470,7 @@ def run_method(
         result["readings"] = wise_ft_frontier(model, task0, lambda m: evaluate_tasks(m, data), cfg.task1.wise_ft_alphas)
     if cfg.task1.likelihood_control and not method_spec(method).two_paths:
         result["likelihood_control"] = likelihood_control(cfg, model, task0_dir, data)
-    write_json(result_path, result)
+    write_json(path, result)
     shutil.rmtree(run_dir, ignore_errors=True)  # the method is finished: nothing to resume
     return result
 
@@ -536,7 +537,7 @@ def run_bio(
     claim_output_folder(out, CONFIG_FILE, cfg.to_dict())
     data = build_data(cfg, cache)
     for seed in cfg.seeds:
-        if all((out / f"seed-{seed}" / f"{method}.json").is_file() for method in cfg.methods):
+        if all(result_path(out, seed, method).is_file() for method in cfg.methods):
             continue  # finished: its stage models are not needed
         stage_dirs = stage_models(cfg, data, seed, cache)
         stage_accuracies(data, seed, stage_dirs, out, task1_placement(cfg).device)
@@ -552,6 +553,7 @@ __all__ = [
     "BioData",
     "build_data",
     "evaluate_tasks",
+    "result_path",
     "run_bio",
     "run_method",
     "stage_accuracies",

@@ -18,6 +18,11 @@ from scale_cl.experiments.bio.sequence_report import plot_matrices, plot_sequenc
 from scale_cl.files import atomic_write, write_json, write_text
 
 
+def result_path(out: Path, seed: int, method: str) -> Path:
+    """Where a run into ``out`` writes ``method``'s result at ``seed`` (its presence means "finished")."""
+    return Path(out) / f"seed-{seed}" / f"{method}.json"
+
+
 def machine(device: str = "auto") -> dict[str, Any]:
     """The machine the results came from; ``device``: the runs' ``device`` setting (a GPU is named where they ran on
     one, the CPU where ``cpu`` kept them off the GPU)."""
@@ -54,9 +59,7 @@ def collect(cfg: BioConfig, out: Path) -> dict[str, Any]:
     methods: dict[str, Any] = {}
     for method in cfg.methods:
         runs = [
-            json.loads(path.read_text())
-            for seed in cfg.seeds
-            if (path := out / f"seed-{seed}" / f"{method}.json").is_file()
+            json.loads(path.read_text()) for seed in cfg.seeds if (path := result_path(out, seed, method)).is_file()
         ]
         if not runs:
             continue

@@ -36,6 +36,7 @@ from scale_cl.experiments.bio.pipeline import (
     CHECKPOINTS_KEPT,
     BioData,
     evaluate_tasks,
+    result_path,
     run_bio,
     task1_placement,
 )
@@ -70,12 +71,12 @@ def run_sequence(
     initial: dict[str, Any] | None = None,
 ) -> dict:
     """Tasks 1..T for one method (see module doc): returns (and caches) its curve, matrix and metrics."""
-    result_path = out / f"seed-{seed}" / f"{method}.json"
-    if result_path.is_file():
-        return json.loads(result_path.read_text())
+    path = result_path(out, seed, method)
+    if path.is_file():
+        return json.loads(path.read_text())
     tasks, names = cfg.sequence.tasks, task_names(cfg.sequence.tasks)
     grows = cfg.sequence.grows(method)
-    state_dir = result_path.with_suffix(".tasks")
+    state_dir = path.with_suffix(".tasks")
     progress = SequenceProgress(state_dir)
     done = progress.tasks_done
     model = _start_model(cfg, task0_dir, method, seed)
@@ -159,7 +160,7 @@ def run_sequence(
             "matrix": control_matrix,
             "metrics": continual_metrics(control_matrix),
         }
-    write_json(result_path, result)
+    write_json(path, result)
     shutil.rmtree(state_dir, ignore_errors=True)  # finished: nothing to resume (the control's models included)
     return result
 

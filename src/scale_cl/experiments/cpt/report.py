@@ -12,11 +12,16 @@ from scale_cl.files import atomic_write, write_json, write_text
 RESULT_FILE = "result.json"
 
 
+def result_path(out: Path, method: str) -> Path:
+    """Where a run into ``out`` writes ``method``'s summary (its presence means "finished")."""
+    return Path(out) / method / RESULT_FILE
+
+
 def collect(cfg: CptConfig, out: Path) -> dict[str, Any]:
     """Every finished method's summary (methods not finished are left out)."""
     methods = {}
     for method in cfg.methods:
-        path = Path(out) / method / RESULT_FILE
+        path = result_path(out, method)
         if path.is_file():
             methods[method] = json.loads(path.read_text())
     return {"config": cfg.to_dict(), "methods": methods}

@@ -130,7 +130,9 @@ class BioExperiment:
 
     def curves(self, method: str, point_dir: Path) -> list[list[dict[str, Any]]]:
         """Each seed's evaluation records of a finished point."""
-        return [json.loads((point_dir / f"seed-{s}" / f"{method}.json").read_text())["curve"] for s in self.cfg.seeds]
+        from scale_cl.experiments.bio.pipeline import result_path
+
+        return [json.loads(result_path(point_dir, s, method).read_text())["curve"] for s in self.cfg.seeds]
 
     @staticmethod
     def covers(record: dict[str, Any]) -> bool:
@@ -142,7 +144,9 @@ class BioExperiment:
         own metrics are the means); empty with one seed."""
         if len(self.cfg.seeds) < 2:
             return {}
-        runs = {s: json.loads((point_dir / f"seed-{s}" / f"{method}.json").read_text()) for s in self.cfg.seeds}
+        from scale_cl.experiments.bio.pipeline import result_path
+
+        runs = {s: json.loads(result_path(point_dir, s, method).read_text()) for s in self.cfg.seeds}
         return {str(s): self._summary([run["curve"]]) for s, run in runs.items()}
 
 
@@ -278,10 +282,14 @@ class CptExperiment:
         """Each seed's metrics of a finished point, read from its runs' files; empty without --seeds."""
         if not self.per_seed:
             return {}
-        files = {s: self._seed_dir(point_dir, s) / method / "result.json" for s in self.seeds}
+        from scale_cl.experiments.cpt.report import result_path
+
+        files = {s: result_path(self._seed_dir(point_dir, s), method) for s in self.seeds}
         return {str(s): self._summary(json.loads(f.read_text())["curve"][-1]) for s, f in files.items() if f.is_file()}
 
     def curves(self, method: str, point_dir: Path) -> list[list[dict[str, Any]]]:
         """Each seed's evaluation records of a finished point (learning, forgetting, drift, routing share)."""
-        files = [self._seed_dir(point_dir, s) / method / "result.json" for s in self.seeds]
+        from scale_cl.experiments.cpt.report import result_path
+
+        files = [result_path(self._seed_dir(point_dir, s), method) for s in self.seeds]
         return [json.loads(f.read_text())["curve"] for f in files]
