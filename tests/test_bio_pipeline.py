@@ -12,6 +12,7 @@ import torch
 from transformers import TrainerCallback
 
 import scale_cl.experiments.bio.pipeline as pipeline
+import scale_cl.experiments.method_run as method_run
 from scale_cl.cli import main, parse_settings
 from scale_cl.experiments.bio.config import ALL_METHODS, BioConfig, preset
 from scale_cl.experiments.overrides import apply_overrides
@@ -28,6 +29,12 @@ def expected_steps(cfg: BioConfig) -> list[int]:
     t = cfg.task1
     early = set(range(0, t.early_eval_until + 1, t.early_eval_every)) if t.early_eval_every else set()
     return sorted(early | set(range(0, t.max_steps + 1, t.eval_every)) | {t.max_steps})
+
+
+def _train_with(monkeypatch, train_model) -> None:
+    """Every training run goes through ``train_model``: stages 1-2 (the pipeline's) and Task 1 (`MethodRun`'s)."""
+    monkeypatch.setattr(pipeline, "train_model", train_model)
+    monkeypatch.setattr(method_run, "train_model", train_model)
 
 
 @pytest.fixture(scope="module")
@@ -97,7 +104,7 @@ def test_rerun_recomputes_nothing(finished, monkeypatch):
     def no_training(*args, **kwargs):
         raise AssertionError("a finished stage was trained again")
 
-    monkeypatch.setattr(pipeline, "train_model", no_training)
+    _train_with(monkeypatch, no_training)
     again = pipeline.run_bio(micro(), out)
     assert again["methods"].keys() == results["methods"].keys()
     for method in results["methods"]:
@@ -117,7 +124,7 @@ def test_killed_run_resumes_without_redoing_finished_work(tmp_path, monkeypatch)
         calls.append(type(model).__name__)
         return real(model, dataset, *args, **kwargs)
 
-    monkeypatch.setattr(pipeline, "train_model", killed_at_lora)
+    _train_with(monkeypatch, killed_at_lora)
     with pytest.raises(KeyboardInterrupt):
         pipeline.run_bio(cfg, out)
     assert calls == ["GPTNeoXForCausalLM"] * 3  # stage 1, stage 2, fft
@@ -132,7 +139,7 @@ def test_killed_run_resumes_without_redoing_finished_work(tmp_path, monkeypatch)
         calls.append(type(model).__name__)
         return real(model, *args, **kwargs)
 
-    monkeypatch.setattr(pipeline, "train_model", counted)
+    _train_with(monkeypatch, counted)
     results = pipeline.run_bio(cfg, out)
     assert len(calls) == 2 and calls[0].startswith("Peft")  # lora and scale_route only
     assert set(results["methods"]) == {"fft", "lora", "scale_route"}
@@ -294,7 +301,7 @@ def _task1_runs(monkeypatch, extra: list | None = None) -> dict[str, dict]:
             trained[kwargs["run_info"]["method"]] = trainable_state(trainer.model)
         return trainer
 
-    monkeypatch.setattr(pipeline, "train_model", train_model)
+    _train_with(monkeypatch, train_model)
     return trained
 
 

@@ -34,7 +34,6 @@ import hashlib
 import json
 import os
 import shutil
-import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -42,7 +41,7 @@ from typing import Any
 
 import torch
 from safetensors import safe_open
-from transformers import GPTNeoXForCausalLM, PreTrainedTokenizerFast
+from transformers import GPTNeoXForCausalLM, PreTrainedTokenizerFast, Trainer
 
 from scale_cl.data import (
     answer_first_token,
@@ -57,12 +56,12 @@ from scale_cl.data import (
 from scale_cl.data.pseudo_replay import cached_blocks, generate_blocks
 from scale_cl.data.replay import ReplayMix, describe_share
 from scale_cl.eval.first_token import QAExample, first_token_accuracy
-from scale_cl.eval.mixture import MIXTURE_ROUTERS, mixture_read_as
-from scale_cl.eval.readings import up_logit_frontier, wise_ft_frontier
+from scale_cl.eval.mixture import MIXTURE_ROUTERS
 from scale_cl.eval.route_separation import auroc, collect_base_weights, mixes_experts, routes_by_eq5
 from scale_cl.experiments.bio.config import BioConfig, backbone_config
 from scale_cl.experiments.bio.datasets import PackedText, PadCollator, QATraining
 from scale_cl.experiments.bio.report import result_path
+from scale_cl.experiments.method_run import MethodRun, Readings, Training
 from scale_cl.experiments.run_folder import check_output_folder, claim_output_folder
 from scale_cl.files import write_json
 from scale_cl.methods import method_spec
@@ -70,9 +69,10 @@ from scale_cl.train.arguments import training_arguments
 from scale_cl.train.callbacks import PeriodicEval, SaveAtEvaluations
 from scale_cl.train.config import StageConfig
 from scale_cl.train.device import Placement, stage_placement, used_placement
-from scale_cl.train.distill import Distillation, HeadTeacher, teacher_for
+from scale_cl.train.distill import Distillation, HeadTeacher
 from scale_cl.train.recipe import train_model
 from scale_cl.train.reporting import report_to_argument, result_settings
+from scale_cl.train.route_calibration import RouteCalibration
 from scale_cl.train.sharding import refuse_sharding
 
 CONFIG_FILE = "config.json"
@@ -369,6 +369,102 @@ def pseudo_replay_examples(cfg: BioConfig, data: BioData, task0_dir: Path, seed:
     return [{"input_ids": row, "labels": row} for row in blocks.tolist()]
 
 
+@dataclass
+class Task1Run(MethodRun):
+    """Stage 3 for one method (`run_method`): the Task-0 model prepared for it, trained on Task 1's questions."""
+
+    cfg: BioConfig
+    data: BioData
+    task0_dir: Path
+    method: str
+    seed: int
+    out: Path
+    initial: dict[str, Any] | None = None
+    checkpoint_minutes: float | None = None
+
+    def __post_init__(self) -> None:
+        t = self.cfg.task1
+        self.options, self.lr = self.cfg.options, t.lr_of(self.method)
+        self.result_path = result_path(self.out, self.seed, self.method)
+        self.run_dir = self.result_path.with_suffix(".checkpoints")
+        self.logging_dir = self.result_path.with_suffix(".logs")
+        exact = method_spec(self.method).base_logits_exact  # read too with the routers it was not trained with
+        self.readings = Readings(
+            frontier=t.reading_alphas if exact else None,
+            routers=MIXTURE_ROUTERS,
+            wise_ft=t.wise_ft_alphas,
+            control=t.likelihood_control,
+            frontier_key="readings",
+            wise_ft_key="readings",
+        )
+
+    def start_model(self) -> torch.nn.Module:
+        return GPTNeoXForCausalLM.from_pretrained(self.task0_dir)
+
+    @property
+    def bf16(self) -> bool:
+        return task1_placement(self.cfg).bf16
+
+    def training(self, model: torch.nn.Module, mark: bool) -> Training:
+        t = self.cfg.task1
+        pseudo_replay = pseudo_replay_examples(self.cfg, self.data, self.task0_dir, self.seed)
+        train = task1_training_data(self.cfg, self.data, self.seed, mark=mark, pseudo_replay=pseudo_replay)
+        tracker = PeriodicEval(
+            lambda m: evaluate_tasks(m, self.data),
+            every=t.eval_every,
+            path=self.result_path.with_suffix(".jsonl"),
+            initial=self.initial,
+            early_every=t.early_eval_every,
+            early_until=t.early_eval_until,
+        )
+        minutes = CHECKPOINT_MINUTES if self.checkpoint_minutes is None else self.checkpoint_minutes
+        # A checkpoint of another Task-0 model, method or rate is refused (the run folder's config.json guards the rest)
+        run_info = {"method": self.method, "lr": self.lr, "seed": self.seed, "task0_model": self.task0_dir.name}
+        if t.replay_ratio:
+            run_info["replay_ratio"] = t.replay_ratio
+        if t.pseudo_replay_ratio:
+            names = ("ratio", "sequences", "tokens", "temperature")
+            run_info["pseudo_replay"] = {name: getattr(t, f"pseudo_replay_{name}") for name in names}
+        collator = PadCollator(self.data.tokenizer.pad_token_id)
+
+        def task0_questions(count: int) -> list[dict[str, torch.Tensor]]:  # the calibration sample
+            sample = [self.data.task0_train[i] for i in range(min(count, len(self.data.task0_train)))]
+            return [collator(sample[i : i + t.batch_size]) for i in range(0, len(sample), t.batch_size)]
+
+        stage = replace(t, lr=self.lr)
+        args = training_arguments(
+            stage, self.run_dir, self.seed, save_total_limit=CHECKPOINTS_KEPT, logging_dir=self.logging_dir
+        )
+        options = {"collator": collator, "run_info": run_info}
+        return Training(train, args, tracker, task0_questions, options, [SaveAtEvaluations(t.eval_every, minutes)])
+
+    def announce(self, trainable: int, distillation: Distillation | None, calibration: RouteCalibration | None) -> None:
+        t, replay = self.cfg.task1, ""
+        if t.replay_ratio:
+            replay = f", {describe_share(t.replay_ratio, t.batch_size)} replayed from Task 0"
+        if t.pseudo_replay_ratio:
+            share = describe_share(t.pseudo_replay_ratio, t.batch_size)
+            replay = f", {share} the Task-0 model's own text (pseudo-replay)"
+        if distillation is not None:
+            distill, own = distillation.config, isinstance(distillation.teacher, HeadTeacher)
+            source = "its own head" if own else "a frozen copy of the Task-0 model"
+            replay += f", distillation x{distill.weight:g} ({distill.new_tokens}; teacher logits from {source})"
+        if calibration is not None:
+            replay += f", tau routes {self.options.route_share:.0%} of Task-0 training questions to preserve"
+        print(f"[bio] stage 3 (seed {self.seed}): {self.method}, lr {self.lr:g}, {trainable:,} trainable{replay}")
+
+    def result(self, trainer: Trainer, tracker: PeriodicEval, trainable: int, seconds: float) -> dict[str, Any]:
+        return {
+            "method": self.method,
+            "seed": self.seed,
+            "lr": self.lr,
+            "trainable": trainable,
+            "seconds": seconds,
+            "curve": tracker.records,
+            **used_placement(trainer.args),  # device, precision (and the GPU) Task 1 trained on
+        }
+
+
 def run_method(
     cfg: BioConfig,
     data: BioData,
@@ -384,122 +480,12 @@ def run_method(
     ``initial``: the Task-0 model's `evaluate_tasks`, used as the step-0 record (a sweep measures it once).
     ``checkpoint_minutes``: wall time between checkpoints (default `CHECKPOINT_MINUTES`; 0 = at every
     evaluation). Resumes from the method's last complete checkpoint, if a killed run left one (see
-    module doc); ``seconds`` then counts this process's part of the training only.
+    module doc); ``seconds`` then counts this process's part of the training only. A SCALE model whose base logits
+    are exact (Route, Preserve) is also read afterwards at each of ``task1.reading_alphas`` and with each mixing
+    router, FFT and Freeze along ``task1.wise_ft_alphas`` (``readings``), a method that does not route mixed with the
+    Task-0 model (``task1.likelihood_control``).
     """
-    from scale_cl.methods import prepare, trainable_parameter_count
-
-    path = result_path(out, seed, method)
-    if path.is_file():
-        return json.loads(path.read_text())
-    path.parent.mkdir(parents=True, exist_ok=True)
-    model = GPTNeoXForCausalLM.from_pretrained(task0_dir)
-    model = prepare(model, method, **cfg.options.prepare_options(method, seed))
-    lr = cfg.task1.lr_of(method)
-    stage = replace(cfg.task1, lr=lr)
-    log = path.with_suffix(".jsonl")
-    run_dir, logging_dir = path.with_suffix(".checkpoints"), path.with_suffix(".logs")
-    replay = ""
-    if cfg.task1.replay_ratio:
-        replay = f", {describe_share(cfg.task1.replay_ratio, cfg.task1.batch_size)} replayed from Task 0"
-    if cfg.task1.pseudo_replay_ratio:
-        share = describe_share(cfg.task1.pseudo_replay_ratio, cfg.task1.batch_size)
-        replay = f", {share} the Task-0 model's own text (pseudo-replay)"
-    pseudo_replay = pseudo_replay_examples(cfg, data, task0_dir, seed)
-    distill = cfg.options.distill_config(method)
-    distillation = None
-    if distill is not None:
-        teacher = teacher_for(model, lambda: GPTNeoXForCausalLM.from_pretrained(task0_dir), task1_placement(cfg).bf16)
-        distillation = Distillation(distill, teacher)
-        source = "its own head" if isinstance(teacher, HeadTeacher) else "a frozen copy of the Task-0 model"
-        replay += f", distillation x{distill.weight:g} ({distill.new_tokens}; teacher logits from {source})"
-    if cfg.options.calibrates_route(method):
-        replay += f", tau routes {cfg.options.route_share:.0%} of Task-0 training questions to preserve"
-    print(f"[bio] stage 3 (seed {seed}): {method}, lr {lr:g}, {trainable_parameter_count(model):,} trainable{replay}")
-    tracker = PeriodicEval(
-        lambda m: evaluate_tasks(m, data),
-        every=cfg.task1.eval_every,
-        path=log,
-        initial=initial,
-        early_every=cfg.task1.early_eval_every,
-        early_until=cfg.task1.early_eval_until,
-    )
-    minutes = CHECKPOINT_MINUTES if checkpoint_minutes is None else checkpoint_minutes
-    saver = SaveAtEvaluations(cfg.task1.eval_every, minutes)
-    # A checkpoint of another Task-0 model, method or rate is refused (the run folder's config.json guards the rest).
-    run_info = {"method": method, "lr": lr, "seed": seed, "task0_model": task0_dir.name}
-    if cfg.task1.replay_ratio:
-        run_info["replay_ratio"] = cfg.task1.replay_ratio
-    if cfg.task1.pseudo_replay_ratio:
-        names = ("ratio", "sequences", "tokens", "temperature")
-        run_info["pseudo_replay"] = {name: getattr(cfg.task1, f"pseudo_replay_{name}") for name in names}
-    collator = PadCollator(data.tokenizer.pad_token_id)
-
-    def task0_questions(count: int) -> list[dict[str, torch.Tensor]]:  # the calibration sample
-        sample = [data.task0_train[i] for i in range(min(count, len(data.task0_train)))]
-        return [collator(sample[i : i + stage.batch_size]) for i in range(0, len(sample), stage.batch_size)]
-
-    args = training_arguments(stage, run_dir, seed, save_total_limit=CHECKPOINTS_KEPT, logging_dir=logging_dir)
-    calibration = cfg.options.route_calibration(method, model, task0_questions, args.bf16)
-    start = time.perf_counter()
-    train_model(
-        model,
-        task1_training_data(cfg, data, seed, mark=distillation is not None, pseudo_replay=pseudo_replay),
-        args,
-        collator=collator,
-        callbacks=[tracker, saver],
-        calibration=calibration,
-        run_info=run_info,
-        lr_ratios=cfg.options.lr_ratios(method),
-        resume=True,
-        logging_dir=logging_dir,
-        distillation=distillation,
-    )
-    result = {
-        "method": method,
-        "seed": seed,
-        "lr": lr,
-        "trainable": trainable_parameter_count(model),
-        "seconds": time.perf_counter() - start,
-        "curve": tracker.records,
-        **used_placement(args),  # device, precision (and the GPU) Task 1 trained on
-    }
-    if method_spec(method).base_logits_exact:
-        result["readings"] = router_readings(model, data, cfg.task1.reading_alphas)
-    elif cfg.task1.wise_ft_alphas and method_spec(method).wise_ft:
-        task0 = GPTNeoXForCausalLM.from_pretrained(task0_dir)
-        result["readings"] = wise_ft_frontier(model, task0, lambda m: evaluate_tasks(m, data), cfg.task1.wise_ft_alphas)
-    if cfg.task1.likelihood_control and not method_spec(method).two_paths:
-        result["likelihood_control"] = likelihood_control(cfg, model, task0_dir, data)
-    write_json(path, result)
-    shutil.rmtree(run_dir, ignore_errors=True)  # the method is finished: nothing to resume
-    return result
-
-
-def router_readings(model: torch.nn.Module, data: BioData, alphas: tuple[float, ...] = (1.0,)) -> list[dict[str, Any]]:
-    """The trained SCALE model whose base logits are exact (Route, Preserve) evaluated as it is and with the readings
-    it was not trained with: Route's Eq.-5-trained model with ``route_exact``, then Route's and Preserve's with each
-    mixing router (likelihood, confidence, hybrid), each at every alpha of ``alphas`` (training nothing;
-    `scale_cl.eval.readings.up_logit_frontier`)."""
-    return up_logit_frontier(model, lambda m: evaluate_tasks(m, data), alphas, MIXTURE_ROUTERS)
-
-
-def likelihood_control(
-    cfg: BioConfig, trained: torch.nn.Module, task0_dir: Path, data: BioData
-) -> list[dict[str, Any]]:
-    """The trained model and the Task-0 model it started from mixed by each mixing router (likelihood, confidence,
-    hybrid; their settings from ``options.scale``), evaluated as one model: the two-model control of SCALE's router
-    readings (`scale_cl.eval.mixture`), each router's base weight and AUROC recorded as theirs are."""
-    device = next(trained.parameters()).device
-    task0 = GPTNeoXForCausalLM.from_pretrained(task0_dir).to(device).requires_grad_(False)
-    return [
-        {
-            "alpha": 1.0,
-            "router": router,
-            "control": "two models",
-            **evaluate_tasks(mixture_read_as([task0, trained], router, cfg.options.scale), data),
-        }
-        for router in MIXTURE_ROUTERS
-    ]
+    return Task1Run(cfg, data, task0_dir, method, seed, out, initial, checkpoint_minutes).run()
 
 
 def validate(cfg: BioConfig) -> None:

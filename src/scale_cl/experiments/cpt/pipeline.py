@@ -30,10 +30,8 @@ only the main process evaluates and writes results.
 from __future__ import annotations
 
 import gc
-import json
 import math
 import shutil
-import time
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -42,20 +40,27 @@ from typing import Any
 import torch
 from accelerate import PartialState
 from safetensors.torch import load_file, save_file
-from transformers import AutoConfig, PreTrainedModel, PreTrainedTokenizerBase, TrainingArguments, default_data_collator
+from transformers import (
+    AutoConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    Trainer,
+    TrainingArguments,
+    default_data_collator,
+)
 
 from scale_cl.data.corpus import Corpus, build_corpus, check_corpus, eos_id, is_stream, split_documents
 from scale_cl.data.pseudo_replay import cached_blocks, generate_blocks
 from scale_cl.data.replay import ReplayMix, ReplayStream, describe_share
-from scale_cl.eval.mixture import mixture_read_as
 from scale_cl.eval.perplexity import final_hidden_original, mean_cosine_similarity, new_domain_tokens, perplexity
-from scale_cl.eval.readings import read_as, reading_applied, up_logit_frontier, wise_ft_frontier
+from scale_cl.eval.readings import read_as, reading_applied
 from scale_cl.eval.route_separation import base_weights, router_separation
 from scale_cl.eval.segments import MixedSet, mixed_documents, segment_readings
 from scale_cl.experiments.base.name import resolve_model_name
 from scale_cl.experiments.cpt.config import VOCAB_TEXT_CHARS, CptConfig
 from scale_cl.experiments.cpt.layer_choice import check_probe_data, choose_layers, describe
 from scale_cl.experiments.cpt.report import RESULT_FILE
+from scale_cl.experiments.method_run import MethodRun, Readings, Training
 from scale_cl.experiments.run_folder import check_output_folder, claim_output_folder
 from scale_cl.files import atomic_write, write_json
 from scale_cl.methods import method_spec
@@ -64,11 +69,10 @@ from scale_cl.remote_code import own_code_kwargs
 from scale_cl.train.arguments import training_arguments as stage_training_arguments
 from scale_cl.train.callbacks import PeriodicEval
 from scale_cl.train.device import Placement, stage_placement, used_placement
-from scale_cl.train.distill import Distillation, HeadTeacher, teacher_for
-from scale_cl.train.recipe import train_model
+from scale_cl.train.distill import Distillation, HeadTeacher
 from scale_cl.train.reporting import report_to_argument
-from scale_cl.train.route_calibration import sequence_batches
-from scale_cl.train.sharding import full_state_dict, is_sharded, requested_sharding
+from scale_cl.train.route_calibration import RouteCalibration, sequence_batches
+from scale_cl.train.sharding import full_state_dict, requested_sharding
 from scale_cl.tuner.vocab import VocabExtension, extend_tokenizer, grow_embeddings, vocab_rows
 
 CONFIG_FILE = "cpt_config.json"
@@ -310,23 +314,161 @@ def mixed_sets(cfg: CptConfig, corpus: Corpus) -> dict[str, MixedSet]:
     }
 
 
-def likelihood_control(
-    cfg: CptConfig, trained: torch.nn.Module, base: torch.nn.Module, evaluate: Any
-) -> list[dict[str, Any]]:
-    """The trained model and its base mixed by each router of ``eval.routers`` (their settings from
-    ``options.scale``), evaluated as one model: the two-model control of SCALE's router readings
-    (`scale_cl.eval.mixture`)."""
-    device = next(trained.parameters()).device
-    base = base.to(device).requires_grad_(False)
-    return [
-        {
-            "alpha": 1.0,
-            "router": router,
-            "control": "two models",
-            **evaluate(mixture_read_as([base, trained], router, cfg.options.scale)),
+@dataclass
+class CptRun(MethodRun):
+    """One method on the run's corpus (`run_method`): the base (grown by the corpus's new tokens) prepared for it."""
+
+    cfg: CptConfig
+    ref: BaseModelRef
+    corpus: Corpus
+    reference: torch.Tensor
+    method: str
+    out: Path
+    initial: dict[str, Any] | None = None
+    save_model: bool = True
+    pseudo_replay_cache: Path | None = None
+    method_dir: Path | None = None
+    keep_checkpoints: bool = False
+    reading: str | None = None
+    log_prefix: str = "cpt"
+
+    def __post_init__(self) -> None:
+        self.method_dir = self.out / self.method if self.method_dir is None else self.method_dir
+        self.seed, self.options, e = self.cfg.seed, self.cfg.options, self.cfg.eval
+        self.result_path = self.method_dir / RESULT_FILE
+        self.run_dir, self.logging_dir = self.method_dir / "run", self.method_dir / "logs"
+        scale = method_spec(self.method).is_scale  # every SCALE model is read along alpha
+        self.readings = Readings(
+            frontier=(e.up_logit_scales or None) if scale else None,
+            routers=e.routers,
+            wise_ft=e.wise_ft_alphas,
+            control=e.likelihood_control,
+            frontier_key="up_logit_frontier",
+            wise_ft_key="wise_ft_frontier",
+        )
+        self.layer_choice: dict[str, Any] | None = None
+
+    @property
+    def is_main(self) -> bool:
+        return process_state().is_main_process
+
+    def start_model(self) -> torch.nn.Module:
+        return grown_base(*load_base(self.ref), self.corpus)[0]
+
+    def base_model(self) -> torch.nn.Module:
+        """The base, once its collaborative layers are chosen by probe runs (``options.auto_layers``) and its own
+        text sampled for pseudo-replay: both read it before any method touches it."""
+        cfg, method, method_dir = self.cfg, self.method, self.method_dir
+        base, self.tokenizer = grown_base(*load_base(self.ref), self.corpus)
+        self.original_width = base.config.hidden_size
+        if self.options.chooses_layers(method):
+            probe = probe_arguments(cfg, method, method_dir)
+            self.layer_choice = choose_layers(cfg, base, self.corpus, method, method_dir, probe)
+            shutil.rmtree(method_dir / "probe", ignore_errors=True)  # the probes save nothing; the Trainer made it
+            chosen = self.layer_choice["chosen"]
+            scale = replace(self.options.scale, **{**chosen, "collab_modules": tuple(chosen["collab_modules"])})
+            self.options = replace(self.options, scale=scale)
+            if self.is_main:
+                print(f"[cpt] {method}: collaborative layers from probe runs\n{describe(self.layer_choice)}")
+        self.pseudo = pseudo_replay_blocks(cfg, self.ref, base, self.tokenizer, self.pseudo_replay_cache or self.out)
+        return base
+
+    @property
+    def bf16(self) -> bool:
+        return run_placement(self.cfg).bf16
+
+    def training(self, model: torch.nn.Module, mark: bool) -> Training:
+        from scale_cl.methods import trainable_parameter_count
+
+        cfg, corpus = self.cfg, self.corpus
+        tokens_per_step = cfg.train.batch_size * cfg.data.seq_len
+        train = training_data(cfg, corpus, self.pseudo, mark=mark)
+        self.steps = total_steps(cfg, train)
+        args = training_arguments(cfg, self.method, self.run_dir, self.steps, self.logging_dir)
+        self.lr = args.learning_rate
+        tracker = PeriodicEval(
+            read_as(evaluate_method(cfg, corpus, self.reference, self.original_width, args.bf16), self.reading),
+            every=cfg.eval.every,
+            path=self.method_dir / "metrics.jsonl",
+            tokens_per_step=tokens_per_step,
+            initial=None if self.initial is None else {**self.initial, "trainable": trainable_parameter_count(model)},
+        )
+        run_info = {
+            "method": self.method,
+            "lr": self.lr,
+            "base": asdict(self.ref),
+            "steps": self.steps,
+            "seed": cfg.seed,
         }
-        for router in cfg.eval.routers
-    ]
+        if self.layer_choice is not None:
+            run_info["layers"] = self.layer_choice["chosen"]
+
+        def replay_sequences(count: int) -> list[dict[str, torch.Tensor]]:  # the calibration sample
+            first = torch.stack([corpus.replay[i]["input_ids"] for i in range(min(count, len(corpus.replay)))])
+            return sequence_batches(first, cfg.eval.batch_size)
+
+        options = {
+            "run_info": run_info,
+            "collator": corpus.collator or default_data_collator,
+            "tokens_per_step": tokens_per_step,
+            "save_minutes": cfg.train.save_minutes,
+            "loss_log": self.method_dir / LOSS_FILE,
+        }
+        return Training(train, args, tracker, replay_sequences, options)
+
+    def announce(self, trainable: int, distillation: Distillation | None, calibration: RouteCalibration | None) -> None:
+        if not self.is_main:
+            return
+        d, replay = self.cfg.data, ""
+        if d.replay_ratio or d.pseudo_replay_ratio:
+            kind = "replay" if d.replay_ratio else "pseudo-replay"
+            replay = f", {kind} {describe_share(d.replay_ratio or d.pseudo_replay_ratio, self.cfg.train.batch_size)}"
+        if distillation is not None:
+            distill, own = distillation.config, isinstance(distillation.teacher, HeadTeacher)
+            source = "its own head" if own else "a frozen copy"
+            replay += f", distillation x{distill.weight:g} (T={distill.temperature:g}, new-domain: {distill.new_tokens}"
+            replay += f"; the base's logits from {source})"
+        lr_ratios = self.options.lr_ratios(self.method)
+        groups = "".join(f", *{suffix} at {ratio:g} x lr" for suffix, ratio in lr_ratios.items())
+        if calibration is not None:
+            every = f"every {calibration.every} steps" if calibration.every else "once"
+            sequences = min(self.options.route_calibration_sequences, len(self.corpus.replay))
+            replay += f", tau routes {calibration.share:.0%} of {sequences} old-domain sequences to preserve ({every})"
+        sharding = requested_sharding()
+        if sharding is not None:
+            replay += f", weights sharded ({sharding}) across {process_state().num_processes} processes"
+        steps = self.steps
+        print(
+            f"[{self.log_prefix}] {self.method}: lr {self.lr:g}{groups}, {trainable:,} trainable, {steps} steps{replay}"
+        )
+
+    def result(self, trainer: Trainer, tracker: PeriodicEval, trainable: int, seconds: float) -> dict[str, Any]:
+        """The summary; with ``save_model`` every process gathers sharded weights for the main one to save."""
+        self.weights = full_state_dict(trainer) if self.save_model else None  # None unsharded
+        summary = {
+            "method": self.method,
+            "lr": self.lr,
+            "trainable": trainable,
+            "steps": self.steps,
+            "seconds": seconds,
+        }
+        summary.update(used_placement(trainer.args))  # device, precision (and the GPU) it trained on
+        if self.layer_choice is not None:
+            summary["layer_choice"] = self.layer_choice
+        return summary
+
+    def save(self, trainer: Trainer, tracker: PeriodicEval, result: dict[str, Any]) -> None:
+        """The model (read with ``reading``, `scale_cl.models.save_trained`), and the curve into the summary."""
+        if self.save_model:
+            with reading_applied(trainer.model, self.reading, keep=True):
+                model_dir = self.method_dir / "model"
+                save_trained(trainer.model, self.tokenizer, self.method, self.ref, model_dir, state_dict=self.weights)
+        result["curve"] = tracker.records
+        if self.reading is not None:
+            result["reading"] = self.reading
+
+    def finish(self) -> None:
+        process_state().wait_for_everyone()
 
 
 def run_method(
@@ -355,127 +497,14 @@ def run_method(
     ``method_dir``: the method's folder (default ``out/<method>``); ``keep_checkpoints``: keep its resumable
     checkpoints when it finishes (`scale-cl train`; cpt deletes them); ``reading``: a SCALE model's router to evaluate
     and save it with (`scale_cl.eval.readings.reading_applied`), trained as its method trains.
+
+    Read afterwards, training nothing: every SCALE model at each of ``eval.up_logit_scales`` (Route and Preserve also
+    with each router of ``eval.routers``), FFT and Freeze along ``eval.wise_ft_alphas``, a method that does not route
+    mixed with its base (``eval.likelihood_control``).
     """
-    from scale_cl.methods import prepare, trainable_parameter_count
-
-    method_dir = out / method if method_dir is None else method_dir
-    result_path = method_dir / RESULT_FILE
-    if result_path.is_file():
-        return json.loads(result_path.read_text())
-    method_dir.mkdir(parents=True, exist_ok=True)
-    base, tokenizer = grown_base(*load_base(ref), corpus)
-    original_width = base.config.hidden_size
-    options, layer_choice = cfg.options, None
-    if options.chooses_layers(method):
-        layer_choice = choose_layers(cfg, base, corpus, method, method_dir, probe_arguments(cfg, method, method_dir))
-        shutil.rmtree(method_dir / "probe", ignore_errors=True)  # the probes save nothing; the Trainer made it
-        chosen = layer_choice["chosen"]
-        options = replace(
-            options, scale=replace(options.scale, **{**chosen, "collab_modules": tuple(chosen["collab_modules"])})
-        )
-        if process_state().is_main_process:
-            print(f"[cpt] {method}: collaborative layers from probe runs\n{describe(layer_choice)}")
-    pseudo = pseudo_replay_blocks(cfg, ref, base, tokenizer, pseudo_replay_cache or out)
-    model = prepare(base, method, **options.prepare_options(method, cfg.seed))
-    run_dir, logging_dir = method_dir / "run", method_dir / "logs"
-    distill = options.distill_config(method)
-    distillation = None
-    if distill is not None:
-        teacher = teacher_for(model, lambda: grown_base(*load_base(ref), corpus)[0], bf16=run_placement(cfg).bf16)
-        distillation = Distillation(distill, teacher)
-    train = training_data(cfg, corpus, pseudo, mark=distillation is not None)
-    steps = total_steps(cfg, train)
-    args = training_arguments(cfg, method, run_dir, steps, logging_dir)
-    lr = args.learning_rate
-    tokens_per_step = cfg.train.batch_size * cfg.data.seq_len
-    tracker = PeriodicEval(
-        read_as(evaluate_method(cfg, corpus, reference, original_width, args.bf16), reading),
-        every=cfg.eval.every,
-        path=method_dir / "metrics.jsonl",
-        tokens_per_step=tokens_per_step,
-        initial=None if initial is None else {**initial, "trainable": trainable_parameter_count(model)},
-    )
-    run_info = {"method": method, "lr": lr, "base": asdict(ref), "steps": steps, "seed": cfg.seed}
-    if layer_choice is not None:
-        run_info["layers"] = layer_choice["chosen"]
-
-    def replay_sequences(count: int) -> list[dict[str, torch.Tensor]]:  # the calibration sample
-        first = torch.stack([corpus.replay[i]["input_ids"] for i in range(min(count, len(corpus.replay)))])
-        return sequence_batches(first, cfg.eval.batch_size)
-
-    calibration = options.route_calibration(method, model, replay_sequences, args.bf16)
-    lr_ratios = options.lr_ratios(method)
-    trainable = trainable_parameter_count(model)
-    state = process_state()
-    if state.is_main_process:
-        replay = ""
-        if cfg.data.replay_ratio or cfg.data.pseudo_replay_ratio:
-            kind = "replay" if cfg.data.replay_ratio else "pseudo-replay"
-            share = describe_share(cfg.data.replay_ratio or cfg.data.pseudo_replay_ratio, cfg.train.batch_size)
-            replay = f", {kind} {share}"
-        if distillation is not None:
-            source = "its own head" if isinstance(distillation.teacher, HeadTeacher) else "a frozen copy"
-            replay += f", distillation x{distill.weight:g} (T={distill.temperature:g}, new-domain: {distill.new_tokens}"
-            replay += f"; the base's logits from {source})"
-        groups = "".join(f", *{suffix} at {ratio:g} x lr" for suffix, ratio in lr_ratios.items())
-        if calibration is not None:
-            every = f"every {calibration.every} steps" if calibration.every else "once"
-            sequences = min(options.route_calibration_sequences, len(corpus.replay))
-            replay += f", tau routes {calibration.share:.0%} of {sequences} old-domain sequences to preserve ({every})"
-        sharding = requested_sharding()
-        if sharding is not None:
-            replay += f", weights sharded ({sharding}) across {state.num_processes} processes"
-        print(f"[{log_prefix}] {method}: lr {lr:g}{groups}, {trainable:,} trainable, {steps} steps{replay}")
-    start = time.perf_counter()
-    trainer = train_model(
-        model,
-        train,
-        args,
-        callbacks=[tracker],
-        calibration=calibration,
-        run_info=run_info,
-        lr_ratios=lr_ratios,
-        resume=True,
-        logging_dir=logging_dir,
-        distillation=distillation,
-        collator=corpus.collator or default_data_collator,
-        tokens_per_step=tokens_per_step,
-        save_minutes=cfg.train.save_minutes,
-        loss_log=method_dir / LOSS_FILE,
-    )
-    seconds = time.perf_counter() - start
-    sharded = is_sharded(trainer)  # FSDP, ZeRO-3: a forward pass needs every process, the weights are gathered
-    weights = full_state_dict(trainer) if save_model else None  # every process takes part; None unsharded
-    summary = {"method": method, "lr": lr, "trainable": trainable, "steps": steps, "seconds": seconds}
-    summary.update(used_placement(trainer.args))  # device, precision (and the GPU) it trained on
-    if layer_choice is not None:
-        summary["layer_choice"] = layer_choice
-    evaluates = state.is_main_process or sharded
-    if evaluates and cfg.eval.up_logit_scales and hasattr(trainer.model, "scale_route"):
-        summary["up_logit_frontier"] = up_logit_frontier(
-            trainer.model, tracker.evaluate, cfg.eval.up_logit_scales, cfg.eval.routers
-        )
-    if state.is_main_process and cfg.eval.wise_ft_alphas and method_spec(method).wise_ft:
-        start = grown_base(*load_base(ref), corpus)[0]
-        summary["wise_ft_frontier"] = wise_ft_frontier(trainer.model, start, tracker.evaluate, cfg.eval.wise_ft_alphas)
-        del start
-    if state.is_main_process and cfg.eval.likelihood_control and not method_spec(method).two_paths:
-        summary["likelihood_control"] = likelihood_control(
-            cfg, trainer.model, grown_base(*load_base(ref), corpus)[0], tracker.evaluate
-        )
-    if state.is_main_process:
-        if save_model:
-            with reading_applied(trainer.model, reading, keep=True):
-                save_trained(trainer.model, tokenizer, method, ref, method_dir / "model", state_dict=weights)
-        summary["curve"] = tracker.records
-        if reading is not None:
-            summary["reading"] = reading
-        write_json(result_path, summary)
-        if not keep_checkpoints:
-            shutil.rmtree(run_dir, ignore_errors=True)  # resuming is no longer needed; the model is saved
-    state.wait_for_everyone()
-    del trainer, model, base
-    gc.collect()
+    extra = (initial, save_model, pseudo_replay_cache, method_dir, keep_checkpoints, reading, log_prefix)
+    summary = CptRun(cfg, ref, corpus, reference, method, out, *extra).run()
+    gc.collect()  # the trained model, before the next method loads one
     return summary
 
 
