@@ -1,4 +1,5 @@
-"""What every experiment's settings share (bio, cpt, base): a preset, the same checks, ``to_dict``.
+"""What every experiment's settings share (bio, cpt, base): a preset, the same checks, ``to_dict``; and its command's
+``--out`` field (`output_folder`).
 
 Each experiment's settings are a dataclass in its ``config.py`` that subclasses `ExperimentConfig`, names its
 presets (``presets``) and calls `check_experiment` first in ``__post_init__``. Its fields stay its own (their
@@ -7,7 +8,7 @@ order is its ``--help``'s and its saved ``config.json``'s).
 
 from __future__ import annotations
 
-from dataclasses import asdict
+from dataclasses import asdict, field
 from typing import Any, ClassVar
 
 from scale_cl.bounds import check_fields
@@ -35,3 +36,8 @@ class ExperimentConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def output_folder(default: str) -> Any:
+    """The ``--out`` field of an experiment's command; ``default``: the folder it writes to without one."""
+    return field(default=None, metadata={"help": f"output folder (default: {default})", "type": str, "metavar": "DIR"})

@@ -14,7 +14,7 @@ from transformers import GPTNeoXConfig
 from scale_cl.bounds import check_fields
 from scale_cl.data import ATTRIBUTES, bio_spec, splits
 from scale_cl.experiments.bio.datasets import QA_LOSSES
-from scale_cl.experiments.experiment import ExperimentConfig
+from scale_cl.experiments.experiment import ExperimentConfig, output_folder
 from scale_cl.experiments.growth import GrowthSettings
 from scale_cl.experiments.settings import MethodSettings, MethodStageConfig
 from scale_cl.methods import METHOD_NAMES as ALL_METHODS
@@ -381,10 +381,7 @@ def preset(name: str) -> BioConfig:
 class BioCommand:
     """``scale-cl bio``: the benchmark's settings (`BioConfig`) and its output folder."""
 
-    out: str | None = field(
-        default=None,
-        metadata={"help": "output folder (default: outputs/bio-<preset>)", "type": str, "metavar": "DIR"},
-    )
+    out: str | None = output_folder("outputs/bio-<preset>")
     cache: str | None = field(
         default=None,
         metadata={

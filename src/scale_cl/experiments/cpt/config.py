@@ -15,7 +15,7 @@ from scale_cl.bounds import check_fields
 from scale_cl.data.corpus import CorpusConfig
 from scale_cl.eval.mixture import MIXTURE_ROUTERS
 from scale_cl.experiments.base.name import CLEAN_EN
-from scale_cl.experiments.experiment import ExperimentConfig
+from scale_cl.experiments.experiment import ExperimentConfig, output_folder
 from scale_cl.experiments.growth import GrowthSettings
 from scale_cl.experiments.settings import MethodSettings, MethodStageConfig
 from scale_cl.methods import METHOD_NAMES
@@ -455,10 +455,7 @@ def preset(name: str) -> CptConfig:
 class CptCommand:
     """``scale-cl cpt``: the run's settings (`CptConfig`) and its output folder."""
 
-    out: str | None = field(
-        default=None,
-        metadata={"help": "output folder (default: outputs/cpt-<preset>)", "type": str, "metavar": "DIR"},
-    )
+    out: str | None = output_folder("outputs/cpt-<preset>")
     cpt: CptConfig = field(default_factory=lambda: preset("smollm2"), metadata={"inline": True})
 
     def check(self) -> None:
