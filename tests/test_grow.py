@@ -159,7 +159,7 @@ def test_grown_checkpoint_reloads_bitwise(arch, full, tmp_path):
     model.save_pretrained(tmp_path, full=full)
     loaded = load(tmp_path) if full else load(tmp_path, base_model=copy.deepcopy(base))
     assert torch.equal(logits(loaded, ids, mask).logits, want)
-    assert loaded.config.scale_cl["stages"] == model.config.scale_cl["stages"]
+    assert loaded.scale_state.stages == model.scale_state.stages
     assert loaded.scale_summary().stages == model.scale_summary().stages
 
 

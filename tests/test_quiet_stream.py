@@ -15,6 +15,7 @@ from torch import nn
 from conftest import make_model, randomize_new_weights
 from scale_cl import load, set_method, set_up_logit_scale
 from scale_cl.tuner.layers import SplitNorm
+from scale_cl.tuner.modes import set_live_settings
 from test_preservation import assert_equal_within, assert_original_stream_equal, batch, run, train, upscaled
 
 METHODS = ("preserve", "adapt", "route")
@@ -178,7 +179,7 @@ def test_route_exact_routed_tokens_send_no_gradient():
     assert grads and all(g is None or torch.count_nonzero(g) == 0 for g in grads.values())
     # The same batch with Eq. 5 as the paper writes it does train: Z_p_up and Z_a's half carry gradients.
     model.zero_grad()
-    model.config.scale_cl["config"]["route_exact"] = False
+    set_live_settings(model, route_exact=False)
     model(input_ids=ids, attention_mask=mask, labels=ids).loss.backward()
     assert any(p.grad is not None and torch.count_nonzero(p.grad) > 0 for p in model.parameters() if p.requires_grad)
 
@@ -235,7 +236,6 @@ def test_the_cpt_frontier_reads_route_with_and_without_route_exact_and_restores_
 
 
 def test_only_the_settings_read_at_every_forward_change_on_a_live_model():
-    from scale_cl.tuner.modes import set_live_settings
 
     _, model = lively("route")
     before = model.scale_config

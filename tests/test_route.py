@@ -23,6 +23,8 @@ from conftest import VOCAB, make_model, randomize_new_weights, upscaled_copy
 from scale_cl import ROUTE_SHARE_KEY, ScaleConfig, set_method
 from scale_cl.tuner.layers import ScaleHead, ScaleLinear
 from scale_cl.tuner.routing.state import RouteState
+from scale_cl.tuner.scale_state import ScaleState
+from scale_cl.tuner.widths import Dims
 
 ATOL = 1e-5
 NUM_LAYERS = 3  # every tiny model in conftest has 3 decoder layers
@@ -355,7 +357,8 @@ def test_route_head_equals_plain_eq5(dtype, bias, tau):
         head.weight_up.copy_(torch.randn(vocab, u, generator=gen))
         if bias:
             head.bias.copy_(torch.randn(vocab, generator=gen))
-    head.route = RouteState({"config": ScaleConfig(hidden_up=u, ffn_up=0, route_tau=tau).to_dict()})
+    config = ScaleConfig(hidden_up=u, ffn_up=0, route_tau=tau)
+    head.route = RouteState(ScaleState("model", config, {"dims": {"hidden": d}}, Dims(d, 0, 8, 3, 3, 1), 0))
     head.route.switch(True, first_stacked=0)
     hidden = torch.randn(2 * batch, length, d + u, generator=gen)
     # The adapt half's original part: near the preserve half's for some tokens, unrelated for others.

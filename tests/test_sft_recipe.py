@@ -79,7 +79,7 @@ def test_sft_on_a_grown_model_keeps_stage_1_bitwise(stage1, tmp_path):
     grown, _, _ = load_trained(tmp_path / "grown" / "model")
     for model in (cpt, grown):  # each model's own logits, not a router's mixture with the base
         set_live_settings(model, router="cosine")
-    assert len(grown.config.scale_cl["stages"]) == 1, "stage 1 became the frozen base of a new stage"
+    assert len(grown.scale_state.stages) == 1, "stage 1 became the frozen base of a new stage"
     assert grown.scale_config.hidden_up == 32
     with torch.no_grad():  # stage 2 trained: the grown model no longer computes stage 1's
         assert not torch.allclose(_log_probs(grown), _log_probs(cpt), atol=1e-4)

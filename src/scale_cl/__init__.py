@@ -15,11 +15,12 @@ first asked for; the experiments, training, data and evaluation code and the ben
 and are never imported by it.
 """
 
-from scale_cl.tuner.config import METHODS, ScaleConfig, scale_config_of
+from scale_cl.tuner.config import METHODS, ScaleConfig
 from scale_cl.tuner.io import save
 from scale_cl.tuner.modes import set_method, set_up_logit_scale
 from scale_cl.tuner.restore import load
 from scale_cl.tuner.routing.state import ROUTE_SHARE_KEY
+from scale_cl.tuner.scale_state import scale_config_of
 from scale_cl.tuner.summary import ParamSummary, parameter_summary
 from scale_cl.tuner.upscale import upscale
 

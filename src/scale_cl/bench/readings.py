@@ -1,4 +1,4 @@
-"""Inference-only rows of the bench: a trained method's model read with the likelihood router (issue 40).
+"""Inference-only rows of the bench: a trained method's model read with the likelihood router.
 
 A reading costs what its model computes at inference: SCALE-Route's two paths in one model, SCALE-Preserve's one
 pass whose ``Z`` is the base's logits, or the two-model control, FFT's model and a copy of the base both run and
@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from torch import nn
 
 from scale_cl.eval.mixture import ModelMixture
-from scale_cl.tuner.config import scale_config_of
 from scale_cl.tuner.modes import set_live_settings
+from scale_cl.tuner.scale_state import scale_config_of
 from scale_cl.tuner.upscale import upscale
 
 

@@ -27,7 +27,7 @@ from scale_cl.export.card import CardInfo, model_card
 from scale_cl.export.config import DEFAULT_SHARD_SIZE, ExportSettings
 from scale_cl.export.merge import MODELING_FILE, exported_model
 from scale_cl.methods import scale_spec
-from scale_cl.tuner.config import scale_config_of
+from scale_cl.tuner.scale_state import scale_config_of
 
 
 def check_out(out: str | os.PathLike) -> Path:

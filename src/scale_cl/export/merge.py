@@ -17,10 +17,9 @@ from torch import nn
 from transformers import PreTrainedConfig, PreTrainedModel
 
 from scale_cl.export import modeling_scale
-from scale_cl.tuner.config import scale_config_of
 from scale_cl.tuner.layers import INNER, ScaleEmbedding, ScaleHead, ScaleLinear, SplitNorm
 from scale_cl.tuner.routing import router_named
-from scale_cl.tuner.stages import STAGES_KEY
+from scale_cl.tuner.scale_state import scale_state_of
 from scale_cl.tuner.vocab import extension_record
 
 # The stock class an upscaled model was made from -> the exported (config, model) classes.
@@ -33,7 +32,6 @@ FAMILIES: dict[str, tuple[type[PreTrainedConfig], type[PreTrainedModel]]] = {
 MODELING_FILE = "modeling_scale.py"
 # Config entries of an upscaled model that the exported config does not take over.
 _DROPPED = (
-    "scale_cl",
     "keys_to_ignore_at_inference",
     "architectures",
     "model_type",
@@ -47,7 +45,7 @@ _DROPPED = (
 
 
 def _family(model: nn.Module) -> tuple[type[PreTrainedConfig], type[PreTrainedModel]]:
-    base = model.config.scale_cl["base"]["class"]
+    base = scale_state_of(model).base_class
     if base not in FAMILIES:
         raise ValueError(f"cannot export an upscaled {base}: supported are {', '.join(FAMILIES)}")
     return FAMILIES[base]
@@ -106,9 +104,9 @@ def merged_state_dict(model: nn.Module, dtype: torch.dtype | None = None) -> dic
 def export_config(model: nn.Module) -> PreTrainedConfig:
     """The exported config: the upscaled model's widened one, the original sizes and the method's settings."""
     config_class, model_class = _family(model)
-    state = model.config.scale_cl
-    cfg, dims = scale_config_of(model), state.get("dims", state["base"]["dims"])  # the sizes the last stage grew
-    earlier = [[stage["config"]["hidden_up"], stage["config"]["up_norm"]] for stage in state.get(STAGES_KEY, [])]
+    state = scale_state_of(model)
+    cfg, dims = state.config, state.dims  # the sizes the last stage grew
+    earlier = [[stage.config.hidden_up, stage.config.up_norm] for stage in state.stages]
     # Eq. 5 from route_tau and route_exact, or the mixture the router declares (`Router.mixture` refuses the rest)
     mixture = router_named(cfg.router).mixture(lambda name: getattr(cfg, name)) if cfg.routed else None
     if cfg.method == "route" and cfg.route_exact and cfg.preserve_layers >= model.config.num_hidden_layers:
@@ -123,10 +121,10 @@ def export_config(model: nn.Module) -> PreTrainedConfig:
             **fields,
             "tie_word_embeddings": False,  # the head [W_out, W_out_up] is not the embedding [E, E_up]
             "scale_method": cfg.method,
-            "scale_hidden_size": dims["hidden"],
-            "scale_intermediate_size": dims["ffn"],
-            "scale_num_attention_heads": dims["heads"],
-            "scale_num_key_value_heads": dims["kv_heads"],
+            "scale_hidden_size": dims.hidden,
+            "scale_intermediate_size": dims.ffn,
+            "scale_num_attention_heads": dims.heads,
+            "scale_num_key_value_heads": dims.kv_heads,
             "scale_preserve_layers": cfg.preserve_layers,
             "scale_route_vocab_size": extension["base_rows"] if extension else 0,
             "scale_up_norm": cfg.up_norm,

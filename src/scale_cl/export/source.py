@@ -24,8 +24,8 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from scale_cl.export.card import CardInfo, read_json
 from scale_cl.models import RUN_FILE, read_run_file
-from scale_cl.tuner.config import scale_config_of
 from scale_cl.tuner.io import CONFIG_NAME, read_meta
+from scale_cl.tuner.scale_state import scale_config_of
 
 MODEL_DIR = "model"  # a cpt method folder's saved model
 RESULT_FILE = "result.json"  # a finished cpt method's summary (scale_cl.experiments.cpt.report)

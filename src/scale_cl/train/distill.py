@@ -160,7 +160,7 @@ def free_teacher(model: nn.Module) -> bool:
     vocabulary (an extended vocabulary's new rows train inside the original stream, which then is no longer the
     base)."""
     from scale_cl.methods import scale_spec
-    from scale_cl.tuner.config import scale_config_of
+    from scale_cl.tuner.scale_state import scale_config_of
 
     route = getattr(model, "scale_route", None)
     if route is None or any(name.endswith("weight_new") for name, _ in model.named_parameters()):

@@ -204,11 +204,3 @@ def check_method(method: str) -> str:
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
     return method
-
-
-def scale_config_of(model: Any) -> ScaleConfig:
-    """The ScaleConfig an upscaled model was built with (its current method included)."""
-    state = getattr(getattr(model, "config", None), "scale_cl", None)
-    if not state:
-        raise ValueError("this model is not upscaled by scale_cl; call scale_cl.tuner.upscale(model, config) first")
-    return ScaleConfig.from_dict(state["config"])

@@ -40,8 +40,8 @@ from torch import nn
 from transformers import PreTrainedModel
 
 from scale_cl.files import atomic_write, sha256_of
-from scale_cl.tuner.config import scale_config_of
 from scale_cl.tuner.layers import is_new_parameter
+from scale_cl.tuner.scale_state import scale_state_of
 from scale_cl.tuner.stages import STAGES_KEY, frozen_parts
 from scale_cl.tuner.vocab.rows import EXTENSION_KEY
 
@@ -84,9 +84,9 @@ def save(
     state_dict: dict[str, torch.Tensor] | None = None,
 ) -> Path:
     """Save an upscaled model's new parameters (and with ``full`` its base weights); see module doc."""
-    cfg = scale_config_of(model)
-    base = model.config.scale_cl["base"]
-    if full and base.get("base_quant", "none") != "none":
+    state = scale_state_of(model)
+    cfg, base = state.config, state.base
+    if full and state.base_quant != "none":
         raise ValueError(
             f"full=True writes the base weights dense, but this model's base is quantized ({base['base_quant']}): save "
             "with full=False (a load quantizes the named base model again, the same way)"
@@ -95,7 +95,7 @@ def save(
     params = _unique_parameters(model)
     new = {n: values[n].detach().contiguous().cpu() for n in params if is_new_parameter(n)}
     original = {n: values[n].detach().contiguous().cpu() for n in params if not is_new_parameter(n)}
-    stages = model.config.scale_cl.get(STAGES_KEY, [])
+    stages = [stage.to_dict() for stage in state.stages]
     frozen = {}
     if stages:  # a grown model: its frozen tensors are the original base's widened by the earlier stages
         hub, added = frozen_parts(model)

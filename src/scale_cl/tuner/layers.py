@@ -469,7 +469,7 @@ class ScaleHead(SplitInput):
         return z, F.linear(x_up, self.weight_up)
 
     def setting(self, name: str, default: Any) -> Any:
-        """A `ScaleConfig` field as the model holds it now (``config.scale_cl``: its one home, saved and exported)."""
+        """A `ScaleConfig` field as the model holds it now (its `ScaleState`: the one home, saved and exported)."""
         return default if self.route is None else self.route.setting(name)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:

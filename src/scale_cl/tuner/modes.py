@@ -12,12 +12,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from scale_cl.tuner.arch import SPECS, ArchSpec, decoder_layers
-from scale_cl.tuner.config import ScaleConfig, check_method, scale_config_of
+from scale_cl.tuner.arch import SPECS, ArchSpec
+from scale_cl.tuner.config import ScaleConfig, check_method
 from scale_cl.tuner.io import save, saved_names
 from scale_cl.tuner.layers import ScaleEmbedding, ScaleLinear, SplitInput, SplitNorm
 from scale_cl.tuner.routing import route_settings, router_named
 from scale_cl.tuner.routing.state import reorder_cache
+from scale_cl.tuner.scale_state import decoder_layers, scale_config_of, scale_state_of
 from scale_cl.tuner.summary import ParamSummary, parameter_summary
 from scale_cl.tuner.vocab.rows import resize_token_rows
 
@@ -65,13 +66,13 @@ def set_method(model: nn.Module, method: str, tau: float | None = None) -> nn.Mo
                 module.use_w12 = module.collaborative and method != "preserve"
         heads_constant = index < first_w12
         if index == first_w12 and not new_rows:  # what reads this layer's input is constant, what W12 reaches not
-            spec = SPECS[model.config.scale_cl["base"]["class"]]
+            spec = SPECS[scale_state_of(model).base_class]
             heads_constant = _first_w12_layer(layer, spec, bool(getattr(model.config, spec.parallel_residual or "", 0)))
         for module in layer.modules():
             if hasattr(module, "scale_heads"):  # the attention's original heads (`scale_cl.tuner.attention`)
                 module.scale_heads.constant = heads_constant
                 module.scale_heads.constant_half = stacked_half
-    model.config.scale_cl["config"] = cfg.to_dict()  # the method and tau, read by save, export and route
+    scale_state_of(model).config = cfg  # the method and tau, read by save, export and route
     _switch_routing(model, stacked_from)
 
     for param in model.parameters():
@@ -125,7 +126,7 @@ def live_settings() -> tuple[str, ...]:
 def set_live_settings(model: nn.Module, **changes: Any) -> nn.Module:
     """Change `ScaleConfig` fields a live upscaled model reads at every forward (`live_settings`); returns it.
 
-    They live in ``model.config.scale_cl`` only, so the head uses, `save_pretrained` saves and the export writes
+    They live in the model's `ScaleState` only, so the head uses, `save_pretrained` saves and the export writes
     one value; each is checked as `ScaleConfig` checks it, and a refused value changes nothing. Fields that shape
     the model (widths, norms, initialisers) are refused: they are fixed by `upscale`.
     """
@@ -133,7 +134,7 @@ def set_live_settings(model: nn.Module, **changes: Any) -> nn.Module:
     fixed = sorted(set(changes) - set(live))
     if fixed:
         raise ValueError(f"{fixed} cannot change on a live model (fixed by upscale); live settings: {live}")
-    model.config.scale_cl["config"] = replace(scale_config_of(model), **changes).to_dict()
+    scale_state_of(model).with_config(**changes)
     if "router" in changes:  # SCALE-Preserve is routed by the likelihood router alone
         _switch_routing(model, model.scale_route.first_stacked)
     return model

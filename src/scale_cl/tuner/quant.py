@@ -28,15 +28,6 @@ BASE_QUANTS = ("none", "int8", "nf4")  # `--options.base_quant`
 logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
 
 
-def __getattr__(name: str) -> object:
-    if name == "QUANTIZABLE_METHODS":  # moved with the methods' traits (issue 39)
-        raise AttributeError(
-            "scale_cl.tuner.quant.QUANTIZABLE_METHODS moved: use scale_cl.methods.QUANTIZABLE_METHODS, or ask a method "
-            "its trait (scale_cl.methods.method_spec(name).quantizable_base)"
-        )
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 def check_base_quant(kind: str) -> None:
     """Raise a ValueError for an unknown kind or a missing library (which methods can take a quantized base:
     `scale_cl.methods.check_quantizable`)."""

@@ -30,6 +30,7 @@ from scale_cl.tuner.layers import is_new_parameter
 from scale_cl.tuner.modes import set_method
 from scale_cl.tuner.provenance import weight_fingerprint
 from scale_cl.tuner.quant import quantize_base, quantized_kind
+from scale_cl.tuner.scale_state import StageRecord, scale_state_of
 from scale_cl.tuner.stages import STAGES_KEY, assemble_frozen
 from scale_cl.tuner.upscale import upscale
 from scale_cl.tuner.vocab import grow_embeddings
@@ -159,8 +160,8 @@ def load(
         if {n: list(t.shape) for n, t in frozen.items()} != meta["frozen_tensors"]:
             raise ValueError(f"{directory / FROZEN_WEIGHTS_NAME} does not hold the tensors {CONFIG_NAME} lists")
         assemble_frozen(model, frozen)
-    model.config.scale_cl["config"] = {**model.config.scale_cl["config"], **cfg.to_dict()}
-    model.config.scale_cl["base"] = recorded
-    if meta.get(STAGES_KEY):
-        model.config.scale_cl[STAGES_KEY] = meta[STAGES_KEY]  # as trained (replayed above with zero initialisers)
+    state = scale_state_of(model)
+    state.config, state.base = cfg, recorded
+    # the earlier stages as trained (replayed above with zero initialisers)
+    state.stages = [StageRecord.from_dict(record) for record in meta.get(STAGES_KEY, [])]
     return set_method(model, cfg.method)

@@ -18,20 +18,18 @@ would have to be frozen into the base and recorded apart).
 
 from __future__ import annotations
 
-from functools import partial
 from typing import Any
 
 import torch
 from torch import nn
 
-from scale_cl.tuner.arch import SPECS, decoder_layers
-from scale_cl.tuner.config import scale_config_of
+from scale_cl.tuner.arch import SPECS
 from scale_cl.tuner.layers import INNER, ScaleEmbedding, ScaleHead, ScaleLinear, ScaleMLP, SplitNorm, is_new_parameter
-from scale_cl.tuner.routing.state import ROUTE_SHARE_KEY, capture_inputs_hook, route_share_hook, stack_paths_hook
+from scale_cl.tuner.routing.state import ROUTE_SHARE_KEY
+from scale_cl.tuner.scale_state import StageRecord, decoder_layers, scale_config_of, scale_state_of
 
-# Where ``config.scale_cl`` lists a grown model's earlier stages (the current one is its ``config``).
+# Where a checkpoint lists a grown model's earlier stages (`scale_cl.tuner.io`; the current one is its config).
 STAGES_KEY = "stages"
-_HOOKS = (route_share_hook, capture_inputs_hook, stack_paths_hook)
 
 
 class FrozenMLP(nn.Module):
@@ -54,8 +52,8 @@ class FrozenMLP(nn.Module):
 
 def stage_count(model: nn.Module) -> int:
     """How many times ``model`` was upscaled (0 for a model never upscaled)."""
-    state = getattr(getattr(model, "config", None), "scale_cl", None)
-    return 0 if not state else len(state.get(STAGES_KEY, [])) + 1
+    state = getattr(model, "scale_state", None)
+    return 0 if state is None else len(state.stages) + 1
 
 
 def check_growable(model: nn.Module) -> None:
@@ -67,7 +65,7 @@ def check_growable(model: nn.Module) -> None:
             "which no frozen base computes. Grow it under the method you deploy it with (set_method(model, "
             "'adapt') or 'preserve' first), or keep training the same blocks (grow once)"
         )
-    if model.config.scale_cl["base"].get("base_quant", "none") != "none":
+    if scale_state_of(model).base_quant != "none":
         raise ValueError(
             "cannot grow a model on a quantized base again: its frozen block matrices would have to be stored dense "
             "(or quantized anew, which changes them): keep training the same blocks (grow once)"
@@ -112,33 +110,23 @@ def _set(root: nn.Module, path: str, module: nn.Module) -> None:
     setattr(root.get_submodule(parent) if parent else root, name, module)
 
 
-def _drop_hooks(module: nn.Module) -> None:
-    """Remove the route hooks `upscale` registered (the next stage registers its own)."""
-    for hooks in (module._forward_hooks, module._forward_pre_hooks):
-        for key in [k for k, hook in hooks.items() if isinstance(hook, partial) and hook.func in _HOOKS]:
-            del hooks[key]
-            getattr(module, "_forward_hooks_with_kwargs", {}).pop(key, None)
-            getattr(module, "_forward_pre_hooks_with_kwargs", {}).pop(key, None)
-
-
-def freeze_stage(model: nn.Module) -> dict[str, Any]:
+def freeze_stage(model: nn.Module) -> StageRecord:
     """Freeze the upscaled ``model`` in place into a plain base of its current width; returns the stage's record.
 
     Afterwards ``model`` is an instance of its stock class again (every parameter frozen), its config states the
-    widened sizes, ``config.scale_cl`` holds the earlier stages (``stages``) and the original base model's record
-    (``base``), and `upscale` grows it. The record: the stage's `ScaleConfig` (its method included), the sizes of
-    the model it grew (``dims``) and how many parameters it added.
+    widened sizes, its `ScaleState` (``model.scale_state``) holds the earlier stages (``stages``) and the original
+    base model's record (``base``), and `upscale` grows it. The record: the stage's `ScaleConfig` (its method
+    included), the sizes of the model it grew and how many parameters it added.
     """
     check_growable(model)
-    state = model.config.scale_cl
-    record = {"config": dict(state["config"]), "dims": dict(state["dims"]), "added": added_parameters(model)}
-    spec = SPECS[state["base"]["class"]]
+    state = scale_state_of(model)
+    record = StageRecord(scale_config_of(model), state.dims, added_parameters(model))
+    spec = SPECS[state.base_class]
     with torch.no_grad():
         for layer in decoder_layers(model):
             for lin in spec.linears:
                 _set(layer, lin.path, _plain_linear(layer.get_submodule(lin.path)))
             _set(layer, spec.mlp.path, FrozenMLP(layer.get_submodule(spec.mlp.path)))
-            _drop_hooks(layer)
         model.set_input_embeddings(_plain_embedding(model.get_input_embeddings()))
         model.set_output_embeddings(_plain_head(model.get_output_embeddings()))
     for module in model.modules():
@@ -146,13 +134,13 @@ def freeze_stage(model: nn.Module) -> dict[str, Any]:
             module.constant_input = False
     for param in model.parameters():
         param.requires_grad_(False)
-    _drop_hooks(model)
+    model.scale_route.remove_hooks()  # the next stage registers its own
     model.config.tie_word_embeddings = False  # [W_out, W_out_up] is not [E, E_up]
     ignore = [k for k in (model.config.keys_to_ignore_at_inference or []) if k != ROUTE_SHARE_KEY]
     model.config.keys_to_ignore_at_inference = ignore
     del model.scale_route
     model.__class__ = type(model).__bases__[1]  # Scale<Base> -> <Base> (`scale_cl.tuner.modes.scale_class`)
-    model.config.scale_cl = {**state, STAGES_KEY: [*state.get(STAGES_KEY, []), record]}
+    state.stages = [*state.stages, record]
     return record
 
 
@@ -160,7 +148,7 @@ def added_parameters(model: nn.Module) -> int:
     """How many parameters the current stage of an upscaled ``model`` added: all it has now less all the model it
     grew had (recorded by `upscale`). A grown model whose original base ties its head to the embedding also pays
     for the head's own copy: ``[W_out, W_out_up]`` is no longer ``[E, E_up]``."""
-    return sum(p.numel() for p in model.parameters()) - model.config.scale_cl["grew_from_parameters"]
+    return sum(p.numel() for p in model.parameters()) - scale_state_of(model).grew_from_parameters
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -191,7 +179,7 @@ def frozen_parts(model: nn.Module) -> tuple[dict[str, torch.Tensor], dict[str, t
     ``t[:r, c:]`` is kept as ``<name>@right`` and ``t[r:, :]`` as ``<name>@bottom`` (a 1-D tensor's tail as
     ``<name>@tail``), so `assemble_frozen` rebuilds ``t`` bitwise from the original base and these.
     """
-    shapes = hub_shapes(model.config.scale_cl["base"])
+    shapes = hub_shapes(scale_state_of(model).base)
     original, added = {}, {}
     for name, param in model.named_parameters():
         if is_new_parameter(name):

@@ -7,9 +7,9 @@ from dataclasses import dataclass, field
 
 from torch import nn
 
-from scale_cl.tuner.arch import decoder_layers
 from scale_cl.tuner.layers import ScaleEmbedding, ScaleHead, ScaleLinear, SplitNorm
-from scale_cl.tuner.stages import STAGES_KEY, added_parameters
+from scale_cl.tuner.scale_state import StageRecord, decoder_layers, scale_state_of
+from scale_cl.tuner.stages import added_parameters
 
 
 @dataclass
@@ -72,8 +72,8 @@ def parameter_summary(model: nn.Module) -> ParamSummary:
 
 def _stages(model: nn.Module) -> list[tuple[str, int, int, int]]:
     """Each stage of a model grown more than once (`scale_cl.tuner.stages`); none for a model upscaled once."""
-    state = model.config.scale_cl
-    if not state.get(STAGES_KEY):
+    state = scale_state_of(model)
+    if not state.stages:
         return []
-    records = [*state[STAGES_KEY], {"config": state["config"], "added": added_parameters(model)}]
-    return [(r["config"]["method"], r["config"]["hidden_up"], r["config"]["ffn_up"], r["added"]) for r in records]
+    records = [*state.stages, StageRecord(state.config, state.dims, added_parameters(model))]
+    return [(r.config.method, r.config.hidden_up, r.config.ffn_up, r.added) for r in records]

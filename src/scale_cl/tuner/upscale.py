@@ -3,14 +3,13 @@
 `upscale` swaps every attention/FFN linear for a `ScaleLinear`, every FFN for a `ScaleMLP` (its
 activation applied per part), every norm for a `SplitNorm`, the embedding and LM head for their
 widened versions, rewrites the model's config so it states the widened sizes, records what it did
-under ``config.scale_cl``, gives the model its `RouteState` and a class with `set_method`,
+in the model's `ScaleState` (``model.scale_state``), gives the model its `RouteState` and a class with `set_method`,
 `save_pretrained` (only the new weights) and a parameter summary (`scale_cl.tuner.modes`).
 """
 
 from __future__ import annotations
 
 import itertools
-from dataclasses import asdict
 from functools import partial
 from typing import Any
 
@@ -33,7 +32,8 @@ from scale_cl.tuner.routing.state import (
     route_share_hook,
     stack_paths_hook,
 )
-from scale_cl.tuner.stages import STAGES_KEY, check_growable, freeze_stage
+from scale_cl.tuner.scale_state import ScaleState, scale_state_of
+from scale_cl.tuner.stages import check_growable, freeze_stage
 from scale_cl.tuner.vocab.rows import split_vocab
 from scale_cl.tuner.widths import Dims, base_dims, growth, resolve
 
@@ -59,7 +59,7 @@ def upscale(model: PreTrainedModel, config: ScaleConfig) -> PreTrainedModel:
     again = getattr(model, "is_scale_upscaled", False)  # grow an upscaled model again (`scale_cl.tuner.stages`)
     if again:
         check_growable(model)
-        spec = SPECS[model.config.scale_cl["base"]["class"]]
+        spec = SPECS[scale_state_of(model).base_class]
     else:
         spec = spec_for(model)
         model = split_vocab(model)  # a reloaded extended vocabulary: its new rows train, its original rows do not
@@ -68,17 +68,16 @@ def upscale(model: PreTrainedModel, config: ScaleConfig) -> PreTrainedModel:
     before = sum(p.numel() for p in model.parameters())
     if again:
         freeze_stage(model)  # everything trained so far: the new, frozen base
-        base, stages = model.config.scale_cl["base"], model.config.scale_cl[STAGES_KEY]
+        base, stages = model.scale_state.base, model.scale_state.stages
     else:
         base, stages = base_record(model, dims), []
     grow = growth(config, dims)
     u = config.hidden_up
 
     backbone = getattr(model, spec.backbone)
-    # model.config.scale_cl: the original base model, the sizes this stage grows and the earlier stages
-    settings = {"arch": spec.backbone, "config": config.to_dict(), "base": base, "dims": asdict(dims)}
-    settings["grew_from_parameters"] = before
-    route = RouteState({**settings, **({STAGES_KEY: stages} if stages else {})})
+    # the original base model, the sizes this stage grows, the earlier stages and this stage's config
+    state = ScaleState(spec.backbone, config, base, dims, before, stages)
+    route = RouteState(state)
     param = next(model.parameters())
     devices = [param.device] if param.device.type != "cpu" else []
     with torch.no_grad(), torch.random.fork_rng(devices=devices, device_type=param.device.type):
@@ -118,15 +117,16 @@ def upscale(model: PreTrainedModel, config: ScaleConfig) -> PreTrainedModel:
             mlp = spec.mlp
             _set(layer, mlp.path, ScaleMLP(layer.get_submodule(mlp.path), mlp.gate, mlp.up, mlp.down, mlp.act))
             attention.install(layer.get_submodule(spec.attention), model.config, dims.heads, dims.kv_heads)
-            layer.register_forward_pre_hook(partial(stack_paths_hook, state=route, index=index), with_kwargs=True)
+            hook = partial(stack_paths_hook, state=route, index=index)
+            route.handles.append(layer.register_forward_pre_hook(hook, with_kwargs=True))
 
     _widen_config(model.config, spec, dims, config)
-    model.config.scale_cl = route.settings
+    model.scale_state = state
     ignore = list(getattr(model.config, "keys_to_ignore_at_inference", None) or [])
     model.config.keys_to_ignore_at_inference = [*ignore, ROUTE_SHARE_KEY]
     model.scale_route = route
-    model.register_forward_hook(partial(route_share_hook, state=route), with_kwargs=True)
-    model.register_forward_pre_hook(partial(capture_inputs_hook, state=route), with_kwargs=True)
+    route.handles.append(model.register_forward_hook(partial(route_share_hook, state=route), with_kwargs=True))
+    route.handles.append(model.register_forward_pre_hook(partial(capture_inputs_hook, state=route), with_kwargs=True))
     eos = getattr(model.config, "eos_token_id", None)
     route.eos_ids = tuple(eos if isinstance(eos, list | tuple) else [] if eos is None else [eos])
     model.__class__ = scale_class(type(model))

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from torch import nn
-
 from scale_cl.tuner.arch.gpt_neox import GPT_NEOX
 from scale_cl.tuner.arch.llama import LLAMA
 from scale_cl.tuner.arch.spec import ArchSpec, LinearSpec, MlpSpec
@@ -71,18 +69,12 @@ def spec_for_config(config: Any) -> ArchSpec:
     return SPECS_BY_MODEL_TYPE[model_type]
 
 
-def decoder_layers(model: nn.Module) -> nn.ModuleList:
-    """The decoder layers of an upscaled model (its backbone is recorded under ``config.scale_cl``)."""
-    return getattr(model, model.config.scale_cl["arch"]).layers
-
-
 __all__ = [
     "SPECS",
     "SPECS_BY_MODEL_TYPE",
     "ArchSpec",
     "LinearSpec",
     "MlpSpec",
-    "decoder_layers",
     "is_export",
     "refuse_export",
     "spec_for",

@@ -1,4 +1,4 @@
-"""Mixing experts' next-token distributions, ``log sum_j w_j softmax(z_j)`` at every position (issue 40, part 5).
+"""Mixing experts' next-token distributions, ``log sum_j w_j softmax(z_j)`` at every position.
 
 The likelihood and nested routers mix full-vocabulary distributions at every position. That work is elementwise
 and memory-bound: written as ``log_softmax`` per expert and a ``logaddexp`` / ``logsumexp`` over them, each step

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import nn
+from torch.utils.hooks import RemovableHandle
 from transformers.utils import ModelOutput
 
 # The key of the routing share in a route model's output (left out of Trainer's evaluation outputs).
@@ -35,6 +36,15 @@ def _stack(value: Any, batch: int) -> Any:
     return value
 
 
+class ScaleReadout(Protocol):
+    """What route mode reads of the model's `scale_cl.tuner.scale_state.ScaleState` (which sits above the routers,
+    whose names its `ScaleConfig` checks): the current config and the head's widths by stage."""
+
+    config: Any
+
+    def stage_widths(self) -> tuple[int, ...]: ...
+
+
 class RouteState:
     r"""SCALE-Route's state on one upscaled model: the one object every part of route mode reads.
 
@@ -45,8 +55,8 @@ class RouteState:
     while off, every module behaves as if route did not exist.
 
     Attributes:
-        settings: the model's ``config.scale_cl``, whose ``ScaleConfig`` holds ``route_tau``: tau's one home,
-            so the threshold routing uses is the one saved, reloaded and exported (`tau`).
+        scale: the model's `ScaleState`, whose ``config`` holds ``route_tau`` and every router setting: their one
+            home, so what routing uses is what is saved, reloaded and exported (`setting`).
         active: route mode is on.
         first_stacked: the first collaborative decoder layer, from which the batch runs as
             ``[preserve path; adapt path]`` (2B rows); None when no layer is collaborative (both paths
@@ -57,10 +67,13 @@ class RouteState:
         capture_base: while set, the head keeps the base model's logits of each forward pass in
             ``base_logits`` (SCALE-Preserve's ``Z``, SCALE-Route's ``Z_p``; the free teacher of
             `scale_cl.train.distill`, which sets and clears it).
+        handles: the hooks `upscale` registered for route mode (removed when a stage is frozen,
+            `scale_cl.tuner.stages.freeze_stage`).
     """
 
-    def __init__(self, settings: dict[str, Any]) -> None:
-        self.settings = settings
+    def __init__(self, scale: ScaleReadout) -> None:
+        self.scale = scale
+        self.handles: list[RemovableHandle] = []
         self.active = False
         self.first_stacked: int | None = None
         self.last_mask: torch.Tensor | None = None
@@ -81,9 +94,15 @@ class RouteState:
             self.base_logits = logits.detach()
 
     def setting(self, name: str) -> Any:
-        """A `ScaleConfig` field as the model holds it now (``config.scale_cl``: its one home, saved and exported;
+        """A `ScaleConfig` field as the model holds it now (its `ScaleState`: the one home, saved and exported;
         changed on a live model by `scale_cl.tuner.modes.set_live_settings` alone)."""
-        return self.settings["config"][name]
+        return getattr(self.scale.config, name)
+
+    def remove_hooks(self) -> None:
+        """Remove the hooks `upscale` registered for route mode (``handles``)."""
+        for handle in self.handles:
+            handle.remove()
+        self.handles = []
 
     @property
     def tau(self) -> float:
@@ -103,10 +122,8 @@ class RouteState:
         self.last_mask = self.last_cosine = self.last_weights = None
 
     def stage_widths(self) -> tuple[int, ...]:
-        """The widths of the head's original input by stage: the base's hidden size, then what each earlier stage
-        added (one entry for a model upscaled once; `scale_cl.tuner.stages`)."""
-        earlier = self.settings.get("stages", [])  # scale_cl.tuner.stages.STAGES_KEY (which imports this module)
-        return (self.settings["base"]["dims"]["hidden"], *(stage["config"]["hidden_up"] for stage in earlier))
+        """The widths of the head's original input by stage (`ScaleState.stage_widths`)."""
+        return self.scale.stage_widths()
 
     def record(self, cosine: torch.Tensor) -> torch.Tensor:
         """Keep a forward pass's cosines and its routing decision (``cosine > tau``); returns the decision."""

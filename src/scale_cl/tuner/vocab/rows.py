@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from scale_cl.tuner.layers import ScaleEmbedding, ScaleHead
+from scale_cl.tuner.scale_state import stage_records
 from scale_cl.tuner.vocab.embedding import VocabEmbedding, VocabHead
 
 EXTENSION_KEY = "vocab_extension"
@@ -105,7 +106,7 @@ def grow_embeddings(model: nn.Module, extension: VocabExtension | int) -> nn.Mod
     Works on a plain transformers model (before a method is prepared: the natural order) and on an
     upscaled one (its trainability is then reset by `set_method`, so grow before making the optimizer).
     """
-    if (getattr(getattr(model, "config", None), "scale_cl", None) or {}).get("stages"):
+    if stage_records(model):
         raise ValueError(
             "extending the vocabulary of a model grown more than once (scale_cl.tuner.stages) is not supported: its "
             "checkpoint could not record the new rows; extend the vocabulary before the first upscale"
