@@ -1,4 +1,4 @@
-"""Every setting's value against the type its dataclass field declares (issue 41), before anything is built from it.
+"""Every setting's value against the type its dataclass field declares, before anything is built from it.
 
 The annotation is the contract: ``int``, ``float``, ``bool``, ``str``, ``X | None``, ``list[X]``, ``tuple[X, ...]``,
 ``dict[str, X]`` and ``Literal[...]``. A value from the command line, a YAML file or a sweep point (``strings``: YAML

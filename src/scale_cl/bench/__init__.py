@@ -1,4 +1,4 @@
-"""``scale-cl bench``: the cost of every continual-learning method, measured side by side (issue 5).
+"""``scale-cl bench``: the cost of every continual-learning method, measured side by side.
 
 One run times training (tokens/s, interleaved across methods), peak training memory (a fresh
 process per method), forward FLOPs per token of the model as run, inference (forward and

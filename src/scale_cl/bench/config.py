@@ -15,7 +15,7 @@ from scale_cl.tuner.config import INITS
 
 MATCH_TARGETS = ("preserve", "adapt", "route")
 COMPILE_MODES = ("none", "default", "reduce-overhead", "max-autotune")
-# The batch when --batch / --seq are 0: a CPU's is the one issue 5's targets were measured at; a GPU's gives about
+# The batch when --batch / --seq are 0: a CPU's is the one the CPU targets were measured at; a GPU's gives about
 # 16k tokens a step, which keeps an H100 busy at Llama-3.2-1B's shape (at 1k tokens it waits on launches).
 AUTO_BATCH = {"cpu": (4, 256), "cuda": (16, 1024)}
 # the row every ratio is against: full fine-tuning of the same base

@@ -1,6 +1,6 @@
 """The Python steps of scripts/gpu_check.sh: what the machine is (``versions``), the train step's model, corpus
-and run (``train``), and what the check found (``summary``: every step's outcome and issue 38's, 40's and 49's
-targets, met or missed, in summary.md and summary.json).
+and run (``train``), and what the check found (``summary``: every step's outcome and the GPU targets
+(training step, router reading, `scale-cl train`), met or missed, in summary.md and summary.json).
 
     python -m scale_cl.bench.gpu_check versions OUT/versions.json
     python -m scale_cl.bench.gpu_check train OUT --shape llama-1b --first-checkpoint 20 -- TRAIN_OPTIONS...

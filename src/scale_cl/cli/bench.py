@@ -48,7 +48,7 @@ def run(settings: BenchCommand) -> int:
 
 COMMAND = Command(
     name="bench",
-    help="time every method: training throughput, memory, FLOPs, inference, upscale cost (issue 5)",
+    help="time every method: training throughput, memory, FLOPs, inference, upscale cost",
     description=DESCRIPTION,
     epilog=EPILOG,
     settings=BenchCommand,

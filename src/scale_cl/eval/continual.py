@@ -1,4 +1,4 @@
-"""Continual-learning metrics of a task sequence from its accuracy matrix (issue 29).
+"""Continual-learning metrics of a task sequence from its accuracy matrix.
 
 ``R[i][j]`` is the accuracy on task ``j`` after training task ``i``; row 0 is the model before the first new task
 (Task 0 already learned), so for T new tasks R is (T + 1) x (T + 1) and column 0 is Task 0 (the biography

@@ -1,4 +1,4 @@
-"""Mixed documents (issue 40, 4b): a passage of one domain inside a document of the other, at a known position, and
+"""Mixed documents: a passage of one domain inside a document of the other, at a known position, and
 the loss read per segment. A router that decides from the document so far sees the host first: whether it turns to
 the passage's model when the passage starts, and back when the host resumes, shows in the passage's loss and in the
 host's loss after it, which a per-document perplexity averages away.

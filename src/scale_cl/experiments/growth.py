@@ -1,4 +1,4 @@
-"""How a method's model changes between the tasks of a sequence (issue 29): shared by `bio --sequence.tasks` and
+"""How a method's model changes between the tasks of a sequence: shared by `bio --sequence.tasks` and
 `cpt --sequence.then`.
 
 With ``growth once`` every method keeps training what it trains from the first task on. With ``per_task`` a SCALE

@@ -33,7 +33,7 @@ RUN_FILES = {
 
 
 def check_output_folder(out: Path, config_file: str, settings: dict[str, Any]) -> None:
-    """Refuse ``out`` before any data or model is loaded (issue 41): a file; a folder that cannot be written; a
+    """Refuse ``out`` before any data or model is loaded: a file; a folder that cannot be written; a
     folder holding another kind of run (or a model) and not this one; this kind's results of other ``settings``
     (the method list may differ). Nothing is written; `claim_output_folder` then records the settings."""
     out = Path(out)

@@ -1,4 +1,4 @@
-"""What a sequence of tasks has done so far, kept on disk so that a killed run resumes per task (issue 29): shared
+"""What a sequence of tasks has done so far, kept on disk so that a killed run resumes per task: shared
 by the biography sequence and the language sequence.
 
 A folder holds ``progress.json`` (the tasks done, the evaluation after each, the whole curve, each task's cost and

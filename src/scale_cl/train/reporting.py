@@ -31,7 +31,7 @@ PLACEMENT_SETTINGS = frozenset({"device", "num_proc", "cache_dir", "loader_worke
 IDENTITY_DEFAULTS = {
     "precision": "auto",
     "likelihood_control": False,
-    # added with `scale-cl train` (issue 49): the Trainer's and the data path's settings at the values every
+    # settings `scale-cl train` added: the Trainer's and the data path's settings at the values every
     # earlier run had (the old reader's decode policy, a setting that is gone, at its only value used)
     "optim": "auto",
     "max_grad_norm": 1.0,

@@ -16,7 +16,7 @@ writes anything.
 bf16 for the forward pass (norm gains and the embedding too, so the whole residual stream is bf16), reduces the
 gradients in bf16, and does not autocast (its FSDP2 path skips the wrapper its other paths put around
 ``forward``): another, coarser arithmetic than one GPU's, which moved 3% of a tiny model's trained weights by up to
-2.3e-3 after 6 steps (issue 38, on an H200; reproduced on the CPU). DeepSpeed's bf16 mode likewise computes with
+2.3e-3 after 6 steps (measured on an H200; reproduced on the CPU). DeepSpeed's bf16 mode likewise computes with
 bf16 weights; it is left as DeepSpeed has it.
 """
 
