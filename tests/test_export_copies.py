@@ -122,3 +122,29 @@ def test_the_exported_config_holds_every_route_setting():
             mixture = router.mixture(lambda name: getattr(config, name))
             assert set(mixture) <= taken, router.name
             assert {name.removeprefix("router_") for name in router.settings} <= set(mixture), router.name
+
+
+def test_the_exported_linears_are_the_architectures_of_the_tuner():
+    """Each exported family's decoder-layer linears and their sizes before upscaling (what Route's two-path layers
+    are built from) are the tuner's architecture data (`scale_cl.tuner.arch`): the same paths, each sized by its
+    declared growth units."""
+    from scale_cl.export.merge import FAMILIES
+    from scale_cl.tuner.arch import SPECS
+
+    d, ffn, heads, kv_heads = 64, 112, 4, 2
+    for name, (config_class, model_class) in FAMILIES.items():
+        head_dim = d // heads if SPECS[name].family == "gpt_neox" else 24  # Llama's heads need not span d
+        q = heads * head_dim
+        sizes = {"hidden": d, "q": q, "kv": kv_heads * head_dim, "qkv": 3 * q, "ffn": ffn}
+        config = config_class(
+            hidden_size=d + 32,
+            num_attention_heads=heads + 2,
+            head_dim=head_dim,
+            scale_hidden_size=d,
+            scale_intermediate_size=ffn,
+            scale_num_attention_heads=heads,
+            scale_num_key_value_heads=kv_heads,
+        )
+        exported = model_class.base_class.original_linears(None, config)
+        tuner = {lin.path: (sizes[lin.grow_in], sizes[lin.grow_out]) for lin in SPECS[name].linears}
+        assert exported == tuner, name

@@ -713,6 +713,8 @@ class LlamaFamilyModelMixin(ScaleModelMixin):
     final_norm, layer_norms = "norm", ("input_layernorm", "post_attention_layernorm")
     norm_class = SplitRMSNormGroups
 
+    # Copy of scale_cl.tuner.arch.llama.LLAMA's linears, their sizes before upscaling;
+    # tested equal by tests/test_export_copies.py::test_the_exported_linears_are_the_architectures_of_the_tuner.
     def original_linears(self, config: Any) -> dict[str, tuple[int, int]]:
         d, ffn = config.scale_hidden_size, config.scale_intermediate_size
         q, kv = config.scale_num_attention_heads * config.head_dim, config.scale_num_key_value_heads * config.head_dim
@@ -750,6 +752,8 @@ class ScaleGPTNeoXModel(ScaleModelMixin, GPTNeoXModel):
     final_norm, layer_norms = "final_layer_norm", ("input_layernorm", "post_attention_layernorm")
     norm_class = SplitLayerNorm
 
+    # Copy of scale_cl.tuner.arch.gpt_neox.GPT_NEOX's linears, their sizes before upscaling;
+    # tested equal by tests/test_export_copies.py::test_the_exported_linears_are_the_architectures_of_the_tuner.
     def original_linears(self, config: Any) -> dict[str, tuple[int, int]]:
         d, ffn = config.scale_hidden_size, config.scale_intermediate_size
         return {

@@ -217,7 +217,7 @@ class Task1Config(MethodStageConfig):
 
 @dataclass
 class SequenceConfig(GrowthSettings):
-    """A sequence of new-people tasks after Task 0 (issue 29): each trained as Task 1 is, every task measured after
+    """A sequence of new-people tasks after Task 0: each trained as Task 1 is, every task measured after
     each; SCALE and LoRA grow once or per task (`scale_cl.experiments.growth`)."""
 
     tasks: int = field(

@@ -1,4 +1,4 @@
-"""The biography benchmark as a sequence of tasks (``--sequence.tasks T``, issue 29): after Task 0, T cohorts of new
+"""The biography benchmark as a sequence of tasks (``--sequence.tasks T``): after Task 0, T cohorts of new
 people in turn, the same QA format each time; after each task every earlier task is measured (the accuracy
 matrix, `scale_cl.eval.continual`).
 

@@ -229,7 +229,7 @@ class CptDataConfig(CorpusConfig):
 
 @dataclass
 class CptSequenceConfig(GrowthSettings):
-    """A sequence of new domains (issue 29): ``data.train`` first, then each of ``then`` in turn, every domain's
+    """A sequence of new domains: ``data.train`` first, then each of ``then`` in turn, every domain's
     held-out split and the old-domain sets measured after each; SCALE and LoRA grow once or per task
     (`scale_cl.experiments.growth`)."""
 

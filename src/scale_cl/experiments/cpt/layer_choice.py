@@ -1,4 +1,4 @@
-"""SCALE-Adapt/Route's collaborative layers chosen from a forgetting budget (beyond the paper, issue 16 part 3).
+"""SCALE-Adapt/Route's collaborative layers chosen from a forgetting budget (beyond the paper).
 
 The paper picks L_fp (the first layer whose W12 trains) and the collaborative modules by hand. Here short
 probe runs pick them: the run's method is trained for a few steps at its own rate from a few candidate

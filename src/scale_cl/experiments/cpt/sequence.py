@@ -1,4 +1,4 @@
-"""Continual pre-training as a sequence of new domains (``--sequence.then NAME=SOURCE ...``, issue 29): the base
+"""Continual pre-training as a sequence of new domains (``--sequence.then NAME=SOURCE ...``): the base
 learns ``data.train`` (task 1, named ``--sequence.first``), then each later domain in turn, each for the run's
 ``train.*`` steps at the method's rate; after each task (and every ``eval.every`` steps) the old-domain sets and
 every domain's held-out split are measured, so the result holds a perplexity matrix that includes the old domain.
