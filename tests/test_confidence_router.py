@@ -163,7 +163,7 @@ def test_preserve_in_one_pass_equals_the_control_of_the_base_and_itself(router):
         got = model(input_ids=ids, attention_mask=mask).logits
     real = mask.bool()
     torch.testing.assert_close(got[real], expected[real], atol=2e-5, rtol=0)
-    weights = model.scale_route.last_weights
+    weights = model.scale_route.last.weights
     torch.testing.assert_close(weights[:, real], control.last_weights[:, real], atol=1e-5, rtol=0)
     assert mixes_experts(model) and mixes_experts(control)
 
@@ -187,7 +187,7 @@ def test_a_grown_model_is_read_as_its_nested_experts(router):
         got = model(input_ids=ids, attention_mask=mask).logits
     real = mask.bool()
     torch.testing.assert_close(got[real], expected[real], atol=2e-5, rtol=0)
-    weights = model.scale_route.last_weights
+    weights = model.scale_route.last.weights
     assert weights.shape[0] == 3
     torch.testing.assert_close(weights[:, real], control.last_weights[:, real], atol=1e-5, rtol=0)
     torch.testing.assert_close(weights.sum(0), torch.ones(weights.shape[1:]))

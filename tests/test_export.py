@@ -167,9 +167,9 @@ def reference(model, ids: torch.Tensor, mask: torch.Tensor, beams: bool = False)
         out = {"logits": model(ids, attention_mask=mask, position_ids=position_ids).logits}
         route = getattr(model, "scale_route", None)
         if mixes_experts(model):
-            out["weight"] = route.last_mask  # the base path's weight per token
+            out["weight"] = route.last.base_weight  # the base path's weight per token
         elif route is not None and route.stacked:  # without a collaborative layer every token routes alike
-            out["routed"] = route.last_mask
+            out["routed"] = route.last.routed
         out["greedy"] = generate_greedy(model, ids, mask, NEW_TOKENS)
         if beams:
             kwargs = {"attention_mask": mask, "do_sample": False, "pad_token_id": 0}
@@ -257,7 +257,7 @@ def balance_route(model):
         set_method(model, "route", tau=tau)
         with torch.no_grad():
             model(ids, attention_mask=mask)
-        shares[tau] = model.scale_route.last_mask[mask.bool()].float().mean().item()
+        shares[tau] = model.scale_route.last.routed[mask.bool()].float().mean().item()
     tau = min(shares, key=lambda t: abs(shares[t] - 0.5))
     assert 0.1 < shares[tau] < 0.9, shares
     return set_method(model, "route", tau=tau)
@@ -353,7 +353,7 @@ def tau_saved_and_reloaded(directory: Path):
     with torch.no_grad():
         model(ids, attention_mask=mask)
         loaded(ids, attention_mask=mask)
-    assert torch.equal(loaded.scale_route.last_mask, model.scale_route.last_mask)
+    assert torch.equal(loaded.scale_route.last.routed, model.scale_route.last.routed)
     return loaded
 
 

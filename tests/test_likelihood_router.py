@@ -189,7 +189,7 @@ def test_the_base_weight_read_where_each_left_padded_prompt_ends_equals_the_prom
     for row, prompt in enumerate(prompts):
         with torch.no_grad():
             model(input_ids=torch.tensor([prompt]))
-        alone = model.scale_route.last_mask[0, -1]
+        alone = model.scale_route.last.base_weight[0, -1]
         assert float(batched[0][row]) == pytest.approx(float(alone), abs=1e-6), row
     assert float(batched[0].min()) > 0 and float(batched[0].max()) < 1
     # read by Eq. 5 the weight is its decision (1: the preserve path); a model that does not route has none
@@ -252,6 +252,6 @@ def test_the_base_expert_puts_no_mass_on_new_tokens_and_a_new_token_read_rules_t
     ids[:, 5] = VOCAB + 1  # a new token in the input
     with torch.no_grad():
         probs = model(input_ids=ids).logits.float().softmax(-1)
-    weight = model.scale_route.last_mask
+    weight = model.scale_route.last.base_weight
     assert float(weight[:, :5].min()) == 1.0 and float(probs[:, :5, VOCAB:].sum(-1).max()) < 1e-6
     assert float(weight[:, 5:].max()) < 1e-6, "after a token only the new path produces, the document is not the base's"

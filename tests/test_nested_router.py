@@ -53,7 +53,7 @@ def test_the_experts_are_the_base_and_every_stage_s_model_exactly():
         expected = control(input_ids=ids, attention_mask=mask).logits
         set_live_settings(model, router="nested", router_prior=PRIOR, router_decay=DECAY)
         routed = model(input_ids=ids, attention_mask=mask).logits
-        weights = model.scale_route.last_weights
+        weights = model.scale_route.last.weights
     real = mask.bool()
     torch.testing.assert_close(routed[real], expected[real], rtol=0, atol=2e-5)
     torch.testing.assert_close(weights[:, real], control.last_weights[:, real], rtol=0, atol=1e-5)

@@ -150,13 +150,13 @@ def test_route_exact_gives_routed_tokens_the_base_logits_and_the_rest_the_adapt_
     for tau in torch.linspace(-0.9, 0.9, 19).tolist():  # a tau that routes some tokens each way
         set_method(model, "route", tau=tau)
         run(model, ids, mask)
-        shares[tau] = model.scale_route.last_mask[real].float().mean().item()
+        shares[tau] = model.scale_route.last.routed[real].float().mean().item()
     tau = min(shares, key=lambda t: abs(shares[t] - 0.5))
     assert 0.1 < shares[tau] < 0.9, shares
     set_method(model, "route", tau=tau)
     logits = run(model, ids, mask).logits
-    routed = model.scale_route.last_mask & real
-    unrouted = ~model.scale_route.last_mask & real
+    routed = model.scale_route.last.routed & real
+    unrouted = ~model.scale_route.last.routed & real
     adapt_logits = run(set_method(model, "adapt"), ids, mask).logits
     assert_equal_within(logits[routed], base_logits[routed], "routed tokens: the base model's logits")
     assert_equal_within(logits[unrouted], adapt_logits[unrouted], "the others: the adapt path's Z_a + Z_a_up")
@@ -174,7 +174,7 @@ def test_route_exact_routed_tokens_send_no_gradient():
     ids, mask = batch(padded=False)
     model.train()
     model(input_ids=ids, attention_mask=mask, labels=ids).loss.backward()
-    assert model.scale_route.last_mask.all()
+    assert model.scale_route.last.routed.all()
     grads = {n: p.grad for n, p in model.named_parameters() if p.requires_grad}
     assert grads and all(g is None or torch.count_nonzero(g) == 0 for g in grads.values())
     # The same batch with Eq. 5 as the paper writes it does train: Z_p_up and Z_a's half carry gradients.
@@ -215,7 +215,7 @@ def test_the_cpt_frontier_reads_route_with_and_without_route_exact_and_restores_
 
     def evaluate(m):
         logits = run(m, ids, mask).logits
-        return {"logits": logits, "routed": m.scale_route.last_mask.clone()}
+        return {"logits": logits, "base_weight": m.scale_route.last.base_weight.clone()}
 
     frontier = up_logit_frontier(model, evaluate, (0.5, 1.0))
     assert [(p["alpha"], p.get("route_exact", False), p.get("router", "cosine")) for p in frontier] == [
@@ -226,10 +226,11 @@ def test_the_cpt_frontier_reads_route_with_and_without_route_exact_and_restores_
         (0.5, False, "likelihood"),
         (1.0, False, "likelihood"),
     ]
-    routed = frontier[1]["routed"] & mask.bool()
+    routed = frontier[1]["base_weight"].bool() & mask.bool()  # Eq. 5's decision as 0 or 1
     assert routed.any()
     assert (frontier[3]["logits"][routed] - frontier[1]["logits"][routed]).abs().max() > 1e-4
-    assert frontier[5]["routed"].dtype == torch.float32, "the likelihood router's weight w per token"
+    weight = frontier[5]["base_weight"]
+    assert ((weight > 0) & (weight < 1)).any(), "the likelihood router's weight w per token, not a decision"
     assert (frontier[5]["logits"] - frontier[1]["logits"]).abs().max() > 1e-4
     assert model.scale_config == before
     assert torch.equal(run(model, ids, mask).logits, frontier[1]["logits"])

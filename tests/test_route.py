@@ -294,7 +294,7 @@ def test_route_logits_and_gradients_match_plain_eq5(arch, case, dtype, tol):
 
     logits = model(ids, attention_mask=mask).logits
     (logits * weights).sum().backward()
-    routed = model.scale_route.last_mask
+    routed = model.scale_route.last.routed
 
     ref_p, ref_a = w12_zeroed(model), set_method(copy.deepcopy(model), "adapt")
     for ref in (ref_p, ref_a):
@@ -383,7 +383,7 @@ def test_route_head_equals_plain_eq5(dtype, bias, tau):
     expected = torch.where(to_preserve[..., None], (z_p + z_a) / 2 + z_p_up, z_a + z_a_up)
     (expected * weights).sum().backward()
 
-    assert torch.equal(head.route.last_mask, to_preserve)
+    assert torch.equal(head.route.last.routed, to_preserve)
     if tau == 0.8:
         assert to_preserve.any() and not to_preserve.all()
     assert torch.equal(logits, expected)
@@ -432,6 +432,6 @@ def test_one_route_state_per_model_and_copies_get_their_own():
     assert state.active and state.first_stacked == 1  # the original is still in route mode
     ids = torch.randint(1, VOCAB, (2, 5))
     model(ids)
-    assert state.last_mask is not None and twin.scale_route.last_mask is None
+    assert state.last is not None and twin.scale_route.last is None
     twin(ids)
-    assert twin.scale_route.last_mask is None  # no routing outside route mode
+    assert twin.scale_route.last is None  # no routing outside route mode

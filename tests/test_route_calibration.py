@@ -46,12 +46,12 @@ def test_calibrated_tau_reproduces_its_share_on_the_sample_and_is_eq5_with_that_
     assert -1.0 < tau < 1.0
     with torch.no_grad():
         logits = model(sample).logits
-    assert int(model.scale_route.last_mask.sum()) == round(share * sample.numel())
+    assert int(model.scale_route.last.routed.sum()) == round(share * sample.numel())
     expected, to_preserve, cos = reference_route(model, base_hidden_size(arch), sample, tau)
     assert (cos - tau).abs().min() > 1e-5, "no token within rounding of tau: the reference decides as route does"
-    assert torch.equal(model.scale_route.last_mask, to_preserve)
+    assert torch.equal(model.scale_route.last.routed, to_preserve)
     torch.testing.assert_close(logits, expected, atol=1e-5, rtol=0)
-    assert torch.equal(route_cosines(model, sequence_batches(sample, 4)), model.scale_route.last_cosine.flatten())
+    assert torch.equal(route_cosines(model, sequence_batches(sample, 4)), model.scale_route.last.cosine.flatten())
 
 
 def test_calibration_needs_route_mode_and_the_tau_is_saved(tmp_path):

@@ -30,15 +30,19 @@ def mixes_experts(model: nn.Module) -> bool:
 
 
 def routes_by_eq5(model: nn.Module) -> bool:
-    """Whether ``model`` is SCALE-Route read with Eq. 5's cosine router: its ``last_mask`` is the decision per
-    position (1: the preserve path), which `collect_base_weights` reads as the base's weight."""
+    """Whether ``model`` is SCALE-Route read with Eq. 5's cosine router: its reading's ``base_weight`` is the decision
+    per position (1: the preserve path), which `collect_base_weights` reads as the base's weight."""
     state = getattr(model, "scale_route", None)
     return bool(state is not None and state.active and state.setting("router") == "cosine")
 
 
 def base_weight_of(model: nn.Module) -> torch.Tensor:
     """The base's weight per position ([B, T]) in ``model``'s last forward pass (`mixes_experts`)."""
-    weight = model.last_base_weight if hasattr(model, "last_base_weight") else model.scale_route.last_mask
+    if hasattr(model, "last_base_weight"):
+        weight = model.last_base_weight
+    else:
+        last = model.scale_route.last
+        weight = None if last is None else last.base_weight
     if weight is None:
         raise RuntimeError("the router has no weights yet: they exist after a forward pass")
     return weight

@@ -54,7 +54,7 @@ def route_cosines(model: nn.Module, batches: Iterable[Batch], bf16: bool = False
             for batch in batches:
                 mask = batch.get("attention_mask")
                 model(**{k: v.to(device) for k, v in batch.items() if k in ("input_ids", "attention_mask")})
-                cosine = state.last_cosine.float().cpu()
+                cosine = state.last.cosine.float().cpu()  # Eq. 5's reading (`CosineReading`)
                 found.append(cosine.flatten() if mask is None else cosine[mask.bool()])
     finally:
         model.train(was_training)

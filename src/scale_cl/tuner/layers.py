@@ -441,7 +441,7 @@ class ScaleHead(SplitInput):
 
     In route mode (``route.active``) the head hands its input on the two paths and its weights to the model's
     router (`scale_cl.tuner.routing`: Eq. 5's cosine router, or the likelihood router), which combines them and
-    records its decision in ``route.last_mask``.
+    keeps its reading in ``route.last``.
 
     With an extended vocabulary (`scale_cl.tuner.vocab`) ``W_out`` is ``[weight; weight_new]`` (the new
     tokens' rows trainable, the embedding's own when tied) and ``W_out_up`` has a row per token, new

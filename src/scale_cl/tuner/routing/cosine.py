@@ -11,15 +11,14 @@ with `scale_cl.tuner.modes.set_live_settings` (or ``set_method(model, "route", t
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 from scale_cl.tuner.routing.router import HeadPaths, Router, register_router
-
-if TYPE_CHECKING:
-    from scale_cl.tuner.routing.state import RouteState
+from scale_cl.tuner.routing.state import Reading, RouteState
 
 
 # Copied to export/modeling_scale.py (route_mask): change both (tests/test_export_copies.py).
@@ -97,6 +96,22 @@ def route_logits(
     return logits.add_(F.linear(x_up, weight_up), alpha=up_scale), cosine
 
 
+@dataclass(frozen=True)
+class CosineReading(Reading):
+    """Eq. 5's reading: ``cosine`` ``cos(Z_p, Z_a)`` per token (what calibrating tau reads,
+    `scale_cl.train.route_calibration`) and ``routed`` (``cosine > tau``), the tokens sent to the preserve path."""
+
+    cosine: torch.Tensor
+    routed: torch.Tensor
+
+
+def decide(state: RouteState, cosine: torch.Tensor) -> torch.Tensor:
+    """Eq. 5's decision from the cosines (``cosine > route_tau``), kept as the model's reading; returns it."""
+    routed = cosine > state.setting("route_tau")
+    state.last = CosineReading(routed.float(), cosine, routed)
+    return routed
+
+
 class CosineRouter(Router):
     """Eq. 5 (module doc): `route_logits` on the stacked paths; without a collaborative layer both paths are one
     network and both branches ``Z + Z_up`` (or ``Z`` alone for a routed token with ``route_exact``)."""
@@ -109,7 +124,7 @@ class CosineRouter(Router):
         if not paths.stacked:
             z, z_up = paths.original_logits(paths.x), paths.up_logits(paths.x_up)
             state.keep_base(z[..., : paths.vocab])
-            keep = state.record(route_cosine(z, z))
+            keep = decide(state, route_cosine(z, z))
             return torch.add(z, z_up.masked_fill(keep[..., None], 0) if exact else z_up, alpha=paths.alpha)
         logits, cosine = route_logits(
             paths.x,
@@ -117,13 +132,13 @@ class CosineRouter(Router):
             paths.weight,
             paths.bias,
             paths.weight_up,
-            state.tau,
+            state.setting("route_tau"),
             paths.weight_new,
             up_scale=paths.alpha,
             exact=exact,
             keep_preserve=state.keep_base if state.capture_base else None,
         )
-        state.record(cosine)
+        decide(state, cosine)
         return logits
 
     def mixture(self, setting: Callable[[str], Any]) -> None:

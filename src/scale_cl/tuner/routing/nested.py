@@ -13,8 +13,8 @@ over experts of the document so far, the likelihood router's rule with k + 1 hyp
 
 The experts are exact where every later stage preserves (SCALE-Preserve grown per task); where a later stage's W12
 wrote into earlier streams (SCALE-Adapt), ``Z_0 + ... + Z_j`` reads stream j as the later stages left it, which is
-no earlier model's logits. ``last_mask`` holds the base's weight ``w_0`` (the share a route model reports);
-``last_weights`` every expert's.
+no earlier model's logits. Its reading holds every expert's weight (``weights``) and the base's ``w_0`` (the share
+a route model reports).
 """
 
 from __future__ import annotations

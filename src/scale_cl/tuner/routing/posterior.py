@@ -28,16 +28,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
 
 from scale_cl.tuner.routing.mixing import expert_confidence, log_normalisers, mixture_log_probs
 from scale_cl.tuner.routing.router import HeadPaths, Router
-
-if TYPE_CHECKING:
-    from scale_cl.tuner.routing.state import RouteState
+from scale_cl.tuner.routing.state import Reading, RouteState
 
 # A token of an extended vocabulary has no row in the base: the base gives it this logit below its least, a
 # probability of about e^-10000 (finite, so that masked evidence stays a number: -inf x 0 would be NaN).
@@ -204,6 +202,13 @@ def path_experts(paths: HeadPaths, widths: Sequence[int]) -> tuple[list[torch.Te
     return [base, torch.add(base, paths.up_logits(paths.x_up), alpha=paths.alpha)], False
 
 
+@dataclass(frozen=True)
+class MixtureReading(Reading):
+    """A mixing router's reading: every expert's weight per token, ``weights`` (E, B, T), the base's first."""
+
+    weights: torch.Tensor
+
+
 class MixtureRouter(Router):
     """The module doc's mixture of the head's experts (`path_experts`); a subclass declares which evidence it reads.
 
@@ -240,7 +245,7 @@ class MixtureRouter(Router):
             increments=increments,
             **self.mixture(state.setting),
         )
-        state.last_cosine, state.last_mask, state.last_weights = None, weights[0], weights
+        state.last = MixtureReading(weights[0], weights)
         return logits
 
     def mixture(self, setting: Callable[[str], Any]) -> dict[str, Any]:
@@ -256,6 +261,7 @@ class MixtureRouter(Router):
 __all__ = [
     "MISSING_ROW_LOGIT_GAP",
     "ExpertMemory",
+    "MixtureReading",
     "MixtureRouter",
     "document_starts",
     "nested_logits",

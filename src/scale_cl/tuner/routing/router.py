@@ -83,7 +83,7 @@ class Router(ABC):
 
     @abstractmethod
     def combine(self, paths: HeadPaths, state: RouteState) -> torch.Tensor:
-        """The logits of the model: ``paths`` combined, the decision recorded in ``state`` (``last_mask``)."""
+        """The logits of the model: ``paths`` combined, the router's `Reading` kept in ``state.last``."""
 
     def mixture(self, setting: Callable[[str], Any]) -> dict[str, Any] | None:
         """How the exported model computes this router from the model's settings (``setting(name)``): the posterior
@@ -122,4 +122,12 @@ def router_named(name: str) -> Router:
     return ROUTERS[name]
 
 
-__all__ = ["ROUTERS", "HeadPaths", "Router", "original_logits", "register_router", "route_settings", "router_named"]
+__all__ = [
+    "ROUTERS",
+    "HeadPaths",
+    "Router",
+    "original_logits",
+    "register_router",
+    "route_settings",
+    "router_named",
+]

@@ -36,6 +36,15 @@ def _stack(value: Any, batch: int) -> Any:
     return value
 
 
+@dataclasses.dataclass(frozen=True)
+class Reading:
+    """What a router decided in the model's last forward pass (``RouteState.last``); each router's own subclass adds
+    what else it read. ``base_weight`` (B, T): each token's weight on the base's logits (SCALE-Route's preserve
+    path), in [0, 1]: Eq. 5's decision as 0 or 1, a mixture's ``w_0``."""
+
+    base_weight: torch.Tensor
+
+
 class ScaleReadout(Protocol):
     """What route mode reads of the model's `scale_cl.tuner.scale_state.ScaleState` (which sits above the routers,
     whose names its `ScaleConfig` checks): the current config and the head's widths by stage."""
@@ -61,9 +70,8 @@ class RouteState:
         first_stacked: the first collaborative decoder layer, from which the batch runs as
             ``[preserve path; adapt path]`` (2B rows); None when no layer is collaborative (both paths
             are one network and nothing is stacked).
-        last_mask: the routing decision of the last forward pass (tokens sent to the preserve path).
-        last_cosine: ``cos(Z_p, Z_a)`` per token of the last forward pass (what calibrating tau reads,
-            `scale_cl.train.route_calibration`).
+        last: the router's `scale_cl.tuner.routing.router.Reading` of the last forward pass (its own type: Eq. 5's
+            cosines and decision, a mixture's weights), None before one.
         capture_base: while set, the head keeps the base model's logits of each forward pass in
             ``base_logits`` (SCALE-Preserve's ``Z``, SCALE-Route's ``Z_p``; the free teacher of
             `scale_cl.train.distill`, which sets and clears it).
@@ -76,9 +84,7 @@ class RouteState:
         self.handles: list[RemovableHandle] = []
         self.active = False
         self.first_stacked: int | None = None
-        self.last_mask: torch.Tensor | None = None
-        self.last_cosine: torch.Tensor | None = None
-        self.last_weights: torch.Tensor | None = None  # a mixing router's: every expert's weight (E, B, T)
+        self.last: Reading | None = None
         self.capture_base = False
         self.base_logits: torch.Tensor | None = None
         # a router's view of the call and its memory across calls (the likelihood router's: this call's tokens and
@@ -119,16 +125,11 @@ class RouteState:
     def switch(self, active: bool, first_stacked: int | None, reads_tokens: bool = False) -> None:
         self.active, self.reads_tokens = active, active and reads_tokens
         self.first_stacked = first_stacked if active else None
-        self.last_mask = self.last_cosine = self.last_weights = None
+        self.last = None
 
     def stage_widths(self) -> tuple[int, ...]:
         """The widths of the head's original input by stage (`ScaleState.stage_widths`)."""
         return self.scale.stage_widths()
-
-    def record(self, cosine: torch.Tensor) -> torch.Tensor:
-        """Keep a forward pass's cosines and its routing decision (``cosine > tau``); returns the decision."""
-        self.last_cosine, self.last_mask = cosine, cosine > self.tau
-        return self.last_mask
 
     @property
     def stacked(self) -> bool:
@@ -187,12 +188,11 @@ def route_share_hook(
     model: nn.Module, args: tuple, kwargs: dict, output: Any, *, state: RouteState
 ) -> ModelOutput | None:
     """Forward hook of the model: put the share of (non-padding) tokens routed to the preserve path into its output."""
-    mask = state.last_mask
-    if not state.active or mask is None or not isinstance(output, ModelOutput):
+    if not state.active or state.last is None or not isinstance(output, ModelOutput):
         return None
     attention_mask = kwargs.get("attention_mask", args[1] if len(args) > 1 else None)
-    routed = mask.float()
-    if isinstance(attention_mask, torch.Tensor) and attention_mask.shape == mask.shape:
+    routed = state.last.base_weight.float()
+    if isinstance(attention_mask, torch.Tensor) and attention_mask.shape == routed.shape:
         weights = attention_mask.to(routed.dtype)
         share = (routed * weights).sum() / weights.sum().clamp_min(1)
     else:
