@@ -671,7 +671,7 @@ def test_the_card_states_every_scale_setting_the_method_reads(method):
     scale = ScaleConfig(hidden_up=32, ffn_up=16, method=spec.scale_method, preserve_layers=1, route_tau=0.25)
     card = model_card(CardInfo(method=method, custom_code=True, scale=scale))
     rows = [line for line in card.splitlines() if line.startswith("- ") and line.endswith("`") and ": `" in line]
-    names = [s.removeprefix("scale.") for s in spec.settings if s.startswith("scale.")]
+    names = [s.removeprefix("scale.") for s in spec.reads if s.startswith("scale.")]
     assert [row[2:].split(":")[0] for row in rows[1:]] == names  # after "- method: ..."
     assert {"- hidden_up: `32`", "- ffn_up: `16`", "- up_norm: `own`"} <= set(rows)
     adapts = spec.scale_method != "preserve"

@@ -113,7 +113,7 @@ def test_the_exported_config_holds_every_route_setting():
 
     exported = {f.name: f.default for f in fields(modeling_scale.ScaleFields)}
     ours = {f.name: f.default for f in fields(ScaleConfig)}
-    assert {f"scale_{name}": ours[name] for name in ROUTERS["cosine"].settings}.items() <= exported.items()
+    assert {f"scale_{name}": ours[name] for name in ROUTERS["cosine"].reads}.items() <= exported.items()
     assert exported["scale_mixture"] is None
     taken = set(inspect_.signature(posterior_mix).parameters)
     config = ScaleConfig(hidden_up=32, ffn_up=0)
@@ -121,7 +121,7 @@ def test_the_exported_config_holds_every_route_setting():
         if isinstance(router, MixtureRouter):
             mixture = router.mixture(lambda name: getattr(config, name))
             assert set(mixture) <= taken, router.name
-            assert {name.removeprefix("router_") for name in router.settings} <= set(mixture), router.name
+            assert {name.removeprefix("router_") for name in router.reads} <= set(mixture), router.name
 
 
 def test_the_exported_linears_are_the_architectures_of_the_tuner():

@@ -575,14 +575,14 @@ def test_every_method_declares_the_experiment_settings_it_reads():
 
     options = MethodSettings()
     for method, spec in REGISTRY.items():
-        assert settings_of(method) == spec.settings and spec.settings
-        for dotted in spec.settings:
+        assert settings_of(method) == spec.reads and spec.reads
+        for dotted in spec.reads:
             node = options
             for part in dotted.split("."):
                 assert is_dataclass(node) and part in {f.name for f in fields(node)}, f"{method}: {dotted}"
                 node = getattr(node, part)
         for option, setting in spec.prepare_settings:
-            assert option in method_options(method) and setting in spec.settings, f"{method}: {option}"
+            assert option in method_options(method) and setting in spec.reads, f"{method}: {option}"
         assert spec.match_option is None or spec.match_option in dict(spec.prepare_settings)
     with pytest.raises(ValueError, match="unknown method 'ftt'"):
         settings_of("ftt")

@@ -26,7 +26,7 @@ class AdaptPathRouter(Router):
     """A router as a user would add one: every token takes the adapt path, ``Z_a + alpha Z_a_up``."""
 
     name = "adapt_path"
-    settings = ()
+    reads = ()
 
     def combine(self, paths: HeadPaths, state) -> torch.Tensor:
         x, x_up = (
@@ -108,7 +108,7 @@ class FixedMixRouter(MixtureRouter):
     ``p = w p_base + (1 - w) p_new``, ``w = sigmoid(router_prior)`` (no evidence read)."""
 
     name = "fixed_mix"
-    settings = ("router_prior",)
+    reads = ("router_prior",)
     prefix = False
 
 

@@ -27,9 +27,9 @@ W12_SUFFIX = ".w12"  # the name of every ScaleLinear's W12 block ends so
 
 
 def settings_of(method: str) -> tuple[str, ...]:
-    """The `MethodSettings` ``method`` reads (dotted below ``options``; its declaration's `MethodSpec.settings`), or a
+    """The `MethodSettings` ``method`` reads (dotted below ``options``; its declaration's `MethodSpec.reads`), or a
     ValueError naming the valid methods."""
-    return method_spec(method).settings
+    return method_spec(method).reads
 
 
 def _default_scale() -> ScaleConfig:

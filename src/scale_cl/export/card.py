@@ -16,7 +16,7 @@ from scale_cl.methods import REGISTRY, MethodSpec
 from scale_cl.tuner.config import ScaleConfig
 
 PAPER = "https://arxiv.org/abs/2511.03270"
-SCALE_PREFIX = "scale."  # a method setting of the ScaleConfig (`MethodSpec.settings`)
+SCALE_PREFIX = "scale."  # a method setting of the ScaleConfig (`MethodSpec.reads`)
 BASELINES = {
     "fft": "full fine-tuning",
     "freeze": "fine-tuning with the embedding and the bottom decoder layers frozen",
@@ -75,7 +75,7 @@ def _spec(method: str) -> MethodSpec | None:
 def _scale_settings(method: str) -> tuple[str, ...]:
     """The ScaleConfig fields ``method`` reads: its declared method settings below ``scale``."""
     spec = _spec(method)
-    settings = spec.settings if spec else ()
+    settings = spec.reads if spec else ()
     return tuple(s.removeprefix(SCALE_PREFIX) for s in settings if s.startswith(SCALE_PREFIX))
 
 

@@ -71,7 +71,7 @@ class MethodSpec:
         adapter: it is saved, loaded and grown as a PEFT adapter over the base (LoRA).
         match_option: the option of its prepare function whose value ``"match"`` sizes it to SCALE-Route's
             trainable count (with ``match=`` the ScaleConfig to match).
-        settings: the experiments' method settings it reads (`scale_cl.experiments.settings.MethodSettings`
+        reads: the experiments' method settings it reads (`scale_cl.experiments.settings.MethodSettings`
             fields, dotted below ``options``): a sweep axis over another does not re-run it, only these are checked
             against the model for it, and the model card states the ``scale.*`` ones.
         prepare_settings: (option of its prepare function, the method setting that gives it) pairs, beside
@@ -91,7 +91,7 @@ class MethodSpec:
     two_paths: bool = False
     adapter: bool = False
     match_option: str | None = None
-    settings: tuple[str, ...] = ()
+    reads: tuple[str, ...] = ()
     prepare_settings: tuple[tuple[str, str], ...] = ()
 
     @property
@@ -156,7 +156,7 @@ def _scale_spec(variant: str) -> MethodSpec:
         grows_again=variant != "route",  # two paths of the same weights: no frozen base computes them
         base_logits_exact=variant in ("preserve", "route"),
         two_paths=variant == "route",
-        settings=_SCALE_SETTINGS[variant],
+        reads=_SCALE_SETTINGS[variant],
     )
 
 
@@ -168,7 +168,7 @@ REGISTRY: dict[str, MethodSpec] = {
         "scale_cl.methods.fft:describe_fft",
         trains_everything=True,
         wise_ft=True,
-        settings=_EVERY_METHOD_SETTINGS,
+        reads=_EVERY_METHOD_SETTINGS,
     ),
     "lora": MethodSpec(
         "lora",
@@ -179,7 +179,7 @@ REGISTRY: dict[str, MethodSpec] = {
         grows_again=True,
         adapter=True,
         match_option="rank",
-        settings=(*_EVERY_METHOD_SETTINGS, "lora_rank"),
+        reads=(*_EVERY_METHOD_SETTINGS, "lora_rank"),
         prepare_settings=(("rank", "lora_rank"),),
     ),
     "freeze": MethodSpec(
@@ -188,7 +188,7 @@ REGISTRY: dict[str, MethodSpec] = {
         "scale_cl.methods.freeze:prepare_freeze",
         "scale_cl.methods.freeze:describe_freeze",
         wise_ft=True,
-        settings=(*_EVERY_METHOD_SETTINGS, "freeze_layers"),
+        reads=(*_EVERY_METHOD_SETTINGS, "freeze_layers"),
         prepare_settings=(("layers", "freeze_layers"),),
     ),
     "llama_pro": MethodSpec(
@@ -197,7 +197,7 @@ REGISTRY: dict[str, MethodSpec] = {
         "scale_cl.methods.llama_pro:prepare_llama_pro",
         "scale_cl.methods.llama_pro:describe_llama_pro",
         match_option="blocks",
-        settings=(*_EVERY_METHOD_SETTINGS, "llama_pro_blocks"),
+        reads=(*_EVERY_METHOD_SETTINGS, "llama_pro_blocks"),
         prepare_settings=(("blocks", "llama_pro_blocks"),),
     ),
     **{f"scale_{variant}": _scale_spec(variant) for variant in SCALE_CONFIG_METHODS},

@@ -14,8 +14,8 @@ from scale_cl.methods import REGISTRY
 
 
 def _concerned() -> str:
-    """Which method settings each method reads (its declaration's `MethodSpec.settings`)."""
-    return "; ".join(f"{name}: {' '.join(spec.settings)}" for name, spec in REGISTRY.items() if spec.settings)
+    """Which method settings each method reads (its declaration's `MethodSpec.reads`)."""
+    return "; ".join(f"{name}: {' '.join(spec.reads)}" for name, spec in REGISTRY.items() if spec.reads)
 
 
 @dataclass

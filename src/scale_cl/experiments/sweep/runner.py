@@ -40,7 +40,7 @@ def concerns(setting: str, method: str) -> bool:
     is then refused when its value is read.
     """
     name = setting.removeprefix(OPTIONS)
-    if not setting.startswith(OPTIONS) or not any(name in spec.settings for spec in REGISTRY.values()):
+    if not setting.startswith(OPTIONS) or not any(name in spec.reads for spec in REGISTRY.values()):
         return True
     return name in settings_of(method)
 

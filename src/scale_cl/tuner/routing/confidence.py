@@ -43,7 +43,7 @@ class ConfidenceRouter(MixtureRouter):
     """The module doc's confidence router: the experts weighed by their confidence at each position alone."""
 
     name = "confidence"
-    settings = ("router_prior", "router_confidence", "router_temperature")
+    reads = ("router_prior", "router_confidence", "router_temperature")
     prefix = False
     confident = True
 
@@ -52,7 +52,7 @@ class HybridRouter(MixtureRouter):
     """The module doc's hybrid: the prefix posterior of the likelihood routers and each expert's confidence."""
 
     name = "hybrid"
-    settings = ("router_prior", "router_decay", "router_confidence", "router_temperature")
+    reads = ("router_prior", "router_decay", "router_confidence", "router_temperature")
     confident = True
 
 

@@ -117,7 +117,7 @@ class CosineRouter(Router):
     network and both branches ``Z + Z_up`` (or ``Z`` alone for a routed token with ``route_exact``)."""
 
     name = "cosine"
-    settings = ("route_tau", "route_exact")
+    reads = ("route_tau", "route_exact")
 
     def combine(self, paths: HeadPaths, state: RouteState) -> torch.Tensor:
         exact = state.setting("route_exact")

@@ -23,7 +23,7 @@ class LikelihoodRouter(MixtureRouter):
     """The module doc's mixture, weighed by the document's running likelihood ratio."""
 
     name = "likelihood"
-    settings = ("router_prior", "router_decay")
+    reads = ("router_prior", "router_decay")
 
 
 register_router(LikelihoodRouter())

@@ -34,7 +34,7 @@ class NestedRouter(MixtureRouter):
     """The module doc's mixture of a grown model's nested experts (SCALE-Preserve; one path)."""
 
     name = "nested"
-    settings = ("router_prior", "router_decay")
+    reads = ("router_prior", "router_decay")
 
     def combine(self, paths: HeadPaths, state: RouteState) -> torch.Tensor:
         if paths.stacked or paths.weight_new is not None:

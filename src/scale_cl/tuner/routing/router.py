@@ -69,7 +69,7 @@ class Router(ABC):
 
     Attributes:
         name: its ``ScaleConfig.router`` value.
-        settings: the `ScaleConfig` fields it reads at every forward (besides ``router``): live settings of the
+        reads: the `ScaleConfig` fields it reads at every forward (besides ``router``): live settings of the
             model, saved, reloaded and exported with it.
         reads_tokens: it weighs the paths by the input token ids (a model pre-hook hands them over).
         one_path: it also reads SCALE-Preserve's one path, whose ``Z`` is the base's logits exactly
@@ -77,7 +77,7 @@ class Router(ABC):
     """
 
     name: ClassVar[str]
-    settings: ClassVar[tuple[str, ...]] = ()
+    reads: ClassVar[tuple[str, ...]] = ()
     reads_tokens: ClassVar[bool] = False
     one_path: ClassVar[bool] = False
 
@@ -111,7 +111,7 @@ def route_settings() -> tuple[str, ...]:
     """Every `ScaleConfig` field routing reads: ``router`` and each registered router's settings, once each."""
     names: dict[str, None] = {"router": None}
     for router in ROUTERS.values():
-        names.update(dict.fromkeys(router.settings))
+        names.update(dict.fromkeys(router.reads))
     return tuple(names)
 
 
