@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import fcntl
 import importlib.util
 import json
 import os
@@ -12,6 +13,7 @@ import random
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -237,6 +239,29 @@ SYLLABLES = ["ka", "to", "mi", "ra", "ne", "su", "lo", "pe", "di", "gu"]
 WORDS = ["the", "cat", "sat", "on", "a", "mat", "and", "then", "it", "ran", "to", "house", "where", "dog", "slept"]
 
 
+# One multi-process launch (torchrun, accelerate launch) at a time across the test workers: each picks a free
+# rendezvous port by binding port 0 and releasing it, so two launched at once on the two workers can pick the same
+# port and join each other's process group (seen once: one rank's result missing from a two-rank run).
+LAUNCH_LOCK = Path(tempfile.gettempdir()) / "scale-cl-tests-launch.lock"
+
+
+@contextlib.contextmanager
+def launch_lock():
+    """Held while a multi-process launch runs (`LAUNCH_LOCK`); never nested (a second ``flock`` would wait)."""
+    with open(LAUNCH_LOCK, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def run_launch(command: list[str], **kwargs) -> subprocess.CompletedProcess:
+    """``subprocess.run(command, **kwargs)`` holding the launch lock."""
+    with launch_lock():
+        return subprocess.run(command, **kwargs)
+
+
 def _documents(seed: int, count: int, vocabulary: list[str], join: str) -> list[str]:
     rng = random.Random(seed)
     docs = []
@@ -318,16 +343,17 @@ def kill_when(command: list[str], env: dict[str, str], target: Path, timeout: fl
     """Start ``command`` and SIGKILL it, and every process below it, as soon as ``target`` exists (or it ends, or
     ``timeout`` passes), as a crash would. The whole tree: torch's elastic agent (torchrun, accelerate launch) starts
     each worker in a session of its own, so killing the launcher's process group would leave them running."""
-    process = subprocess.Popen(
-        command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
-    )
-    try:
-        deadline = time.monotonic() + timeout
-        while not target.is_file() and process.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.02)
-    finally:
-        _kill_tree(process.pid)
-        process.wait()
+    with launch_lock():
+        process = subprocess.Popen(
+            command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+        )
+        try:
+            deadline = time.monotonic() + timeout
+            while not target.is_file() and process.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.02)
+        finally:
+            _kill_tree(process.pid)
+            process.wait()
 
 
 def _kill_tree(pid: int) -> None:

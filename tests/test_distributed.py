@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -20,7 +19,7 @@ import torch
 import torch.distributed as dist
 from safetensors.torch import load_file
 
-from conftest import cpt_argv, kill_when, tiny_config
+from conftest import cpt_argv, kill_when, run_launch, tiny_config
 from scale_cl.train.trainer import CHECKPOINT_META
 
 pytestmark = [
@@ -56,7 +55,7 @@ def _torchrun(command: list[str]) -> list[str]:
 
 
 def _run(command: list[str]) -> str:
-    done = subprocess.run(command, env=_env(), capture_output=True, text=True, timeout=300)
+    done = run_launch(command, env=_env(), capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, f"{command[:6]} failed:\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}"
     return done.stdout
 

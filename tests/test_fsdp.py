@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -31,6 +30,7 @@ pytest.importorskip("torch.distributed.fsdp", reason="FSDP2 (fully_shard) needs 
 
 sys.path.insert(0, str(Path(__file__).parent))
 import fsdp_worker as worker  # noqa: E402
+from conftest import run_launch  # noqa: E402
 from scale_cl.tuner.layers import is_new_parameter  # noqa: E402
 
 WORKER = Path(__file__).parent / "fsdp_worker.py"
@@ -45,7 +45,7 @@ def _launch(method: str, out: Path, stop: int, resume: bool = False) -> None:
     launcher = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
     env = {k: v for k, v in os.environ.items() if k not in launcher}
     env.update(OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="", HF_HUB_OFFLINE="1")
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    done = run_launch(command, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, f"{command[-4:]} failed:\n{done.stdout[-2000:]}\n{done.stderr[-5000:]}"
 
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -25,7 +24,7 @@ import torch
 import torch.distributed as dist
 from safetensors.torch import load_file
 
-from conftest import cpt_argv, kill_when, tiny_config
+from conftest import cpt_argv, kill_when, run_launch, tiny_config
 from scale_cl.cli import main
 from scale_cl.train.trainer import CHECKPOINT_META
 
@@ -65,7 +64,7 @@ def _launch(config: str, argv: list[str], processes: int = 2, cpu: bool = True) 
 
 
 def _run(command: list[str], cpu: bool = True) -> str:
-    done = subprocess.run(command, env=_env(cpu), capture_output=True, text=True, timeout=400)
+    done = run_launch(command, env=_env(cpu), capture_output=True, text=True, timeout=400)
     assert done.returncode == 0, f"{command[:8]} failed:\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
     return done.stdout
 
