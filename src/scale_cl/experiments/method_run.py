@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -78,7 +79,7 @@ def likelihood_control(
     ]
 
 
-class MethodRun:
+class MethodRun(ABC):
     """One method's run (module doc): `run` takes the shared steps, the methods after it are the experiment's parts.
 
     A subclass sets ``method``, ``seed`` (the method's initialisation), ``options``, ``result_path`` (its presence
@@ -148,34 +149,34 @@ class MethodRun:
 
     # The experiment's parts.
 
+    @abstractmethod
     def start_model(self) -> torch.nn.Module:
         """A fresh copy of the model the method starts from, on the CPU (the distillation teacher, WiSE-FT's anchor,
         the control's other model)."""
-        raise NotImplementedError
 
     def base_model(self) -> torch.nn.Module:
         """The model the method is prepared on: `start_model`, which an experiment may read first."""
         return self.start_model()
 
     @property
+    @abstractmethod
     def bf16(self) -> bool:
         """The run's precision (the teacher copy's)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def training(self, model: torch.nn.Module, mark: bool) -> Training:
         """How the prepared ``model`` trains; ``mark``: each example says whether it is (pseudo-)replayed (for the
         distillation term)."""
-        raise NotImplementedError
 
-    def announce(self, trainable: int, distillation: Distillation | None, calibration: RouteCalibration | None) -> None:
+    def announce(self, trainable: int, distillation: Distillation | None, calibration: RouteCalibration | None) -> None:  # noqa: B027 (optional)
         """Say what is about to train."""
 
+    @abstractmethod
     def result(self, trainer: Trainer, tracker: PeriodicEval, trainable: int, seconds: float) -> dict[str, Any]:
         """The result's record of the training (``seconds``: this process's part of it)."""
-        raise NotImplementedError
 
-    def save(self, trainer: Trainer, tracker: PeriodicEval, result: dict[str, Any]) -> None:
+    def save(self, trainer: Trainer, tracker: PeriodicEval, result: dict[str, Any]) -> None:  # noqa: B027 (optional)
         """On the main process, before ``result`` is written: what else the experiment keeps."""
 
-    def finish(self) -> None:
+    def finish(self) -> None:  # noqa: B027 (optional)
         """On every process, once the result is written."""

@@ -42,7 +42,7 @@ def set_method(model: nn.Module, method: str, tau: float | None = None) -> nn.Mo
                 "set it with set_method(model, 'route', tau=...)"
             )
         set_live_settings(model, route_tau=tau)  # checked there: a refused tau changes nothing
-    cfg = replace(scale_config_of(model), method=method)
+    cfg = replace(scale_state_of(model).config, method=method)
     layers = decoder_layers(model)
     # The original stream is constant (depends on no trainable parameter) below the first layer
     # whose W12 is used; there, the modules skip the gradient through the frozen products.
@@ -91,7 +91,7 @@ def set_method(model: nn.Module, method: str, tau: float | None = None) -> nn.Mo
 def _switch_routing(model: nn.Module, stacked_from: int | None) -> None:
     """Turn the model's route state (created by `upscale`) on where a router makes the logits
     (`ScaleConfig.routed`); only SCALE-Route stacks its two paths (SCALE-Preserve's base logits are its own ``Z``)."""
-    cfg = scale_config_of(model)
+    cfg = scale_state_of(model).config
     reads_tokens = router_named(cfg.router).reads_tokens
     model.scale_route.switch(cfg.routed, stacked_from if cfg.method == "route" else None, reads_tokens)
 

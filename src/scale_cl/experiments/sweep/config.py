@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from scale_cl.experiments.bio.config import BioConfig
 from scale_cl.experiments.bio.config import preset as bio_preset
@@ -133,11 +134,7 @@ class BioSweep:
         repeats them, with every point's settings): the experiment's, the grid's and the target's."""
         from scale_cl.experiments.sweep.experiments import BioExperiment
 
-        BioExperiment.refuse_sequence(self.bio)
-        self.bio.check()
-        settings = self.sweep.sweep_settings()
-        settings.validate(self.bio.methods)
-        BioExperiment.check_target(settings.target)
+        _check_sweep(BioExperiment, self.bio, self.sweep)
 
 
 @dataclass
@@ -154,11 +151,16 @@ class CptSweep:
         repeats them, with every point's settings): the experiment's, the grid's and the target's."""
         from scale_cl.experiments.sweep.experiments import CptExperiment
 
-        CptExperiment.refuse_sequence(self.cpt)
-        self.cpt.check()
-        settings = self.sweep.sweep_settings()
-        settings.validate(self.cpt.methods)
-        CptExperiment.check_target(settings.target)
+        _check_sweep(CptExperiment, self.cpt, self.sweep)
+
+
+def _check_sweep(experiment: Any, cfg: Any, sweep: SweepOptions) -> None:
+    """One experiment's sweep checks: no task sequence, the experiment's own, the grid's and the target's."""
+    experiment.refuse_sequence(cfg)
+    cfg.check()
+    settings = sweep.sweep_settings()
+    settings.validate(cfg.methods)
+    experiment.check_target(settings.target)
 
 
 def bio_sweep_settings(name: str = "micro") -> BioSweep:
