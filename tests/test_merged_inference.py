@@ -7,12 +7,15 @@ rounding), the cached matrix must follow every change of the blocks, and trainin
 
 from __future__ import annotations
 
+import ast
+from pathlib import Path
+
 import pytest
 import torch
 
 from conftest import make_model, randomize_new_weights, upscaled_copy
 from scale_cl import set_method
-from scale_cl.tuner.layers import ScaleLinear
+from scale_cl.tuner.layers import EQ1, HALVES, MERGED, ROUTED, ScaleLinear, set_merged_inference
 from test_generate import padded_prompts
 
 
@@ -126,3 +129,33 @@ def test_merging_can_be_switched_off():
     # remainder of a tensor with other rows (seen on an Intel Xeon: 2.4e-7 in the logits). The merged form differs by
     # its products' own rounding, 1.4e-6 here: the bound tells the two apart.
     torch.testing.assert_close(unmerged, split, rtol=0, atol=5e-7)
+
+
+def test_the_forms_of_eq1_are_chosen_in_one_place():
+    """The flags that pick a faster form of Eq. 1 are read in `ScaleLinear.form` alone: `set_method` and
+    `set_merged_inference` write them, every forward asks `form` (a reader finds the choice in one method)."""
+    flags = {"merge_for_inference", "constant_preserve_half"}
+    readers = set()
+    for path in (Path(__file__).parents[1] / "src").rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        for function in ast.walk(tree):
+            if isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                for node in ast.walk(function):
+                    if isinstance(node, ast.Attribute) and node.attr in flags and isinstance(node.ctx, ast.Load):
+                        readers.add((path.name, function.name))
+    assert readers == {("layers.py", "form")}
+
+
+def test_each_form_is_the_one_its_moment_takes():
+    """Gradients off with W12: merged; a linear without W12 or with merging off: Eq. 1's blocks; route's stacked
+    training batch: halves apart; route's stacked rows with gradients off and no merging: W12 on the adapt half."""
+    model = nontrivial("llama-gqa2-tied", "route")
+    first, last = linears(model)[0], linears(model)[-1]  # layer 0 is preserve-only (preserve_layers=1)
+    model.set_method("route")
+    with torch.no_grad():
+        assert (first.form(), last.form()) == (EQ1, MERGED)
+        set_merged_inference(model, False)
+        assert (first.form(), last.form()) == (EQ1, ROUTED)
+    assert (first.form(), last.form()) == (EQ1, HALVES)
+    model.set_method("adapt")
+    assert (first.form(), last.form()) == (EQ1, EQ1)

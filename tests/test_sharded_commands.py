@@ -128,7 +128,7 @@ def test_fsdp2_in_bf16_trains_as_one_process_in_bf16(workspace, tmp_path):
     gradient reduction, no autocast; the launcher applies it as accelerate does on GPUs) moved 1-2% of these
     weights by up to 3e-3 after 6 steps (issue 38's failure on one GPU, reproduced here); now they agree to float32
     rounding, as in fp32. The evaluations agree to bf16 rounding: one process evaluates SCALE-Route in the merged
-    inference form, a sharded run in the split form (`unmerged_for_sharding`), equal to rounding (7e-5 of a
+    inference form, a sharded run in the split form (`set_merged_inference`), equal to rounding (7e-5 of a
     perplexity here in bf16; 1e-7 in fp32)."""
     argv = [*cpt_argv(tiny_config(workspace, METHODS, steps=6, save_every=3), tmp_path), "--train.precision", "bf16"]
     one, sharded = tmp_path / "one", tmp_path / "sharded"

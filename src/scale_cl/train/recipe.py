@@ -26,8 +26,9 @@ from scale_cl.train.callbacks import LossLog, PeriodicEval, SaveEveryMinutes, To
 from scale_cl.train.distill import Distillation
 from scale_cl.train.reporting import connect_reporting
 from scale_cl.train.route_calibration import RouteCalibration
-from scale_cl.train.sharding import autocast_as_one_process, is_sharded, unmerged_for_sharding
+from scale_cl.train.sharding import autocast_as_one_process, is_sharded
 from scale_cl.train.trainer import CheckpointingTrainer, complete_checkpoints
+from scale_cl.tuner.layers import set_merged_inference
 
 
 def train_model(
@@ -95,7 +96,7 @@ def train_model(
     if loss_log is not None:
         trainer.add_callback(LossLog(loss_log, tokens_per_step or 0))
     if is_sharded(trainer):  # every process takes part in a forward pass (`scale_cl.train.sharding`)
-        unmerged_for_sharding(model)
+        set_merged_inference(model, False)  # a merged copy would hold every gathered layer whole
         autocast_as_one_process(trainer, model)
         for callback in callbacks:
             if isinstance(callback, PeriodicEval):

@@ -3,8 +3,9 @@
 Under sharding every process holds a slice of every weight, and a forward pass gathers each layer's slices from
 all processes. So what a DDP run does on the main process alone must run on every process: the evaluations
 (`scale_cl.train.callbacks.PeriodicEval`) and gathering the trained weights before the main process saves them
-(`full_state_dict`). The merged inference form of a `ScaleLinear` is switched off (it would keep a dense copy of
-every layer on every process, and the gathered weights it is built from are freed after each layer's forward).
+(`full_state_dict`). The merged inference form of a `ScaleLinear` is switched off (`set_merged_inference`: it would
+keep a dense copy of every layer on every process, and the gathered weights it is built from are freed after each
+layer's forward).
 
 ``accelerate launch --config_file configs/accelerate/fsdp2.yaml`` sets accelerate's environment
 (``ACCELERATE_USE_FSDP``, ``ACCELERATE_USE_DEEPSPEED`` and ``ACCELERATE_DEEPSPEED_ZERO_STAGE``), so
@@ -28,8 +29,6 @@ from typing import Any
 
 import torch
 from torch import nn
-
-from scale_cl.tuner.layers import ScaleLinear
 
 
 def requested_sharding() -> str | None:
@@ -69,14 +68,6 @@ def full_state_dict(trainer: Any) -> dict[str, torch.Tensor] | None:
     if not is_sharded(trainer):
         return None
     return trainer.accelerator.get_state_dict(trainer.model_wrapped if trainer.is_deepspeed_enabled else trainer.model)
-
-
-def unmerged_for_sharding(model: nn.Module) -> None:
-    """Switch off the merged inference form of every `ScaleLinear` (see the module doc)."""
-    for module in model.modules():
-        if isinstance(module, ScaleLinear):
-            module.merge_for_inference = False
-            module.clear_merged()
 
 
 def autocast_as_one_process(trainer: Any, model: nn.Module) -> bool:

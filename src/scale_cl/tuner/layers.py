@@ -54,22 +54,34 @@ class SplitInput(nn.Module):
         return x.detach() if self.constant_input else x
 
 
+# The forms in which `ScaleLinear` computes Eq. 1, chosen by `ScaleLinear.form` alone (`ScaleMLP` asks it too).
+# Each is the same product; the first is the math, the others are faster where the moment allows.
+EQ1 = "eq1"  # block by block, the frozen blocks without gradient: training, and any linear without W12
+MERGED = "merged"  # inference with W12: the whole block matrix as one dense product
+ROUTED = "routed"  # route's stacked batch [preserve path; adapt path]: W12 on the adapt half's rows only
+HALVES = "halves"  # route's stacked training batch whose preserve half is constant: each half apart
+
+
 # Copied to export/modeling_scale.py (TwoPathLinear): change both (tests/test_export_copies.py).
 class ScaleLinear(SplitInput):
-    """``[[W, W12], [W21, W22]] @ [x; x_up]`` with ``W`` (and its bias) frozen.
+    """Eq. 1: ``[[W, W12], [W21, W22]] @ [x; x_up]`` with ``W`` (and its bias) frozen.
 
-    The output is ``[W x + W12 x_up (+ b); W21 x + W22 x_up + bias_up]``. W12 starts at zero and is
-    only computed when ``use_w12`` (set by `set_method`) is true, so a preserve layer never pays for
-    it; in route mode (``route.active``) it is added to the adapt half of the stacked batch only.
+    The output is ``[W x + W12 x_up (+ b); W21 x + W22 x_up + bias_up]`` (`blocks`). W12 starts at zero and is
+    only computed when ``use_w12`` (set by `set_method`) is true, so a preserve layer never pays for it.
 
-    Training computes the blocks apart (the frozen ones need no gradient). Inference (any forward
-    with gradients off: ``generate()``, evaluation) of a linear that uses W12 takes the merged form
-    instead: the whole block matrix as one dense weight (`merged_weight`), built once and cached
-    until a block changes, one product instead of four and their sums. It equals the split form to
-    floating-point rounding, not bitwise. A linear without W12 keeps the split form: merging it
-    would multiply by a zero block, or (as ``[W x; [W21 W22] h]``) measured slower on a CPU
-    (benchmarks/README.md). ``merge_for_inference = False`` (class or instance, or
-    `merged_inference`) turns the merged form off.
+    `form` picks how the product is computed, in one place; every form is Eq. 1:
+
+    - ``EQ1``, `blocks`: the math, block by block. Training takes it: the frozen blocks need no gradient, and where
+      ``x`` is constant (`SplitInput.original`) none is taken through them.
+    - ``MERGED``, `merged_product`: inference (gradients off: ``generate()``, evaluation) of a linear that uses W12.
+      The whole block matrix as one dense weight, built once and cached until a block changes: one product instead
+      of four and their sums. It equals `blocks` to floating-point rounding, not bitwise. A linear without W12
+      keeps `blocks`: merging it would multiply by a zero block, or (as ``[W x; [W21 W22] h]``) measured slower on
+      a CPU (benchmarks/README.md). `merged_inference` (or ``merge_for_inference = False``) turns it off.
+    - ``ROUTED``, `routed_rows`: route mode (``route.active``): the rows are ``[preserve path; adapt path]`` and W12
+      reaches the adapt half only.
+    - ``HALVES``, `constant_half_rows`: route's stacked training batch where the preserve half's ``x`` is constant
+      (``constant_preserve_half``): each half apart, so no backward runs through the preserve half's frozen products.
     """
 
     merge_for_inference: bool = True
@@ -91,7 +103,7 @@ class ScaleLinear(SplitInput):
         self.collaborative = collaborative
         self.use_w12 = False
         self.route: RouteState | None = None  # the model's route state, handed over by `upscale`
-        self._merged: tuple | None = None  # the merged inference form, see `_inference_weights`
+        self._merged: tuple | None = None  # the merged inference form's cache, see `_merged_weights`
         if is_quantized(base):  # a quantized frozen base (`scale_cl.tuner.quant`): W x + b is its module's product
             self.quantized_base = base
             self.weight = self.bias = None
@@ -107,14 +119,41 @@ class ScaleLinear(SplitInput):
         self.bias_up = nn.Parameter(torch.zeros(out_up, **factory)) if base.bias is not None else None
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        if self.merged_inference_active():
-            return self._forward_merged(hidden)
+        if self.form() == MERGED:
+            return self.merged_product(hidden)
         return torch.cat(self.project(*hidden.split((self.in_features, self.in_up), dim=-1)), dim=-1)
 
-    def merged_inference_active(self) -> bool:
-        """Whether `forward` takes the merged inference form: W12 used, gradients off, ``merge_for_inference`` on,
-        and a dense ``W`` (a quantized one stays quantized: merging it would store it dense)."""
-        return self.use_w12 and self.merge_for_inference and not torch.is_grad_enabled() and self.weight is not None
+    def project(self, x: torch.Tensor, x_up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The output's original part and added part, from the input's two parts (`ScaleMLP` keeps them apart)."""
+        if torch.is_grad_enabled():
+            self._merged = None  # training: drop the inference copy and its memory
+        form = self.form(whole=False)
+        x = self._as_base_input(self.original(x))
+        if form == HALVES:
+            return self.constant_half_rows(x, x_up)
+        if form == ROUTED:
+            return self.routed_rows(x, x_up)
+        return self.blocks(x, x_up, self.use_w12)
+
+    def blocks(self, x: torch.Tensor, x_up: torch.Tensor, with_w12: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """Eq. 1 block by block: ``(W x + b [+ W12 x_up], W21 x + W22 x_up + bias_up)``."""
+        out = self.original_product(x)
+        if with_w12:
+            out = out + F.linear(x_up, self.w12)
+        return out, F.linear(x, self.w21, self.bias_up) + F.linear(x_up, self.w22)
+
+    def form(self, whole: bool = True) -> str:
+        """How Eq. 1 is computed now (``EQ1``, ``MERGED``, ``ROUTED`` or ``HALVES``; see the class doc): the one
+        place the choice is made. ``whole=False``: for a caller holding the input's two parts, which the merged
+        product (over the whole input) does not take."""
+        grad = torch.is_grad_enabled()
+        if whole and self.use_w12 and self.merge_for_inference and not grad and self.weight is not None:
+            return MERGED  # a quantized W stays quantized: merging it would store it dense
+        if self.constant_preserve_half and grad:
+            return HALVES
+        if self.use_w12 and self.route is not None and self.route.active:
+            return ROUTED
+        return EQ1
 
     def original_product(self, x: torch.Tensor) -> torch.Tensor:
         """``W x + b``, the frozen original product (through the quantized module where the base is quantized)."""
@@ -122,10 +161,50 @@ class ScaleLinear(SplitInput):
             return self.quantized_base(x)
         return F.linear(x, self.weight, self.bias)
 
-    def _forward_merged(self, hidden: torch.Tensor) -> torch.Tensor:
-        """One dense product with the block matrix; route's stacked batch multiplies its preserve half
+    def _as_base_input(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` laid out as the base model's input to W, so ``W x + b`` rounds as it does there.
+
+        A strided slice with a bias takes matmul-then-add instead of the fused addmm the base model's
+        contiguous input takes: in bf16/fp16 (or under autocast) that rounds differently (one ulp), so
+        the original stream would no longer be bitwise the base model's. On a CPU fp32 rounds the same; on
+        CUDA the two paths may pick other GEMM kernels, so there the slice is made contiguous in fp32 too.
+        """
+        low_precision = x.dtype != torch.float32 or torch.is_autocast_enabled(x.device.type)
+        return x.contiguous() if self.bias is not None and (low_precision or x.is_cuda) else x
+
+    # The faster forms of the same product (chosen by `form`).
+
+    def routed_rows(self, x: torch.Tensor, x_up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """`blocks` on route's stacked rows ``[preserve path; adapt path]``: W12 is added to the adapt half only."""
+        out = self.original_product(x)
+        half = out.shape[0] // 2
+        out = torch.cat((out[:half], out[half:] + F.linear(x_up[half:], self.w12)))
+        return out, F.linear(x, self.w21, self.bias_up) + F.linear(x_up, self.w22)
+
+    def constant_half_rows(self, x: torch.Tensor, x_up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """`routed_rows` on route's stacked training batch whose preserve half's ``x`` is taken as the constant it
+        is, so autograd runs no backward through its frozen product with W (nor into it from W21), and saves
+        nothing for it. The arithmetic is `blocks`', one half at a time."""
+        half = x.shape[0] // 2
+        x_p, x_a = x[:half].detach(), x[half:]
+        out_a = self.original_product(x_a)
+        if self.use_w12:
+            out_a = out_a + F.linear(x_up[half:], self.w12)
+        out = torch.cat((self.original_product(x_p), out_a))
+        w21 = torch.cat((F.linear(x_p, self.w21, self.bias_up), F.linear(x_a, self.w21, self.bias_up)))
+        return out, w21 + F.linear(x_up, self.w22)
+
+    def project_path(self, x: torch.Tensor, x_up: torch.Tensor, adapt: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """`blocks` on one path's rows of route's stacked training batch (`ScaleMLP` runs the halves apart): the
+        preserve path's ``x`` is the constant it is there and never meets W12; the adapt path's does."""
+        self._merged = None  # training: drop the inference copy and its memory
+        x = self._as_base_input(self.original(x) if adapt else x.detach())
+        return self.blocks(x, x_up, adapt and self.use_w12)
+
+    def merged_product(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Eq. 1 as one dense product with the block matrix; route's stacked batch multiplies its preserve half
         (W12 taken as zero) by the original rows and ``[W21 W22]`` instead (no zero block read)."""
-        full, bias, bottom = self._inference_weights()
+        full, bias, bottom = self._merged_weights()
         if self.route is None or not self.route.active:
             return F.linear(hidden, full, bias)
         half = hidden.shape[0] // 2
@@ -139,18 +218,7 @@ class ScaleLinear(SplitInput):
         )
         return torch.cat((preserve, F.linear(hidden[half:], full, bias)))
 
-    def _as_base_input(self, x: torch.Tensor) -> torch.Tensor:
-        """``x`` laid out as the base model's input to W, so ``W x + b`` rounds as it does there.
-
-        A strided slice with a bias takes matmul-then-add instead of the fused addmm the base model's
-        contiguous input takes: in bf16/fp16 (or under autocast) that rounds differently (one ulp), so
-        the original stream would no longer be bitwise the base model's. On a CPU fp32 rounds the same; on
-        CUDA the two paths may pick other GEMM kernels, so there the slice is made contiguous in fp32 too.
-        """
-        low_precision = x.dtype != torch.float32 or torch.is_autocast_enabled(x.device.type)
-        return x.contiguous() if self.bias is not None and (low_precision or x.is_cuda) else x
-
-    def _inference_weights(self) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    def _merged_weights(self) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
         """The whole block matrix, its bias and ``[W21 W22]``; built once.
 
         Rebuilt when any block changes: every in-place write (an optimizer step,
@@ -167,50 +235,6 @@ class ScaleLinear(SplitInput):
 
     def clear_merged(self) -> None:
         self._merged = None
-
-    def project(self, x: torch.Tensor, x_up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The output's original part and added part, from the input's two parts (`ScaleMLP` keeps them apart)."""
-        if torch.is_grad_enabled():
-            self._merged = None  # training: drop the inference copy and its memory
-        x = self._as_base_input(self.original(x))
-        if self.constant_preserve_half and torch.is_grad_enabled():
-            return self._project_stacked(x, x_up)
-        if self.use_w12 and self.route is not None and self.route.active:  # [preserve path; adapt path]
-            out = self.original_product(x)
-            half = out.shape[0] // 2
-            out = torch.cat((out[:half], out[half:] + F.linear(x_up[half:], self.w12)))
-            return out, self._added_rows(x, x_up)
-        return self._blocks(x, x_up, self.use_w12)
-
-    def _blocks(self, x: torch.Tensor, x_up: torch.Tensor, with_w12: bool) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(W x + b [+ W12 x_up], W21 x + W22 x_up + bias_up)`` of rows that all take W12 alike."""
-        out = self.original_product(x)
-        if with_w12:
-            out = out + F.linear(x_up, self.w12)
-        return out, self._added_rows(x, x_up)
-
-    def _added_rows(self, x: torch.Tensor, x_up: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.w21, self.bias_up) + F.linear(x_up, self.w22)
-
-    def _project_stacked(self, x: torch.Tensor, x_up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """`project` on route's stacked training batch: the preserve half's ``x`` is taken as the constant
-        it is, so autograd runs no backward through its frozen product with W (nor into it from W21),
-        and saves nothing for it. The forward arithmetic is `project`'s, one half at a time."""
-        half = x.shape[0] // 2
-        x_p, x_a = x[:half].detach(), x[half:]
-        out_a = self.original_product(x_a)
-        if self.use_w12:
-            out_a = out_a + F.linear(x_up[half:], self.w12)
-        out = torch.cat((self.original_product(x_p), out_a))
-        w21 = torch.cat((F.linear(x_p, self.w21, self.bias_up), F.linear(x_a, self.w21, self.bias_up)))
-        return out, w21 + F.linear(x_up, self.w22)
-
-    def project_path(self, x: torch.Tensor, x_up: torch.Tensor, adapt: bool) -> tuple[torch.Tensor, torch.Tensor]:
-        """`project` on one path's rows of route's stacked training batch (`ScaleMLP` runs the halves apart): the
-        preserve path's ``x`` is the constant it is there and never meets W12; the adapt path's does."""
-        self._merged = None  # training: drop the inference copy and its memory
-        x = self._as_base_input(self.original(x) if adapt else x.detach())
-        return self._blocks(x, x_up, adapt and self.use_w12)
 
     def merged_weight(self, with_w12: bool | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The block matrix ``[[W, W12], [W21, W22]]`` as one dense weight, and the bias ``[b; bias_up]``.
@@ -236,6 +260,16 @@ class ScaleLinear(SplitInput):
             f"bias={self.bias is not None}, kind={self.kind}, collaborative={self.collaborative}, "
             f"use_w12={self.use_w12}"
         )
+
+
+def set_merged_inference(model: nn.Module, enabled: bool) -> None:
+    """From now on every `ScaleLinear` of ``model`` does (or, False, does not) take the merged inference form; off,
+    its cache is dropped too (a sharded model gathers its weights per forward: a merged copy would hold them whole)."""
+    for linear in model.modules():
+        if isinstance(linear, ScaleLinear):
+            linear.merge_for_inference = enabled
+            if not enabled:
+                linear.clear_merged()
 
 
 @contextmanager
@@ -278,11 +312,12 @@ class ScaleMLP(nn.Module):
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         gate_name, up_name, down_name, act_name = self.names
         up, down, act = getattr(self, up_name), getattr(self, down_name), getattr(self, act_name)
-        if up.merged_inference_active():  # inference with W12: the stock MLP on the merged weights
+        form = up.form()
+        if form == MERGED:  # inference with W12: the stock MLP on the merged weights
             inner = up(hidden)
             inner = act(inner) if gate_name is None else act(getattr(self, gate_name)(hidden)) * inner
             return down(inner)
-        if up.constant_preserve_half and torch.is_grad_enabled():  # route's stacked training batch
+        if form == HALVES:  # route's stacked training batch
             half = hidden.shape[0] // 2
             preserve, adapt = hidden.split(half)
             return torch.cat((self._parts(preserve, adapt=False), self._parts(adapt, adapt=True)))
