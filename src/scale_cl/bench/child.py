@@ -21,7 +21,7 @@ from scale_cl.bench.measure import make_optimizer, synchronize, train_step
 from scale_cl.bench.memory import MIB, RESULT_PREFIX, PeakMemory
 from scale_cl.bench.readings import READINGS, reading_model
 from scale_cl.bench.setup import build_method, method_options, scale_configs
-from scale_cl.bench.shapes import SHAPES, build_base
+from scale_cl.bench.shapes import build_base
 from scale_cl.tuner.upscale import upscale
 
 
@@ -31,7 +31,7 @@ def _param_bytes(model: torch.nn.Module) -> int:
 
 def train_memory(cfg: BenchConfig, shape_name: str, method: str) -> dict[str, Any]:
     """Peak memory of training ``method`` for ``warmup + 2`` steps (at least 2: AdamW's state exists from step 1)."""
-    device, shape = cfg.torch_device, SHAPES[shape_name]
+    device, shape = cfg.torch_device, cfg.shape(shape_name)
     memory = PeakMemory(device)
     base = build_base(shape, cfg.seed)
     options = method_options(shape, cfg)[method]
@@ -42,7 +42,7 @@ def train_memory(cfg: BenchConfig, shape_name: str, method: str) -> dict[str, An
     memory.reset()
     resident = memory.above_baseline()
     for _ in range(max(2, cfg.warmup + 2)):
-        train_step(model, optimizer, ids)
+        train_step(model, optimizer, ids, cfg.loss == "sliced")
     synchronize(device)
     return {
         "peak_train_mib": memory.peak() / MIB,
@@ -54,7 +54,7 @@ def train_memory(cfg: BenchConfig, shape_name: str, method: str) -> dict[str, An
 def forward_memory(cfg: BenchConfig, shape_name: str, row: str) -> dict[str, Any]:
     """Peak memory of one forward pass (no gradient) of a method's model or a reading's (`scale_cl.bench.readings`:
     the control holds the base beside its model), model resident."""
-    device, shape = cfg.torch_device, SHAPES[shape_name]
+    device, shape = cfg.torch_device, cfg.shape(shape_name)
     memory = PeakMemory(device)
     base = build_base(shape, cfg.seed)
     method = READINGS[row].method if row in READINGS else row
@@ -78,7 +78,7 @@ def forward_memory(cfg: BenchConfig, shape_name: str, row: str) -> dict[str, Any
 
 def upscale_cost(cfg: BenchConfig, shape_name: str) -> dict[str, Any]:
     """Wall time and peak memory of `upscale` (SVD initialisation included) on a freshly built base model."""
-    device, shape = cfg.torch_device, SHAPES[shape_name]
+    device, shape = cfg.torch_device, cfg.shape(shape_name)
     memory = PeakMemory(device)
     model = build_base(shape, cfg.seed).to(device=device, dtype=cfg.torch_dtype)
     base_bytes = _param_bytes(model)

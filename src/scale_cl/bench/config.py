@@ -8,13 +8,14 @@ from typing import Any, ClassVar
 import torch
 
 from scale_cl.bench.readings import READINGS
-from scale_cl.bench.shapes import SHAPES
+from scale_cl.bench.shapes import SHAPES, Shape
 from scale_cl.bounds import check_fields
 from scale_cl.methods import METHOD_NAMES, QUANTIZABLE_METHODS, check_quantizable
 from scale_cl.tuner.config import INITS
 
 MATCH_TARGETS = ("preserve", "adapt", "route")
 COMPILE_MODES = ("none", "default", "reduce-overhead", "max-autotune")
+LOSSES = ("sliced", "whole")
 # The batch when --batch / --seq are 0: a CPU's is the one the CPU targets were measured at; a GPU's gives about
 # 16k tokens a step, which keeps an H100 busy at Llama-3.2-1B's shape (at 1k tokens it waits on launches).
 AUTO_BATCH = {"cpu": (4, 256), "cuda": (16, 1024)}
@@ -91,6 +92,22 @@ class BenchConfig:
             "help": "time torch.compile'd models in this mode (reduce-overhead: with CUDA graphs); compiling happens "
             "in the warm-up steps; FLOPs and memory are those of the eager model",
             "choices": list(COMPILE_MODES),
+        },
+    )
+    loss: str = field(
+        default="sliced",
+        metadata={
+            "help": "the training loss: sliced (the logits a slice of positions at a time, never whole: what every "
+            "training command uses, scale_cl.train.chunked_loss) or whole (transformers' loss over every logit); "
+            "compiled models (--compile) take whole",
+            "choices": list(LOSSES),
+        },
+    )
+    vocab: int = field(
+        default=0,
+        metadata={
+            "ge": 0,
+            "help": "every shape's vocabulary; 0: its own (128256 is Llama-3's: the logits dominate a step's memory)",
         },
     )
     adapt_top: int = field(
@@ -189,6 +206,8 @@ class BenchConfig:
             raise ValueError(f"dtype must be auto, fp32 or bf16, got {self.dtype!r}")
         if self.match not in MATCH_TARGETS:
             raise ValueError(f"match must be one of {MATCH_TARGETS}, got {self.match!r}")
+        if self.loss not in LOSSES:
+            raise ValueError(f"loss must be one of {LOSSES}, got {self.loss!r}")
         if self.compile not in COMPILE_MODES:
             raise ValueError(f"compile must be one of {COMPILE_MODES}, got {self.compile!r}")
         batch, seq = AUTO_BATCH[self.torch_device.type]
@@ -217,6 +236,10 @@ class BenchConfig:
         if self.dtype == "auto":
             return torch.bfloat16 if self.torch_device.type == "cuda" else torch.float32
         return {"fp32": torch.float32, "bf16": torch.bfloat16}[self.dtype]
+
+    def shape(self, name: str) -> Shape:
+        """The shape ``name`` as measured: with ``vocab``'s vocabulary where one is given."""
+        return SHAPES[name].with_vocab(self.vocab) if self.vocab else SHAPES[name]
 
     def is_upscale_only(self, shape: str) -> bool:
         """Shapes timed for the upscale cost only: by default Llama-3.2-1B's on a CPU (too slow to train)."""

@@ -15,6 +15,8 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from scale_cl.train.chunked_loss import LossTargets, sliced_head
+
 
 def synchronize(device: torch.device) -> None:
     if device.type == "cuda":
@@ -27,8 +29,15 @@ def make_optimizer(model: nn.Module, lr: float) -> torch.optim.Optimizer:
     return torch.optim.AdamW(params, lr=lr)
 
 
-def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, ids: torch.Tensor) -> None:
-    model(input_ids=ids, labels=ids).loss.backward()
+def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, ids: torch.Tensor, sliced: bool = True) -> None:
+    """One optimizer step of the causal-LM loss on ``ids``; ``sliced``: the logits a slice at a time, as training
+    computes it (`scale_cl.train.chunked_loss`), else transformers' loss over the whole logits."""
+    if not sliced:
+        model(input_ids=ids, labels=ids).loss.backward()
+    else:
+        with sliced_head(model.get_output_embeddings(), LossTargets(ids)):
+            total = model(input_ids=ids).logits
+        (total / (ids.shape[0] * (ids.shape[1] - 1))).backward()
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
 
@@ -49,12 +58,14 @@ def interleaved_training(
     steps: int,
     rounds: int,
     compile_mode: str = "none",
+    sliced: bool = True,
     progress: bool = True,
 ) -> dict[str, list[float]]:
     """Seconds per optimizer step, per method: ``warmup`` untimed steps, then ``rounds`` x ``steps`` timed.
 
     Every round runs ``steps`` consecutive steps of each method in turn. ``compile_mode`` other than ``"none"``
-    times ``torch.compile(model, mode=compile_mode)`` (compiled during the warm-up steps; keep at least one).
+    times ``torch.compile(model, mode=compile_mode)`` (compiled during the warm-up steps; keep at least one), with
+    the whole loss. ``sliced``: the loss a slice of positions at a time (`train_step`).
     """
     device = ids.device
     optimizers = {name: make_optimizer(model, lr) for name, model in models.items()}
@@ -62,19 +73,20 @@ def interleaved_training(
         model.train()
     if compile_mode != "none":
         models = {name: torch.compile(model, mode=compile_mode) for name, model in models.items()}
+        sliced = False
     times: dict[str, list[float]] = {name: [] for name in models}
     total = len(models) * (warmup + rounds * steps)
     with tqdm(total=total, desc="train steps", disable=not progress, leave=False) as bar:
         for _ in range(warmup):
             for name, model in models.items():
-                train_step(model, optimizers[name], ids)
+                train_step(model, optimizers[name], ids, sliced)
                 bar.update()
         synchronize(device)
         for _ in range(rounds):
             for name, model in models.items():
                 for _ in range(steps):
                     start = time.perf_counter()
-                    train_step(model, optimizers[name], ids)
+                    train_step(model, optimizers[name], ids, sliced)
                     synchronize(device)
                     times[name].append(time.perf_counter() - start)
                     bar.update()

@@ -237,8 +237,9 @@ def shape_markdown(name: str, entry: dict[str, Any]) -> str:
         lines.append("")
     methods = entry.get("methods", {})
     if methods:
+        loss = f", the {entry['loss']} loss over a vocabulary of {entry['vocab']}" if "loss" in entry else ""
         lines += [
-            "Training (ratios against fft in brackets):",
+            f"Training{loss} (ratios against fft in brackets):",
             "",
             "| method | setting | trainable params | fwd MFLOP/token | train MFLOP/token | train floor MFLOP/token "
             "| s / step | train tokens/s | MFU | peak train MiB | state MiB |",

@@ -16,7 +16,7 @@ from scale_cl.bench.memory import MIB, release_memory, run_child
 from scale_cl.bench.readings import READINGS, reading_model
 from scale_cl.bench.report import add_ratios, evaluate_targets, machine_info, peak_tflops, write_results
 from scale_cl.bench.setup import build_method, describe, method_options, scale_configs
-from scale_cl.bench.shapes import SHAPES, Shape, build_base, parameter_count
+from scale_cl.bench.shapes import Shape, build_base, parameter_count
 from scale_cl.eval.cost import forward_flops_per_token, train_flops_per_token
 from scale_cl.methods import trainable_parameter_count
 
@@ -31,6 +31,8 @@ def _shape_entry(shape: Shape, cfg: BenchConfig) -> dict[str, Any]:
         "description": shape.description,
         "base_params": parameter_count(shape),
         "layers": shape.layers,
+        "vocab": shape.make_config().vocab_size,
+        "loss": cfg.loss,
         "hidden_up": shape.hidden_up,
         "ffn_up": shape.ffn_up,
         "preserve_layers": {method: sc.preserve_layers for method, sc in scale.items()},
@@ -88,6 +90,7 @@ def _measure_methods(shape: Shape, cfg: BenchConfig, entry: dict[str, Any], peak
             steps=cfg.steps,
             rounds=cfg.rounds,
             compile_mode=cfg.compile,
+            sliced=cfg.loss == "sliced",
             progress=cfg.progress,
         )
         for method, seconds in times.items():
@@ -167,7 +170,7 @@ def run_bench(cfg: BenchConfig, out: Path | None = None, command: str = "scale-c
     meta["peak_tflops"], meta["peak_source"] = peak_tflops(meta["gpu"], cfg.torch_dtype, cfg.peak_tflops)
     results: dict[str, Any] = {"meta": meta, "config": cfg.to_dict(), "shapes": {}}
     for name in cfg.shapes:
-        shape = SHAPES[name]
+        shape = cfg.shape(name)
         entry = _shape_entry(shape, cfg)
         results["shapes"][name] = entry
         if entry["upscale_only"]:

@@ -8,7 +8,7 @@ SCALE widths the issue's targets name and how many bottom layers Freeze keeps fi
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from transformers import (
@@ -37,6 +37,17 @@ class Shape:
     @property
     def layers(self) -> int:
         return self.make_config().num_hidden_layers
+
+    def with_vocab(self, vocab: int) -> Shape:
+        """This shape with another vocabulary (the results record it: `BenchConfig.vocab`)."""
+        make = self.make_config
+
+        def config() -> PretrainedConfig:
+            made = make()
+            made.vocab_size = vocab
+            return made
+
+        return replace(self, make_config=config)
 
 
 def _tiny() -> GPTNeoXConfig:

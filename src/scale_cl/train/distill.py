@@ -22,7 +22,7 @@ Where the base's logits come from (`teacher_for`):
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,10 +52,15 @@ class DistillConfig:
             raise ValueError(f"distillation new_tokens must be one of {NEW_TOKEN_WEIGHTS}, got {self.new_tokens!r}")
 
 
+def at_least_fp32(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` in fp32 where it is of lower precision (fp64 stays fp64)."""
+    return tensor.to(torch.promote_types(tensor.dtype, torch.float32))
+
+
 def _teacher_side(teacher_logits: torch.Tensor, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
     """``(p^T, sum_v p^T log p^T)`` at every position (no gradient: the teacher is fixed)."""
     with torch.no_grad():
-        logp = F.log_softmax(teacher_logits.float() / temperature, dim=-1)
+        logp = F.log_softmax(at_least_fp32(teacher_logits) / temperature, dim=-1)
         p = logp.exp()
         return p, torch.einsum("...v,...v->...", p, logp)
 
@@ -71,19 +76,35 @@ def position_weights(
 
     ``neg_entropy``: ``sum p log p`` of the base's distribution at temperature 1 where already computed.
     """
-    weights = torch.zeros(labels.shape, device=labels.device)
-    has_label = (labels[:, 1:] != IGNORE).float()
-    replay = torch.zeros(labels.shape[0], 1, device=labels.device)
+    return next_label_weights(teacher_logits, shifted_labels(labels), from_replay, new_tokens, neg_entropy)
+
+
+def shifted_labels(labels: torch.Tensor) -> torch.Tensor:
+    """The label each position predicts (the next one, as transformers' causal LM loss shifts them); the last
+    position predicts none (``IGNORE``)."""
+    return F.pad(labels, (0, 1), value=IGNORE)[:, 1:]
+
+
+def next_label_weights(
+    teacher_logits: torch.Tensor,
+    shifted: torch.Tensor,
+    from_replay: torch.Tensor | None,
+    new_tokens: str,
+    neg_entropy: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """`position_weights` of positions given the label each predicts (``shifted``: `shifted_labels`, or a slice
+    of positions of it)."""
+    has_label = (shifted != IGNORE).float()
+    replay = torch.zeros(shifted.shape[0], 1, device=shifted.device)
     if from_replay is not None:
-        replay = from_replay.to(labels.device).float().view(-1, 1)
+        replay = from_replay.to(shifted.device).float().view(-1, 1)
     if new_tokens == "confidence":
         if neg_entropy is None:
             neg_entropy = _teacher_side(teacher_logits, 1.0)[1]
-        new = torch.exp(neg_entropy[:, :-1])  # exp(-H)
+        new = torch.exp(neg_entropy)  # exp(-H)
     else:
         new = torch.full_like(has_label, 1.0 if new_tokens == "all" else 0.0)
-    weights[:, :-1] = has_label * (replay + (1 - replay) * new)
-    return weights
+    return has_label * (replay + (1 - replay) * new)
 
 
 def distill_sum(
@@ -93,7 +114,18 @@ def distill_sum(
     from_replay: torch.Tensor | None,
     config: DistillConfig,
 ) -> torch.Tensor:
-    """``T^2 sum_t w_t KL(p_teacher^T || p_student^T)`` over the batch (not yet averaged).
+    """``T^2 sum_t w_t KL(p_teacher^T || p_student^T)`` over the batch (not yet averaged)."""
+    return kl_sum(student_logits, teacher_logits, shifted_labels(labels), from_replay, config)
+
+
+def kl_sum(
+    student_logits: torch.Tensor,
+    teacher_logits: torch.Tensor,
+    shifted: torch.Tensor,
+    from_replay: torch.Tensor | None,
+    config: DistillConfig,
+) -> torch.Tensor:
+    """`distill_sum` of positions given the label each predicts (``shifted``; a slice of the positions is enough).
 
     Computed as ``KL = sum p log p - <p, z_student> / T + logsumexp(z_student / T)`` (``p`` sums to 1): no
     log-softmax of the student and no full-size difference is materialised, which halves the term's cost over
@@ -103,12 +135,12 @@ def distill_sum(
     """
     t = config.temperature
     p, neg_entropy = _teacher_side(teacher_logits, t)
-    weights = position_weights(
-        teacher_logits, labels, from_replay, config.new_tokens, neg_entropy if t == 1.0 else None
+    weights = next_label_weights(
+        teacher_logits, shifted, from_replay, config.new_tokens, neg_entropy if t == 1.0 else None
     )
     if not bool(weights.any()):
         return student_logits.sum() * 0.0  # keeps the graph (every process runs the same backward)
-    student = student_logits.float()
+    student = at_least_fp32(student_logits)
     scaled = student if t == 1.0 else student / t
     cross = torch.einsum("...v,...v->...", p, scaled[..., : p.shape[-1]])
     kl = neg_entropy - cross + torch.logsumexp(scaled, dim=-1)
@@ -133,6 +165,22 @@ class HeadTeacher:
             raise RuntimeError("the SCALE head did not hand over the base logits (is this a Preserve or Route model?)")
         return outputs, logits
 
+    @contextlib.contextmanager
+    def slices(self, inputs: dict[str, Any]) -> Iterator[Callable[[slice], torch.Tensor]]:
+        """Within the block the head keeps the base logits of each slice of positions it runs on
+        (`scale_cl.train.chunked_loss`); yields the reader of the slice it ran on last."""
+
+        def kept(positions: slice) -> torch.Tensor:
+            if self.state.base_logits is None:
+                raise RuntimeError("the SCALE head did not hand over the base logits of a slice")
+            return self.state.base_logits
+
+        self.state.capture_base, self.state.base_logits = True, None
+        try:
+            yield kept
+        finally:
+            self.state.capture_base, self.state.base_logits = False, None
+
 
 class CopyTeacher:
     """A frozen copy of the base model run on the same batch, without gradient (LwF's second forward pass), on the
@@ -152,6 +200,12 @@ class CopyTeacher:
         with torch.no_grad(), autocast:
             logits = self.model(**model_inputs).logits
         return forward(), logits
+
+    @contextlib.contextmanager
+    def slices(self, inputs: dict[str, Any]) -> Iterator[Callable[[slice], torch.Tensor]]:
+        """The copy's logits of the batch (no gradient), read a slice of positions at a time."""
+        logits = self.run(lambda: None, inputs)[1]
+        yield lambda positions: logits[:, positions]
 
 
 def free_teacher(model: nn.Module) -> bool:

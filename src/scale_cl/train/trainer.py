@@ -41,6 +41,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
 
 from scale_cl.data.replay import REPLAY_KEY
 from scale_cl.files import atomic_write, sha256_of, write_json
+from scale_cl.train.chunked_loss import LossTargets, chunkable, sliced_head
 from scale_cl.train.distill import Distillation, distill_sum
 from scale_cl.tuner.io import check_tensors
 
@@ -82,6 +83,8 @@ class CheckpointingTrainer(Trainer):
             resuming refuses a checkpoint whose ``run_info`` differs.
         distillation: a KL term to the base model's logits added to the training loss
             (`scale_cl.train.distill`); None = the language-modelling loss alone.
+        slice_positions: the training loss's positions per slice of the head (`scale_cl.train.chunked_loss`: the
+            logits never whole); 0 = chosen from the shapes (`slice_positions`), None = the plain loss (whole logits).
         lr_ratios: ``{name suffix: multiple}``: parameters whose name ends with a suffix train at that multiple
             of the learning rate (their own optimizer groups, under the same schedule); the others at the rate.
         other arguments: as `transformers.Trainer`.
@@ -93,12 +96,14 @@ class CheckpointingTrainer(Trainer):
         run_info: dict[str, Any] | None = None,
         lr_ratios: dict[str, float] | None = None,
         distillation: Distillation | None = None,
+        slice_positions: int | None = 0,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
         self.run_info = run_info or {}
         self.lr_ratios = dict(lr_ratios or {})
         self.distillation = distillation
+        self.slice_positions = slice_positions
 
     def compute_loss(
         self,
@@ -114,6 +119,8 @@ class CheckpointingTrainer(Trainer):
         Trainer's loss; else this batch's), then scaled by the same factor the Trainer applies to it.
         """
         from_replay = inputs.pop(REPLAY_KEY, None)
+        if self.slices_loss(model, inputs):
+            return self.sliced_loss(model, inputs, return_outputs, num_items_in_batch, from_replay)
         if self.distillation is None or not model.training:
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         outputs, teacher_logits = self.distillation.teacher.run(
@@ -130,6 +137,49 @@ class CheckpointingTrainer(Trainer):
         else:
             count = (labels[:, 1:] != -100).sum()
         loss = loss + self.distillation.config.weight * total / count
+        return (loss, outputs) if return_outputs else loss
+
+    def slices_loss(self, model: nn.Module, inputs: dict[str, Any]) -> bool:
+        """Whether this training batch's loss is computed a slice of positions at a time (`sliced_loss`): training,
+        ``sliced_loss`` on, the Trainer's own causal-LM loss (no label smoother, no ``compute_loss_func``), weights
+        held whole (not sharded: a sharded head gathers its weights in its own call) and a head that reads each
+        position alone (`chunkable`)."""
+        if not (self.slice_positions is not None and model.training and torch.is_grad_enabled()):
+            return False
+        if "labels" not in inputs or self.label_smoother is not None or self.compute_loss_func is not None:
+            return False
+        if self.is_fsdp_enabled or self.is_deepspeed_enabled:
+            return False
+        head = self.accelerator.unwrap_model(model).get_output_embeddings()
+        return head is not None and chunkable(head)
+
+    def sliced_loss(
+        self,
+        model: nn.Module,
+        inputs: dict[str, Any],
+        return_outputs: bool,
+        num_items_in_batch: Any,
+        from_replay: torch.Tensor | None,
+    ) -> Any:
+        """The Trainer's causal-LM loss (and the distillation term) with the logits never whole
+        (`scale_cl.train.chunked_loss`): divided as the Trainer divides its own."""
+        labels = inputs["labels"]
+        model_inputs = {k: v for k, v in inputs.items() if k != "labels"}
+        head = self.accelerator.unwrap_model(model).get_output_embeddings()
+        distill = self.distillation
+        teacher = distill.teacher.slices(inputs) if distill is not None else contextlib.nullcontext()
+        with teacher as slice_teacher:
+            targets = LossTargets(labels, distill.config if distill else None, slice_teacher, from_replay)
+            with sliced_head(head, targets, self.slice_positions or None):
+                outputs = model(**model_inputs)
+        total = outputs.logits
+        if self.model_accepts_loss_kwargs and num_items_in_batch is not None:
+            loss = total / torch.as_tensor(num_items_in_batch, device=total.device)
+            if self.args.average_tokens_across_devices:  # as the Trainer scales its own loss
+                scale = self.accelerator.num_processes // self.get_tp_size()
+                loss = loss * (scale if self.args.n_gpu <= 1 else self.args.n_gpu)
+        else:
+            loss = total / (labels[:, 1:] != -100).sum()
         return (loss, outputs) if return_outputs else loss
 
     def create_optimizer(self, model: nn.Module | None = None) -> torch.optim.Optimizer:

@@ -1,0 +1,164 @@
+"""The training loss with the logits never whole (`scale_cl.train.chunked_loss`): equal to the plain loss.
+
+The loss and every gradient are compared in float64 with the cross-entropy of the whole logits, on every
+architecture, for full fine-tuning and the three SCALE methods (tied and untied heads, an extended vocabulary,
+route's stacked paths), with the distillation term of both teachers, and through the Trainer.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from transformers import TrainingArguments
+
+from conftest import ARCHS, VOCAB, make_model, randomize_new_weights, token_batch, upscaled_copy
+from scale_cl.train.chunked_loss import LossTargets, chunkable, slice_positions, sliced_head
+from scale_cl.train.distill import CopyTeacher, DistillConfig, HeadTeacher, distill_sum
+from scale_cl.train.trainer import CheckpointingTrainer
+from scale_cl.tuner.layers import is_new_parameter
+from scale_cl.tuner.modes import set_live_settings
+
+METHODS = ("fft", "preserve", "adapt", "route")
+
+
+def _model(arch: str, method: str, new_tokens: int = 0):
+    base = make_model(arch, seed=0)
+    if method == "fft":
+        model = base
+    else:
+        model = upscaled_copy(base, method, preserve_layers=1, ffn_up=16)
+        randomize_new_weights(model, seed=3, w12_scale=0.3)
+        model.set_method(method)
+    if new_tokens:
+        model.resize_token_embeddings(VOCAB + new_tokens)
+    return model.double().train()
+
+
+def _batch(vocab: int = VOCAB) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    ids, mask = token_batch(rows=3, length=9)
+    ids[0, -1] = vocab - 1  # a new token where the vocabulary is extended
+    labels = ids.masked_fill(mask == 0, -100)
+    labels[2, 5] = -100  # an ignored position inside a row
+    return ids, mask, labels
+
+
+def _step(model, loss_of) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    model.zero_grad(set_to_none=True)
+    loss = loss_of()
+    loss.backward()
+    return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def _whole(model, ids, mask, labels, count):
+    logits = model(input_ids=ids, attention_mask=mask).logits
+    return F.cross_entropy(logits[:, :-1].flatten(0, 1), labels[:, 1:].flatten(), reduction="sum") / count
+
+
+def _sliced(model, ids, mask, targets, count, positions=2):
+    with sliced_head(model.get_output_embeddings(), targets, positions):
+        return model(input_ids=ids, attention_mask=mask).logits / count
+
+
+def _assert_same(plain, sliced) -> None:
+    (loss, grads), (sliced_loss, sliced_grads) = plain, sliced
+    torch.testing.assert_close(sliced_loss, loss, rtol=1e-12, atol=1e-12)
+    assert set(sliced_grads) == set(grads)
+    for name, grad in grads.items():
+        torch.testing.assert_close(sliced_grads[name], grad, rtol=1e-10, atol=1e-12, msg=name)
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("arch", sorted(ARCHS))
+def test_the_sliced_loss_and_its_gradients_equal_the_whole_logits(arch, method):
+    model = _model(arch, method)
+    ids, mask, labels = _batch()
+    count = (labels[:, 1:] != -100).sum()
+    plain = _step(model, lambda: _whole(model, ids, mask, labels, count))
+    _assert_same(plain, _step(model, lambda: _sliced(model, ids, mask, LossTargets(labels), count)))
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("arch", ["llama-gqa2-tied", "llama-mha-untied"])
+def test_an_extended_vocabulary_is_sliced_alike(arch, method):
+    model = _model(arch, method, new_tokens=4)
+    ids, mask, labels = _batch(VOCAB + 4)
+    count = (labels[:, 1:] != -100).sum()
+    plain = _step(model, lambda: _whole(model, ids, mask, labels, count))
+    assert any(name.endswith("weight_new") for name in plain[1]) or method == "fft"
+    _assert_same(plain, _step(model, lambda: _sliced(model, ids, mask, LossTargets(labels), count, positions=4)))
+
+
+@pytest.mark.parametrize("method", ["preserve", "route"])
+def test_the_frozen_weights_take_no_gradient_and_routes_reading_covers_every_position(method):
+    model = _model("llama-gqa2-tied", method)
+    ids, mask, labels = _batch()
+    count = (labels[:, 1:] != -100).sum()
+    with torch.no_grad():
+        model(input_ids=ids, attention_mask=mask)
+    whole_reading = model.scale_route.last
+    _step(model, lambda: _sliced(model, ids, mask, LossTargets(labels), count, positions=4))
+    frozen = [n for n, p in model.named_parameters() if not is_new_parameter(n)]
+    assert frozen and all(model.get_parameter(n).grad is None for n in frozen)
+    if method == "route":
+        assert torch.equal(model.scale_route.last.base_weight, whole_reading.base_weight)  # (3, 9): every slice
+
+
+@pytest.mark.parametrize("method", ["fft", "preserve"])
+def test_the_distillation_term_is_sliced_with_its_teacher(method):
+    """Preserve's free teacher (its own head's ``Z``, kept slice by slice) and a frozen copy's logits."""
+    model = _model("llama-gqa2-tied", method)
+    ids, mask, labels = _batch()
+    count = (labels[:, 1:] != -100).sum()
+    config = DistillConfig(weight=0.7, temperature=2.0, new_tokens="confidence")
+    replay = torch.tensor([True, False, False])
+    teacher = (
+        HeadTeacher(model)
+        if method == "preserve"
+        else CopyTeacher(copy.deepcopy(make_model("llama-gqa2-tied")).double())
+    )
+    inputs = {"input_ids": ids, "attention_mask": mask}
+
+    def whole():
+        outputs, base = teacher.run(lambda: model(**inputs), inputs)
+        logits = outputs.logits
+        ce = F.cross_entropy(logits[:, :-1].flatten(0, 1), labels[:, 1:].flatten(), reduction="sum")
+        return (ce + config.weight * distill_sum(logits, base, labels, replay, config)) / count
+
+    def sliced():
+        with teacher.slices(inputs) as kept:
+            return _sliced(model, ids, mask, LossTargets(labels, config, kept, replay), count)
+
+    _assert_same(_step(model, whole), _step(model, sliced))
+
+
+def test_the_trainer_slices_by_default_and_matches_its_plain_loss(tmp_path):
+    model = _model("llama-gqa2-tied", "preserve").float()
+    ids, mask, labels = _batch()
+    inputs = {"input_ids": ids, "attention_mask": mask, "labels": labels}
+    args = TrainingArguments(tmp_path, report_to=[], use_cpu=True)
+    losses = {}
+    for positions in (0, None):
+        trainer = CheckpointingTrainer(model=model, args=args, slice_positions=positions)
+        assert trainer.slices_loss(model, inputs) == (positions is not None)
+        losses[positions] = trainer.compute_loss(model, dict(inputs))
+    torch.testing.assert_close(losses[0], losses[None], rtol=1e-6, atol=0)
+
+
+def test_a_head_that_reads_the_documents_tokens_keeps_the_plain_loss():
+    model = _model("llama-gqa2-tied", "preserve")
+    set_live_settings(model, router="likelihood")  # a mixing router reading the document's token ids
+    assert not chunkable(model.get_output_embeddings())
+    with (
+        pytest.raises(ValueError, match="cannot be sliced"),
+        sliced_head(model.get_output_embeddings(), LossTargets(_batch()[2])),
+    ):
+        pass
+
+
+def test_a_slice_holds_about_the_hidden_states_worth_of_logits():
+    assert slice_positions(16, 1024, 2048, 128256) * 16 == 512  # 16,384 tokens / ceil(128256 / 2048) = 260 -> 512
+    assert slice_positions(4, 256, 576, 49152) == 4  # SmolLM2: 1,024 tokens over 86 -> 16 rows
+    assert slice_positions(1, 8, 64, 48) == 8  # a vocabulary narrower than the hidden states: one slice
