@@ -12,8 +12,8 @@
 #   bash scripts/gpu_check.sh [--out DIR] [--python PYTHON]    # on the GPU machine (default out: outputs/gpu-check)
 #   bash scripts/gpu_check.sh --skip tests,bio-micro,bench     # a second call: what the first had no time for
 #   bash scripts/gpu_check.sh --dry-run [--out DIR]            # on a CPU: the same steps at toy sizes (CI runs it)
-# Steps: versions, tests, bio-micro, bench, train, bench-memory, bench-readings, bench-compiled (the last gets what is
-# left of the budget).
+# Steps: versions, tests, bio-micro, bench, train, bench-memory, bench-memory-whole, bench-readings, bench-compiled (the
+# last gets what is left of the budget).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT="$(pwd)"
@@ -111,6 +111,14 @@ if [ "$DRY_RUN" -eq 1 ]; then
 else
   step bench-memory 120 "$PYTHON" "${BENCH[@]}" --methods fft scale_preserve --skip-training --skip-flops \
     --out "$OUT/bench-memory"
+fi
+# Issue 53: the same peaks with transformers' whole-logit loss (the bench and training slice it by default), at the
+# shape's 128k vocabulary: the sliced loss's memory against it.
+if [ "$DRY_RUN" -eq 1 ]; then
+  echo "[gpu-check] bench-memory-whole: not run in a dry run (as bench-memory)"
+else
+  step bench-memory-whole 90 "$PYTHON" "${BENCH[@]}" --methods fft scale_preserve --skip-training --skip-flops \
+    --loss whole --out "$OUT/bench-memory-whole"
 fi
 
 # Issue 40: the one-pass likelihood readings' inference (forward and generate()) against FFT's, and the control.

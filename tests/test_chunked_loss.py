@@ -158,7 +158,8 @@ def test_a_head_that_reads_the_documents_tokens_keeps_the_plain_loss():
         pass
 
 
-def test_a_slice_holds_about_the_hidden_states_worth_of_logits():
-    assert slice_positions(16, 1024, 2048, 128256) * 16 == 512  # 16,384 tokens / ceil(128256 / 2048) = 260 -> 512
-    assert slice_positions(4, 256, 576, 49152) == 4  # SmolLM2: 1,024 tokens over 86 -> 16 rows
-    assert slice_positions(1, 8, 64, 48) == 8  # a vocabulary narrower than the hidden states: one slice
+def test_a_slice_holds_about_the_hidden_states_worth_of_logits_and_at_least_half_the_hidden_widths_rows():
+    assert slice_positions(16, 1024, 2048, 128256) * 16 == 1024  # Llama-3.2-1B: 16,384 / 63 = 261 rows; hidden / 2
+    assert slice_positions(64, 1024, 2048, 128256) * 64 == 2048  # 65,536 / 63 = 1,041 rows -> 2,048
+    assert slice_positions(4, 256, 576, 49152) * 4 == 512  # SmolLM2: 1,024 / 86 -> 16 rows, but hidden / 2 -> 512
+    assert slice_positions(1, 8, 64, 96) == 8  # a tiny model: one slice

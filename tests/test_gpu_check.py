@@ -76,10 +76,11 @@ def test_the_summary_reads_a_gpu_run(tmp_path):
         run = {m: {**r, "step_s": s} for (m, r), s in zip(methods.items(), steps, strict=True)}
         shapes = {"llama-1b": {"methods": run, "targets": [{**target, "at_most": True, "met": True}]}}
         (tmp_path / folder / "results.json").write_text(json.dumps({"meta": {}, "config": {}, "shapes": shapes}))
-    (tmp_path / "bench-memory").mkdir()
-    peaks = {"fft": {"peak_train_mib": 60000.0}, "scale_preserve": {"peak_train_mib": 31000.4}}
-    memory = {"meta": {}, "config": {}, "shapes": {"llama-1b": {"methods": peaks}}}
-    (tmp_path / "bench-memory" / "results.json").write_text(json.dumps(memory))
+    for folder, scale in (("bench-memory", 1.0), ("bench-memory-whole", 2.0)):
+        (tmp_path / folder).mkdir()
+        peaks = {"fft": {"peak_train_mib": 60000.0 * scale}, "scale_preserve": {"peak_train_mib": 31000.4 * scale}}
+        memory = {"meta": {}, "config": {}, "shapes": {"llama-1b": {"methods": peaks}}}
+        (tmp_path / folder / "results.json").write_text(json.dumps(memory))
     (tmp_path / "bench-readings").mkdir()
     versus = {"fwd_flops_per_token": 1.3, "forward_tokens_per_s": 0.8, "generate_tokens_per_s": 0.75}
     cost = {"issue": 40, "target": "preserve-likelihood forward time / fft (1 / its speed ratio)", "value": 1.25}
@@ -105,4 +106,8 @@ def test_the_summary_reads_a_gpu_run(tmp_path):
     assert "MFU at llama-1b: fft 40.0%, scale_preserve 30.0%." in summary
     peak_line = "Peak training memory at llama-1b (a fresh process each): fft 60,000 MiB, scale_preserve 31,000 MiB."
     assert peak_line in summary
+    assert "Peak training memory at llama-1b, the whole loss (a fresh process each): fft 120,000 MiB" in summary
+    assert (
+        "| 53 | llama-1b | scale_preserve peak training memory, sliced / whole loss | 0.500 | <= 0.6 | yes |" in summary
+    )
     assert "NVIDIA H100 (79.6 GiB)" in summary and "* scale_preserve (llama-1b): 0.80x" in summary

@@ -50,9 +50,14 @@ class LossTargets:
 
 
 def slice_positions(batch: int, positions: int, hidden: int, vocab: int) -> int:
-    """Positions per slice: the slice's logits about the size of the hidden states (Liger's rule: the tokens over
-    ``ceil(vocab / hidden)``), rounded up to a power of two of rows."""
-    rows = 2 ** math.ceil(math.log2(max(1, math.ceil(batch * positions / math.ceil(vocab / hidden)))))
+    """Positions per slice, so that a slice holds about the hidden states' worth of logits (Liger's rule: the tokens
+    over ``ceil(vocab / hidden)``) but at least half the hidden width's rows, each rounded up to a power of two.
+
+    The floor: every slice writes the head's whole weight gradient (vocabulary x hidden) once, which outweighs the
+    slice's own logits below ``hidden / 2`` rows; on a CPU 16-row slices took 4x the whole loss's time at SmolLM2's
+    shape, 512 rows the same time (benchmarks/README.md)."""
+    liger = math.ceil(batch * positions / math.ceil(vocab / hidden))
+    rows = 2 ** math.ceil(math.log2(max(1, liger, math.ceil(hidden / 2))))
     return max(1, min(positions, rows // batch))
 
 
@@ -123,7 +128,7 @@ class _SlicedHeadLoss(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad_output: torch.Tensor) -> tuple:
-        grad_hidden, *grads = [None if g is None else (g * grad_output).to(g.dtype) for g in ctx.grads]
+        grad_hidden, *grads = [None if g is None else g.mul_(grad_output.to(g.dtype)) for g in ctx.grads]  # ours alone
         ctx.grads = None
         return (grad_hidden, None, *grads)
 
