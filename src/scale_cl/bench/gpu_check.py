@@ -247,8 +247,8 @@ def _peaks(memory: dict[str, Any] | None) -> dict[str, dict[str, float | None]]:
 
 
 def _sliced_memory_targets(sliced: dict[str, Any] | None, whole: dict[str, Any] | None) -> list[dict[str, Any]]:
-    """Issue 53's: each method's peak training memory with the sliced loss (the default) over the whole loss's, at the
-    shape's own vocabulary (Llama-3.2-1B's 128k), <= 0.6."""
+    """The sliced loss's memory target: each method's peak training memory with the sliced loss (the default) over
+    the whole loss's, at the shape's own vocabulary (Llama-3.2-1B's 128k), <= 0.6."""
     found = []
     for shape, peaks in _peaks(sliced).items():
         for method, peak in peaks.items():

@@ -22,6 +22,7 @@ from scale_cl.data.corpus import eval_sets
 from scale_cl.experiments.train.config import TRAINED, TrainConfig
 from scale_cl.methods import method_spec
 from scale_cl.remote_code import own_code_kwargs
+from scale_cl.train.chunked_loss import slice_positions
 
 GIB = 1024**3
 # Activation bytes per token at SmolLM2-135M's shape (30 layers, hidden 576, vocabulary 49,152; +192/+192 for SCALE),
@@ -91,8 +92,9 @@ def parameter_counts(config: Any, cfg: TrainConfig) -> tuple[int, int]:
     return sum(p.numel() for p in prepared.parameters()), trainable_parameter_count(prepared)
 
 
-def activation_bytes(config: Any, cfg: TrainConfig, bf16: bool) -> float:
-    """Activation bytes of one micro-batch (module doc)."""
+def activation_bytes(config: Any, cfg: TrainConfig, bf16: bool, sliced: bool = True) -> float:
+    """Activation bytes of one micro-batch (module doc). ``sliced``: the loss's logits live a slice of positions at a
+    time (`scale_cl.train.chunked_loss`, the Trainer's default; a sharded run keeps them whole)."""
     text = config.get_text_config()
     layers, hidden, vocab = text.num_hidden_layers, text.hidden_size, text.vocab_size
     up = cfg.options.scale.hidden_up if method_spec(cfg.method).is_scale else 0
@@ -105,7 +107,11 @@ def activation_bytes(config: Any, cfg: TrainConfig, bf16: bool) -> float:
         per_token = layers * (hidden + up) * (2 if bf16 else 4) + layer_part
     else:
         per_token = layers * layer_part
-    return (per_token + 12 * vocab) * cfg.train.micro_batch_size * cfg.data.seq_len
+    micro, seq = cfg.train.micro_batch_size, cfg.data.seq_len
+    rows = micro * seq
+    if sliced:
+        rows = min(rows, slice_positions(micro, seq, hidden + up, vocab) * micro)
+    return per_token * micro * seq + 12 * vocab * rows
 
 
 def _steps(cfg: TrainConfig) -> tuple[int, str]:
@@ -190,7 +196,7 @@ def plan(cfg: TrainConfig, config: Any, processes: int = 0, model_note: str = ""
     shard = world if sharded else 1
     weights, grads = 4 * total / shard, 4 * trainable / shard
     state = (2 if t.optim == "adamw_8bit" else 8) * trainable / shard
-    acts = activation_bytes(config, cfg, bf16)
+    acts = activation_bytes(config, cfg, bf16, sliced=not sharded)
     checkpointed = ", checkpointed" if t.gradient_checkpointing else ""
     lines.append(
         (
