@@ -44,9 +44,8 @@ def whole(head: torch.nn.Module, hidden: torch.Tensor, labels: torch.Tensor) -> 
 
 
 def sliced(head: torch.nn.Module, hidden: torch.Tensor, labels: torch.Tensor, positions: int) -> None:
-    with sliced_head(head, LossTargets(labels), positions):
-        total = head(hidden)
-    (total / labels[:, 1:].numel()).backward()
+    with sliced_head(head, LossTargets(labels, labels[:, 1:].numel()), positions):
+        head(hidden).backward()
 
 
 def main() -> None:

@@ -58,8 +58,9 @@ def _whole(model, ids, mask, labels, count):
 
 
 def _sliced(model, ids, mask, targets, count, positions=2):
+    targets.divisor = count
     with sliced_head(model.get_output_embeddings(), targets, positions):
-        return model(input_ids=ids, attention_mask=mask).logits / count
+        return model(input_ids=ids, attention_mask=mask).logits
 
 
 def _assert_same(plain, sliced) -> None:
@@ -129,7 +130,7 @@ def test_the_distillation_term_is_sliced_with_its_teacher(method):
 
     def sliced():
         with teacher.slices(inputs) as kept:
-            return _sliced(model, ids, mask, LossTargets(labels, config, kept, replay), count)
+            return _sliced(model, ids, mask, LossTargets(labels, count, config, kept, replay), count)
 
     _assert_same(_step(model, whole), _step(model, sliced))
 
@@ -163,3 +164,15 @@ def test_a_slice_holds_about_the_hidden_states_worth_of_logits_and_at_least_half
     assert slice_positions(64, 1024, 2048, 128256) * 64 == 2048  # 65,536 / 63 = 1,041 rows -> 2,048
     assert slice_positions(4, 256, 576, 49152) * 4 == 512  # SmolLM2: 1,024 / 86 -> 16 rows, but hidden / 2 -> 512
     assert slice_positions(1, 8, 64, 96) == 8  # a tiny model: one slice
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_one_slice_is_transformers_loss_bitwise(method):
+    """Divided before its gradients are taken, one slice's loss and gradients are transformers' own, bitwise (fp32)."""
+    model = _model("llama-gqa2-tied", method).float()
+    ids, mask, labels = _batch()
+    count = (labels[:, 1:] != -100).sum()
+    plain = _step(model, lambda: model(input_ids=ids, attention_mask=mask, labels=labels).loss)
+    sliced = _step(model, lambda: _sliced(model, ids, mask, LossTargets(labels), count, positions=ids.shape[1]))
+    assert torch.equal(sliced[0], plain[0])
+    assert all(torch.equal(sliced[1][name], grad) for name, grad in plain[1].items())

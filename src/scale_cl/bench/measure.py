@@ -35,9 +35,8 @@ def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, ids: torch.Te
     if not sliced:
         model(input_ids=ids, labels=ids).loss.backward()
     else:
-        with sliced_head(model.get_output_embeddings(), LossTargets(ids)):
-            total = model(input_ids=ids).logits
-        (total / (ids.shape[0] * (ids.shape[1] - 1))).backward()
+        with sliced_head(model.get_output_embeddings(), LossTargets(ids, ids.shape[0] * (ids.shape[1] - 1))):
+            model(input_ids=ids).logits.backward()
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
 

@@ -12,7 +12,8 @@ loss's own gradient.
 
 The loss is the sum of the cross-entropy over the labelled positions (transformers' ``ForCausalLMLoss``: the
 labels shifted by one, ``-100`` ignored, fp32), plus, with distillation, ``lambda`` times the KL sum to the
-teacher's logits of the same slice (`scale_cl.train.distill.kl_sum`); the caller divides it as the Trainer does.
+teacher's logits of the same slice (`scale_cl.train.distill.kl_sum`), divided by the count the Trainer divides its
+own by before any gradient is taken: with one slice the gradients are the whole loss's, bitwise.
 A head whose output at a position reads other positions (a router reading the document's token ids) cannot be
 sliced: `chunkable` says so, and the caller keeps the plain loss there.
 """
@@ -38,12 +39,14 @@ from scale_cl.train.distill import IGNORE, DistillConfig, at_least_fp32, kl_sum,
 class LossTargets:
     """What the loss of a batch compares the logits with.
 
-    ``labels``: (B, T), as given to a transformers causal LM (shifted by one here). ``distill`` and ``teacher``:
-    the KL term's settings and the teacher's logits of a slice of positions (called right after the head ran on
-    that slice: `scale_cl.train.distill.HeadTeacher` reads what the head just kept). ``from_replay``: (B,), which
-    sequences are replayed old-domain text (the KL term's weights)."""
+    ``labels``: (B, T), as given to a transformers causal LM (shifted by one here). ``divisor``: what the loss sum is
+    divided by before its gradients are taken, as the Trainer divides its own (so the gradients round alike).
+    ``distill`` and ``teacher``: the KL term's settings and the teacher's logits of a slice of positions (called
+    right after the head ran on that slice: `scale_cl.train.distill.HeadTeacher` reads what the head just kept).
+    ``from_replay``: (B,), which sequences are replayed old-domain text (the KL term's weights)."""
 
     labels: torch.Tensor
+    divisor: float | torch.Tensor = 1.0
     distill: DistillConfig | None = None
     teacher: Callable[[slice], torch.Tensor] | None = None
     from_replay: torch.Tensor | None = None
@@ -102,7 +105,8 @@ class _Slices:
                     weights = dict(zip(self.names, leaves, strict=True))
                     loss = self.loss(functional_call(self.head, weights, (part,), strict=False), positions)
                     wrt = [*([part] if wants_hidden else []), *leaves]
-                    got = list(torch.autograd.grad(loss, wrt, allow_unused=True)) if wrt else []
+                    with torch.autocast(hidden.device.type, enabled=False):  # a backward pass, as outside the forward
+                        got = list(torch.autograd.grad(loss, wrt, allow_unused=True)) if wrt else []
                 if wants_hidden:
                     grads[0][:, positions] = got.pop(0)
                 for index, grad in enumerate(got, start=1):
@@ -134,7 +138,8 @@ class _SlicedHeadLoss(torch.autograd.Function):
 
 
 def slice_loss(targets: LossTargets) -> Callable[[torch.Tensor, slice], torch.Tensor]:
-    """The loss sum of one slice's logits: cross-entropy (and the weighted KL term) over its labelled positions."""
+    """The loss of one slice's logits: the cross-entropy (and the weighted KL term) summed over its labelled
+    positions, over ``targets.divisor``."""
     shifted = shifted_labels(targets.labels)
 
     def loss(logits: torch.Tensor, positions: slice) -> torch.Tensor:
@@ -146,14 +151,14 @@ def slice_loss(targets: LossTargets) -> Callable[[torch.Tensor, slice], torch.Te
             teacher = targets.teacher(positions)
             kl = kl_sum(logits, teacher, labels, targets.from_replay, targets.distill)
             total = total + targets.distill.weight * kl
-        return total
+        return total / targets.divisor
 
     return loss
 
 
 @contextmanager
 def sliced_head(head: nn.Module, targets: LossTargets, positions: int | None = None) -> Iterator[None]:
-    """Within the block, ``head`` returns the batch's loss sum (a scalar, `_SlicedHeadLoss`) instead of its logits:
+    """Within the block, ``head`` returns the batch's loss (a scalar, `_SlicedHeadLoss`) instead of its logits:
     a model's forward pass then hands the loss out as ``outputs.logits``, through every wrapper and hook (DDP sees
     the head's weights used). ``positions``: per slice (default `slice_positions`)."""
     if not chunkable(head):

@@ -166,20 +166,20 @@ class CheckpointingTrainer(Trainer):
         labels = inputs["labels"]
         model_inputs = {k: v for k, v in inputs.items() if k != "labels"}
         head = self.accelerator.unwrap_model(model).get_output_embeddings()
+        across_batches = self.model_accepts_loss_kwargs and num_items_in_batch is not None
+        divisor = num_items_in_batch if across_batches else (labels[:, 1:] != -100).sum()
+        divisor = torch.as_tensor(divisor, device=labels.device)
         distill = self.distillation
         teacher = distill.teacher.slices(inputs) if distill is not None else contextlib.nullcontext()
         with teacher as slice_teacher:
-            targets = LossTargets(labels, distill.config if distill else None, slice_teacher, from_replay)
+            config = distill.config if distill is not None else None
+            targets = LossTargets(labels, divisor, config, slice_teacher, from_replay)
             with sliced_head(head, targets, self.slice_positions or None):
                 outputs = model(**model_inputs)
-        total = outputs.logits
-        if self.model_accepts_loss_kwargs and num_items_in_batch is not None:
-            loss = total / torch.as_tensor(num_items_in_batch, device=total.device)
-            if self.args.average_tokens_across_devices:  # as the Trainer scales its own loss
-                scale = self.accelerator.num_processes // self.get_tp_size()
-                loss = loss * (scale if self.args.n_gpu <= 1 else self.args.n_gpu)
-        else:
-            loss = total / (labels[:, 1:] != -100).sum()
+        loss = outputs.logits
+        if across_batches and self.args.average_tokens_across_devices:  # as the Trainer scales its own loss
+            scale = self.accelerator.num_processes // self.get_tp_size()
+            loss = loss * (scale if self.args.n_gpu <= 1 else self.args.n_gpu)
         return (loss, outputs) if return_outputs else loss
 
     def create_optimizer(self, model: nn.Module | None = None) -> torch.optim.Optimizer:
