@@ -141,9 +141,9 @@ class CheckpointingTrainer(Trainer):
 
     def slices_loss(self, model: nn.Module, inputs: dict[str, Any]) -> bool:
         """Whether this training batch's loss is computed a slice of positions at a time (`sliced_loss`): training,
-        ``sliced_loss`` on, the Trainer's own causal-LM loss (no label smoother, no ``compute_loss_func``), weights
-        held whole (not sharded: a sharded head gathers its weights in its own call) and a head that reads each
-        position alone (`chunkable`)."""
+        ``slice_positions`` not None, the Trainer's own causal-LM loss (no label smoother, no
+        ``compute_loss_func``), weights held whole (not sharded: a sharded head gathers its weights in its own call)
+        and a head that reads each position alone (`chunkable`)."""
         if not (self.slice_positions is not None and model.training and torch.is_grad_enabled()):
             return False
         if "labels" not in inputs or self.label_smoother is not None or self.compute_loss_func is not None:
