@@ -25,6 +25,7 @@ from scale_cl.train.distill import (
     distill_sum,
     free_teacher,
     position_weights,
+    shifted_labels,
     teacher_for,
 )
 from scale_cl.train.trainer import CheckpointingTrainer
@@ -56,14 +57,14 @@ def test_the_term_is_the_weighted_kl_with_replay_at_one_and_new_tokens_by_the_ba
         new = {"confidence": torch.exp(-entropy), "all": torch.ones_like(entropy), "none": torch.zeros_like(entropy)}
         weights = torch.where(replay[:, None].bool(), 1.0, new[new_tokens]) * (labels[:, 1:] != -100)
         assert torch.allclose(got, 4.0 * (weights * kl).sum(), rtol=1e-5), new_tokens
-    assert position_weights(teacher, labels, replay, "none")[1:].sum() == 0
-    assert position_weights(teacher, labels, None, "all").sum() == (labels[:, 1:] != -100).sum()
+    assert position_weights(teacher, shifted_labels(labels), replay, "none")[1:].sum() == 0
+    assert position_weights(teacher, shifted_labels(labels), None, "all").sum() == (labels[:, 1:] != -100).sum()
 
 
 def test_the_base_gives_confident_positions_more_weight():
     teacher = torch.zeros(1, 3, 5)
     teacher[0, 0, 2] = 20.0  # sure of the next token at position 0, uniform at position 1
-    weights = position_weights(teacher, torch.zeros(1, 3, dtype=torch.long), None, "confidence")
+    weights = position_weights(teacher, shifted_labels(torch.zeros(1, 3, dtype=torch.long)), None, "confidence")
     assert weights[0, 0] > 0.99 and weights[0, 1] == pytest.approx(1 / 5, rel=1e-5)
 
 

@@ -65,35 +65,24 @@ def _teacher_side(teacher_logits: torch.Tensor, temperature: float) -> tuple[tor
         return p, torch.einsum("...v,...v->...", p, logp)
 
 
-def position_weights(
-    teacher_logits: torch.Tensor,
-    labels: torch.Tensor,
-    from_replay: torch.Tensor | None,
-    new_tokens: str,
-    neg_entropy: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """``w_t`` of every position (B, T): 0 where the next label is ignored, and at the last position.
-
-    ``neg_entropy``: ``sum p log p`` of the base's distribution at temperature 1 where already computed.
-    """
-    return next_label_weights(teacher_logits, shifted_labels(labels), from_replay, new_tokens, neg_entropy)
-
-
 def shifted_labels(labels: torch.Tensor) -> torch.Tensor:
     """The label each position predicts (the next one, as transformers' causal LM loss shifts them); the last
     position predicts none (``IGNORE``)."""
     return F.pad(labels, (0, 1), value=IGNORE)[:, 1:]
 
 
-def next_label_weights(
+def position_weights(
     teacher_logits: torch.Tensor,
     shifted: torch.Tensor,
     from_replay: torch.Tensor | None,
     new_tokens: str,
     neg_entropy: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """`position_weights` of positions given the label each predicts (``shifted``: `shifted_labels`, or a slice
-    of positions of it)."""
+    """``w_t`` of every position (B, T) given the label each predicts (``shifted``: `shifted_labels`, or a slice of
+    positions of it): 0 where that label is ignored (the last position of `shifted_labels` predicts none).
+
+    ``neg_entropy``: ``sum p log p`` of the base's distribution at temperature 1 where already computed.
+    """
     has_label = (shifted != IGNORE).float()
     replay = torch.zeros(shifted.shape[0], 1, device=shifted.device)
     if from_replay is not None:
@@ -135,7 +124,7 @@ def kl_sum(
     """
     t = config.temperature
     p, neg_entropy = _teacher_side(teacher_logits, t)
-    weights = next_label_weights(
+    weights = position_weights(
         teacher_logits, shifted, from_replay, config.new_tokens, neg_entropy if t == 1.0 else None
     )
     if not bool(weights.any()):
