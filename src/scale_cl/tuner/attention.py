@@ -108,24 +108,40 @@ def split_heads_attention(
     **kwargs: Any,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The model's attention function, called apart on the original heads where they are constant (module doc)."""
-    inner, split = model_attention(module), getattr(module, "scale_heads", None)
+    split = getattr(module, "scale_heads", None)
     if split is None or not torch.is_grad_enabled() or not (split.constant or split.constant_half):
-        return inner(module, query, key, value, attention_mask, **kwargs)
+        return model_attention(module)(module, query, key, value, attention_mask, **kwargs)
     heads, kv = split.heads, split.kv_heads
     original = (query[:, :heads], key[:, :kv], value[:, :kv])
     added = (query[:, heads:], key[:, kv:], value[:, kv:])
-    batch = query.shape[0]
-    if split.constant or batch % 2 or any(name.startswith("cu_seq_lens") for name in kwargs):
-        # every row constant, or rows that cannot be halved (packed sequences): the original heads in one call
-        original_out = _call(inner, module, original, split.constant, attention_mask, kwargs)
+    return _join(list(attend_apart(module, original, added, attention_mask, kwargs)), dim=1)
+
+
+def attend_apart(
+    module: nn.Module,
+    original: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    added: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    attention_mask: Any,
+    kwargs: dict[str, Any],
+) -> tuple[tuple[torch.Tensor, Any], tuple[torch.Tensor, Any]]:
+    """The model's attention function on the original heads' (query, key, value) and on the added heads' apart:
+    each call's (output, weights). In training the original heads' inputs are taken as the constants they are
+    (`HeadSplit`): detached on every row, or on route's preserve half."""
+    inner, split = model_attention(module), module.scale_heads
+    grad = torch.is_grad_enabled()
+    batch = original[0].shape[0]
+    halves = grad and split.constant_half and not split.constant
+    if not halves or batch % 2 or any(name.startswith("cu_seq_lens") for name in kwargs):
+        # every row alike, or rows that cannot be halved (packed sequences): the original heads in one call
+        original_out = _call(inner, module, original, grad and split.constant, attention_mask, kwargs)
     else:  # route's stacked batch: the preserve half constant, the adapt half not
-        halves = []
+        parts = []
         for rows, constant in ((slice(None, batch // 2), True), (slice(batch // 2, None), False)):
             part = tuple(t[rows] for t in original)
             mask, rest = _rows(attention_mask, rows, batch), {k: _rows(v, rows, batch) for k, v in kwargs.items()}
-            halves.append(_call(inner, module, part, constant, mask, rest))
-        original_out = _join(halves, dim=0)
-    return _join([original_out, inner(module, *added, attention_mask, **kwargs)], dim=1)
+            parts.append(_call(inner, module, part, constant, mask, rest))
+        original_out = _join(parts, dim=0)
+    return original_out, inner(module, *added, attention_mask, **kwargs)
 
 
 AttentionInterface.register(SPLIT_HEADS, split_heads_attention)

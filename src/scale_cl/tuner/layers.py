@@ -312,38 +312,44 @@ class ScaleMLP(nn.Module):
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         gate_name, up_name, down_name, act_name = self.names
         up, down, act = getattr(self, up_name), getattr(self, down_name), getattr(self, act_name)
-        form = up.form()
-        if form == MERGED:  # inference with W12: the stock MLP on the merged weights
+        if up.form() == MERGED:  # inference with W12: the stock MLP on the merged weights
             inner = up(hidden)
             inner = act(inner) if gate_name is None else act(getattr(self, gate_name)(hidden)) * inner
             return down(inner)
-        if form == HALVES:  # route's stacked training batch
-            half = hidden.shape[0] // 2
-            preserve, adapt = hidden.split(half)
-            return torch.cat((self._parts(preserve, adapt=False), self._parts(adapt, adapt=True)))
-        return self._parts(hidden)
+        return torch.cat(self.pair(*hidden.split((up.in_features, up.in_up), dim=-1)), dim=-1)
 
-    def _parts(self, hidden: torch.Tensor, adapt: bool | None = None) -> torch.Tensor:
-        """The MLP on ``hidden``; ``adapt`` True/False: on one path's half of route's stacked training batch.
+    def pair(self, x: torch.Tensor, x_up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The MLP on the input's two parts, its output's two parts (a layer keeping the streams apart,
+        `scale_cl.tuner.streams`, never joins them); any form but the merged one."""
+        up = getattr(self, self.names[1])
+        if up.form(whole=False) == HALVES:  # route's stacked training batch
+            half = x.shape[0] // 2
+            preserve = self._parts(x[:half], x_up[:half], adapt=False)
+            adapt = self._parts(x[half:], x_up[half:], adapt=True)
+            return torch.cat((preserve[0], adapt[0])), torch.cat((preserve[1], adapt[1]))
+        return self._parts(x, x_up)
+
+    def _parts(
+        self, x: torch.Tensor, x_up: torch.Tensor, adapt: bool | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The MLP on ``[x; x_up]``; ``adapt`` True/False: on one path's half of route's stacked training batch.
 
         Route's halves run apart in training: the preserve half's original columns (``ffn`` wide, the widest
         activations) then depend on no trainable parameter, so their activation and gating record no backward,
-        and no (2B, T, ffn) tensor is concatenated from halves or zero-filled for a constant half's gradient
-        (a linear reading the stacked batch would, `ScaleLinear._project_stacked`)."""
+        and no (2B, T, ffn) tensor is concatenated from halves or zero-filled for a constant half's gradient."""
         gate_name, up_name, down_name, act_name = self.names
         up, down, act = getattr(self, up_name), getattr(self, down_name), getattr(self, act_name)
 
         def project(linear: ScaleLinear, x: torch.Tensor, x_up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             return linear.project(x, x_up) if adapt is None else linear.project_path(x, x_up, adapt)
 
-        parts = hidden.split((up.in_features, up.in_up), dim=-1)
-        inner, inner_up = project(up, *parts)
+        inner, inner_up = project(up, x, x_up)
         if gate_name is None:
             inner, inner_up = act(inner), act(inner_up)
         else:
-            gate, gate_up = project(getattr(self, gate_name), *parts)
+            gate, gate_up = project(getattr(self, gate_name), x, x_up)
             inner, inner_up = act(gate) * inner, act(gate_up) * inner_up
-        return torch.cat(project(down, inner, inner_up), dim=-1)
+        return project(down, inner, inner_up)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -405,17 +411,25 @@ class SplitNorm(SplitInput):
         return self.weight_up * scaled if self.kind == "rms" else scaled * self.weight_up + self.bias_up
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        x, x_up = hidden.split((self.hidden_size, self.hidden_up), dim=-1)
+        return torch.cat(self.pair(*hidden.split((self.hidden_size, self.hidden_up), dim=-1), whole=hidden), dim=-1)
+
+    def pair(
+        self, x: torch.Tensor, x_up: torch.Tensor, whole: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The two parts normalised apart (a layer keeping the streams apart, `scale_cl.tuner.streams`, never joins
+        them). ``whole``: ``[x; x_up]`` where the caller holds it (the ``"joint"`` statistic reads it)."""
+        if self.up_norm == "joint" and whole is None:
+            whole = torch.cat((x, x_up), dim=-1)
         x = self.original(x)
         bias_up = self.bias_up if self.kind == "layer" else None
         if self.up_norm == "own":
             up = self._norm(x_up, self.weight_up, bias_up)
         else:  # over x's statistic ("original") or the whole width's ("joint"); x never reads x_up's
-            up = self._by_other(x if self.up_norm == "original" else hidden, x_up)
+            up = self._by_other(x if self.up_norm == "original" else whole, x_up)
         inner = getattr(self, INNER, None)
         if inner is not None:
-            return torch.cat((inner(x), up), dim=-1)
-        return torch.cat((self._norm(x, self.weight, self.bias if self.kind == "layer" else None), up), dim=-1)
+            return inner(x), up
+        return self._norm(x, self.weight, self.bias if self.kind == "layer" else None), up
 
     def earlier_stages(self) -> list[nn.Module]:
         """A grown model's earlier norms kept inside this one (frozen; none on a model upscaled once)."""

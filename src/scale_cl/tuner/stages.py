@@ -27,6 +27,7 @@ from scale_cl.tuner.arch import SPECS
 from scale_cl.tuner.layers import INNER, ScaleEmbedding, ScaleHead, ScaleLinear, ScaleMLP, SplitNorm, is_new_parameter
 from scale_cl.tuner.routing.state import ROUTE_SHARE_KEY
 from scale_cl.tuner.scale_state import StageRecord, decoder_layers, scale_config_of, scale_state_of
+from scale_cl.tuner.streams import stock_class
 
 # Where a checkpoint lists a grown model's earlier stages (`scale_cl.tuner.io`; the current one is its config).
 STAGES_KEY = "stages"
@@ -127,6 +128,7 @@ def freeze_stage(model: nn.Module) -> StageRecord:
             for lin in spec.linears:
                 _set(layer, lin.path, _plain_linear(layer.get_submodule(lin.path)))
             _set(layer, spec.mlp.path, FrozenMLP(layer.get_submodule(spec.mlp.path)))
+            layer.__class__ = stock_class(type(layer))  # plain linears: the stock layer (`scale_cl.tuner.streams`)
         model.set_input_embeddings(_plain_embedding(model.get_input_embeddings()))
         model.set_output_embeddings(_plain_head(model.get_output_embeddings()))
     for module in model.modules():

@@ -34,6 +34,7 @@ from scale_cl.tuner.routing.state import (
 )
 from scale_cl.tuner.scale_state import ScaleState, scale_state_of
 from scale_cl.tuner.stages import check_growable, freeze_stage
+from scale_cl.tuner.streams import streams_apart_class
 from scale_cl.tuner.vocab.rows import split_vocab
 from scale_cl.tuner.widths import Dims, base_dims, growth, resolve
 
@@ -117,6 +118,8 @@ def upscale(model: PreTrainedModel, config: ScaleConfig) -> PreTrainedModel:
             mlp = spec.mlp
             _set(layer, mlp.path, ScaleMLP(layer.get_submodule(mlp.path), mlp.gate, mlp.up, mlp.down, mlp.act))
             attention.install(layer.get_submodule(spec.attention), model.config, dims.heads, dims.kv_heads)
+            if spec.streams_apart:
+                layer.__class__ = streams_apart_class(type(layer))
             hook = partial(stack_paths_hook, state=route, index=index)
             route.handles.append(layer.register_forward_pre_hook(hook, with_kwargs=True))
 

@@ -1,0 +1,175 @@
+"""The Llama family's decoder layer with the original and the added stream kept apart (docs/design.md §1.4).
+
+transformers' decoder layer hands one hidden tensor from module to module, so every widened module joins its
+output's two parts, ``[x; x_up]``, and the next splits them again: per layer two norms, four attention linears
+and the FFN each concatenate, the attention joins its original and added heads, and in training the backward of
+every split writes a full-width gradient whose constant original part is zeros. Here the layer splits its input
+once, hands the pair ``(x, x_up)`` through the norms (`SplitNorm.pair`), the attention (`attention_pair`: each
+linear's `ScaleLinear.project`, the rotary embedding and the attention function on the original heads and the
+added ones apart, `scale_cl.tuner.attention.attend_apart`) and the FFN (`ScaleMLP.pair`), adds each residual per
+part, and joins the two once, at the layer's output. A KV cache stores every head as one tensor: the keys and
+values are joined for it and split again.
+
+The forward arithmetic is the stock layer's, element for element: the logits are equal bitwise. The backward sums
+each part's gradient from its consumers in another order than the stock layer sums its full-width ones, so in fp32
+the gradients differ from the stock layer's by rounding, and lie as close to the exact ones (tests/test_streams.py
+derives the bound against float64).
+
+The stock forward runs instead where the pair cannot serve: where a linear takes the merged inference form (one
+product over the whole input), while transformers records the attention weights (its hook on the attention
+module), where anything else hooks the attention module or its linears (DeepSpeed ZeRO-3 gathers each module's
+weights in its hooks), or when ``keep_streams_apart`` is False. GPT-NeoX keeps its stock layer (its fused
+query-key-value rows and parallel residual).
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import torch
+from torch import nn
+
+from scale_cl.tuner.attention import attend_apart
+from scale_cl.tuner.layers import MERGED, ScaleLinear
+
+try:  # transformers' record of what a forward pass collects (output_attentions); its hooks are named below
+    from transformers.utils.output_capturing import _active_collector
+except ImportError:  # pragma: no cover - another transformers: no collector to ask
+    _active_collector = None
+
+_RECORDING_HOOK = "output_capturing_hook"  # transformers' hook on every attention module, idle unless recording
+_ATTENTION_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj")
+
+
+def _hooked(module: nn.Module) -> bool:
+    """Whether anything but transformers' idle recording hook runs around ``module``'s forward."""
+    hooks = [*module._forward_pre_hooks.values(), *module._forward_hooks.values()]
+    return any(getattr(hook, "__name__", "") != _RECORDING_HOOK for hook in hooks)
+
+
+def _recording_attentions() -> bool:
+    collected = None if _active_collector is None else _active_collector.get()
+    return collected is not None and "attentions" in collected
+
+
+class StreamsApartLayer:
+    """Mixed into a Llama-family decoder layer's class by `upscale` (`streams_apart_class`): its forward keeps the
+    two streams apart where it can (module doc), else is the stock forward."""
+
+    keep_streams_apart: bool = True
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        cache: Any = None,
+        use_cache: bool | None = False,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
+        **kwargs: Any,
+    ) -> torch.Tensor:
+        if not self.streams_apart_now(cache, kwargs):
+            return super().forward(  # type: ignore[misc]
+                hidden_states,
+                attention_mask=attention_mask,
+                position_ids=position_ids,
+                cache=cache,
+                use_cache=use_cache,
+                position_embeddings=position_embeddings,
+                **kwargs,
+            )
+        norm = self.input_layernorm
+        x, x_up = hidden_states.split((norm.hidden_size, norm.hidden_up), dim=-1)
+        normed = norm.pair(x, x_up)
+        attended = attention_pair(self.self_attn, *normed, position_embeddings, attention_mask, cache, kwargs)
+        x, x_up = x + attended[0], x_up + attended[1]  # the residual first, as the stock layer adds it
+        mlp = self.mlp.pair(*self.post_attention_layernorm.pair(x, x_up))
+        return torch.cat((x + mlp[0], x_up + mlp[1]), dim=-1)
+
+    def streams_apart_now(self, cache: Any, kwargs: dict[str, Any]) -> bool:
+        """Whether this call keeps the streams apart (module doc: where it cannot, the stock forward runs)."""
+        if not self.keep_streams_apart or "past_key_values" in kwargs:
+            return False
+        attention = self.self_attn
+        linears = [getattr(attention, name) for name in _ATTENTION_LINEARS]
+        linears += [getattr(self.mlp, name) for name in self.mlp.names[:3] if name is not None]
+        if any(not isinstance(linear, ScaleLinear) or linear.form() == MERGED for linear in linears):
+            return False
+        return not (_recording_attentions() or _hooked(attention) or any(_hooked(linear) for linear in linears))
+
+
+def attention_pair(
+    attention: nn.Module,
+    x: torch.Tensor,
+    x_up: torch.Tensor,
+    position_embeddings: tuple[torch.Tensor, torch.Tensor],
+    attention_mask: Any,
+    cache: Any,
+    kwargs: dict[str, Any],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A Llama-family attention module's forward on the normalised input's two parts: its output's two parts. Each
+    part's heads are the stock forward's, rotated alike; a KV cache stores every head as one tensor (joined for
+    it, split again after); the original heads attend apart from the added ones (`attend_apart`), as in training
+    the stock forward's call does where they are constant."""
+    rows = x.shape[:-1]
+
+    def heads(part: torch.Tensor) -> torch.Tensor:
+        return part.view(*rows, -1, attention.head_dim).transpose(1, 2)
+
+    query, query_up = map(heads, attention.q_proj.project(x, x_up))
+    key, key_up = map(heads, attention.k_proj.project(x, x_up))
+    value, value_up = map(heads, attention.v_proj.project(x, x_up))
+    rotate = sys.modules[type(attention).__module__].apply_rotary_pos_emb  # the module's own, as its forward's
+    cos, sin = position_embeddings
+    query, key = rotate(query, key, cos, sin)
+    query_up, key_up = rotate(query_up, key_up, cos, sin)
+    if cache is not None:
+        heads_kv = key.shape[1]
+        key, value = cache.update(
+            torch.cat((key, key_up), 1), torch.cat((value, value_up), 1), attention.layer_idx, kwargs=kwargs
+        )
+        key, key_up = key[:, :heads_kv], key[:, heads_kv:]
+        value, value_up = value[:, :heads_kv], value[:, heads_kv:]
+    extra = {"dropout": attention.attention_dropout if attention.training else 0.0, "scaling": attention.scaling}
+    extra.update(_sliding_window(attention))
+    original, added = attend_apart(
+        attention, (query, key, value), (query_up, key_up, value_up), attention_mask, {**extra, **kwargs}
+    )
+    return attention.o_proj.project(original[0].reshape(*rows, -1), added[0].reshape(*rows, -1))
+
+
+def _sliding_window(attention: nn.Module) -> dict[str, Any]:
+    """The ``sliding_window`` the stock forward passes its attention function: Qwen2's module's own, Mistral's
+    config's; none for Llama, whose config has no such field."""
+    if "sliding_window" in vars(attention):
+        return {"sliding_window": attention.sliding_window}
+    config = getattr(attention.config, "model_config", attention.config)
+    return {"sliding_window": config.sliding_window} if hasattr(config, "sliding_window") else {}
+
+
+_CLASSES: dict[type, type] = {}
+
+
+def streams_apart_class(cls: type) -> type:
+    """A subclass of the decoder layer's class with `StreamsApartLayer`'s forward. It keeps the class's name, which
+    accelerate's FSDP wrapping finds the layers by (the model's ``_no_split_modules``)."""
+    if issubclass(cls, StreamsApartLayer):
+        return cls
+    if cls not in _CLASSES:
+        name = cls.__name__
+        _CLASSES[cls] = type(name, (StreamsApartLayer, cls), {"__module__": __name__, "__qualname__": name})
+    return _CLASSES[cls]
+
+
+def stock_class(cls: type) -> type:
+    """The decoder layer's own class under `streams_apart_class`'s."""
+    return cls.__bases__[1] if issubclass(cls, StreamsApartLayer) else cls
+
+
+def __getattr__(name: str) -> type:
+    """``scale_cl.tuner.streams.<LayerClass>`` resolves to the class made for it (so pickle finds it)."""
+    for made in _CLASSES.values():
+        if made.__name__ == name:
+            return made
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,174 @@
+"""The Llama family's decoder layer with the two streams kept apart (`scale_cl.tuner.streams`) against the stock layer.
+
+The forward arithmetic is the stock layer's, element for element: the logits are equal bitwise in fp32 (training and
+inference, a KV cache included). The backward sums each part's gradient from its consumers (the attention's three
+linears, the residual) in another order than the stock layer's full-width gradients, so the gradients equal the
+stock layer's in exact arithmetic (float64: to 1e-12) and, in fp32, lie as close to the exact (float64) gradients as
+the stock layer's do.
+"""
+
+from __future__ import annotations
+
+import copy
+import pickle
+
+import pytest
+import torch
+
+from conftest import ARCHS, greedy, make_model, randomize_new_weights, token_batch, upscaled_copy
+from scale_cl.tuner import streams
+from scale_cl.tuner.layers import ScaleLinear, merged_inference
+from scale_cl.tuner.scale_state import decoder_layers
+
+LLAMA_FAMILY = sorted(name for name in ARCHS if not name.startswith("neox"))
+METHODS = ("preserve", "adapt", "route")
+
+
+def _pair(name: str, method: str, dtype: torch.dtype = torch.float32):
+    """(streams apart, stock layers): one upscaled model twice, every new weight random so every path matters."""
+    base = make_model(name).to(dtype)
+    apart = randomize_new_weights(upscaled_copy(base, method, seed=3), seed=5, w12_scale=0.05)
+    stock = copy.deepcopy(apart)
+    for layer in decoder_layers(stock):
+        layer.keep_streams_apart = False
+    return apart, stock
+
+
+def _loss_and_grads(model, ids, mask):
+    model.train()
+    model.zero_grad(set_to_none=True)
+    loss = model(input_ids=ids, attention_mask=mask, labels=ids.masked_fill(mask == 0, -100)).loss
+    loss.backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    return loss.detach(), grads
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    """How many times a layer kept the streams apart."""
+    seen = []
+    inner = streams.attention_pair
+
+    def counted(*args, **kwargs):
+        seen.append(1)
+        return inner(*args, **kwargs)
+
+    monkeypatch.setattr(streams, "attention_pair", counted)
+    return seen
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("name", LLAMA_FAMILY)
+def test_the_forward_is_the_stock_layers_bitwise(name, method, calls):
+    apart, stock = _pair(name, method)
+    ids, mask = token_batch()
+    layers = len(decoder_layers(apart))
+    for train in (True, False):
+        apart.train(train), stock.train(train)
+        with torch.set_grad_enabled(train), merged_inference(apart, False), merged_inference(stock, False):
+            calls.clear()
+            ours = apart(input_ids=ids, attention_mask=mask).logits
+            assert len(calls) == layers  # every layer kept the streams apart
+            calls.clear()
+            theirs = stock(input_ids=ids, attention_mask=mask).logits
+            assert not calls
+        assert torch.equal(ours, theirs), (train, (ours - theirs).abs().max())
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("name", LLAMA_FAMILY)
+def test_generation_with_a_cache_is_the_stock_layers(name, method, calls):
+    apart, stock = _pair(name, method)
+    ids, mask = token_batch()
+    with merged_inference(apart, False):
+        ours = greedy(apart, ids, mask)
+    assert calls  # the prefill and the decoding steps kept the streams apart, the cache included
+    assert torch.equal(ours, greedy(stock, ids, mask))
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("name", LLAMA_FAMILY)
+def test_the_gradients_are_the_stock_layers_up_to_the_order_of_summing(name, method):
+    ids, mask = token_batch()
+    apart64, stock64 = _pair(name, method, torch.float64)
+    loss, exact = _loss_and_grads(stock64, ids, mask)
+    loss_apart, grads = _loss_and_grads(apart64, ids, mask)
+    torch.testing.assert_close(loss_apart, loss, rtol=1e-12, atol=0)
+    assert grads.keys() == exact.keys()
+    for key, grad in grads.items():
+        torch.testing.assert_close(grad, exact[key], rtol=1e-12, atol=1e-14, msg=key)
+
+    apart, stock = _pair(name, method)
+    loss_apart, ours = _loss_and_grads(apart, ids, mask)
+    loss_stock, theirs = _loss_and_grads(stock, ids, mask)
+    assert torch.equal(loss_apart, loss_stock)  # the forward is bitwise the stock layer's
+    assert ours.keys() == theirs.keys() == exact.keys()
+    eps = torch.finfo(torch.float32).eps
+    for key, reference in exact.items():
+        stock_error = (theirs[key].double() - reference).abs().max().item()
+        apart_error = (ours[key].double() - reference).abs().max().item()
+        # as close to the exact gradient as the stock layer's: fp32 rounding in another order, nothing more
+        assert apart_error <= 2 * stock_error + 8 * eps * reference.abs().max().item(), key
+
+
+def test_a_trained_models_frozen_weights_stay_bitwise():
+    apart, _ = _pair("llama-gqa2-tied", "adapt")
+    frozen = {n: p.detach().clone() for n, p in apart.named_parameters() if not p.requires_grad}
+    optimizer = torch.optim.AdamW([p for p in apart.parameters() if p.requires_grad], lr=1e-2)
+    ids, mask = token_batch()
+    for _ in range(2):
+        _loss_and_grads(apart, ids, mask)
+        optimizer.step()
+    assert all(torch.equal(p, frozen[n]) for n, p in apart.named_parameters() if not p.requires_grad)
+
+
+def test_the_stock_forward_runs_where_the_pair_cannot_serve(calls):
+    apart, stock = _pair("llama-gqa2-tied", "adapt")
+    ids, mask = token_batch()
+    apart.eval(), stock.eval()
+    apart.set_attn_implementation("eager"), stock.set_attn_implementation("eager")  # returns attention weights
+    layers = decoder_layers(apart)
+    with torch.no_grad():
+        # merged inference: a layer whose linears use W12 takes one product over each linear's whole input
+        merged = sum(any(m.use_w12 for m in layer.modules() if isinstance(m, ScaleLinear)) for layer in layers)
+        assert merged
+        assert torch.equal(
+            apart(input_ids=ids, attention_mask=mask).logits, stock(input_ids=ids, attention_mask=mask).logits
+        )
+        assert len(calls) == len(layers) - merged
+        calls.clear()
+        with merged_inference(apart, False), merged_inference(stock, False):
+            # transformers records the attention weights through its hook on the attention module
+            ours = apart(input_ids=ids, attention_mask=mask, output_attentions=True)
+            assert not calls
+            theirs = stock(input_ids=ids, attention_mask=mask, output_attentions=True)
+            assert len(ours.attentions) == len(layers)
+            assert all(torch.equal(a, b) for a, b in zip(ours.attentions, theirs.attentions, strict=True))
+            # a hook on one of the attention's linears (DeepSpeed ZeRO-3 gathers weights in its own)
+            seen = []
+            handle = layers[1].self_attn.q_proj.register_forward_hook(lambda *_: seen.append(1))
+            apart(input_ids=ids, attention_mask=mask)
+            handle.remove()
+            assert seen and len(calls) == len(layers) - 1
+
+
+def test_the_layer_keeps_its_class_name_and_copies():
+    apart, _ = _pair("qwen2-qkv-bias", "route")
+    layer = decoder_layers(apart)[0]
+    stock_class = streams.stock_class(type(layer))
+    assert type(layer).__name__ == stock_class.__name__ == "Qwen2DecoderLayer"  # accelerate's FSDP wrap finds it
+    assert isinstance(layer, stock_class) and isinstance(layer, streams.StreamsApartLayer)
+    again = pickle.loads(pickle.dumps(apart))
+    ids, mask = token_batch()
+    with torch.no_grad():
+        torch.testing.assert_close(
+            again(input_ids=ids, attention_mask=mask).logits,
+            apart(input_ids=ids, attention_mask=mask).logits,
+            rtol=0,
+            atol=0,
+        )
+
+
+def test_gpt_neox_keeps_its_stock_layer():
+    model = upscaled_copy(make_model("neox-parallel-rot0.25"), "adapt")
+    assert not any(isinstance(layer, streams.StreamsApartLayer) for layer in decoder_layers(model))
