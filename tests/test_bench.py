@@ -21,6 +21,7 @@ from scale_cl.cli import main, parse_settings
 from scale_cl.eval.cost import forward_flops_per_token, train_flops_per_token
 from scale_cl.methods import METHOD_NAMES
 from scale_cl.tuner.layers import ScaleLinear
+from scale_cl.tuner.scale_state import decoder_layers
 
 READING_NAMES = tuple(READINGS)
 SMOKE = ["--shapes", "tiny", "--batch", "2", "--seq", "16", "--warmup", "1", "--rounds", "1", "--threads", "1"]
@@ -382,7 +383,9 @@ def test_scale_runs_exactly_its_floor(arch, method, preserve_layers, collab):
 
 def test_the_floor_counts_what_the_constant_heads_save():
     """The check can fail: with the original heads called with the new ones, Preserve runs their attention backward
-    (3 layers x 4 heads x the counter's 10 T head_dim FLOPs) on top of its floor."""
+    (3 layers x 4 heads x the counter's 10 T head_dim FLOPs) on top of its floor. The stock layer's: a layer keeping
+    the streams apart (`scale_cl.tuner.streams`) computes the original heads from the constant ``x`` alone, so their
+    queries, keys and values carry no gradient whatever the flag says."""
     base = make_model("llama-gqa2-tied")
     cfg = ScaleConfig(hidden_up=hidden_up_for(base), ffn_up=16, method="preserve")
     floor = scale_floor(make_model("llama-gqa2-tied").config, cfg, T)
@@ -390,6 +393,9 @@ def test_the_floor_counts_what_the_constant_heads_save():
     for module in model.modules():
         if hasattr(module, "scale_heads"):
             module.scale_heads.constant = False
+    assert train_flops_per_token(model, _ids()) == floor.train  # streams apart: the heads are constant anyway
+    for layer in decoder_layers(model):
+        layer.keep_streams_apart = False
     assert train_flops_per_token(model, _ids()) - floor.train == 3 * 4 * 10 * T * 16
 
 
