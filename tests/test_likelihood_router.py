@@ -255,3 +255,27 @@ def test_the_base_expert_puts_no_mass_on_new_tokens_and_a_new_token_read_rules_t
     weight = model.scale_route.last.base_weight
     assert float(weight[:, :5].min()) == 1.0 and float(probs[:, :5, VOCAB:].sum(-1).max()) < 1e-6
     assert float(weight[:, 5:].max()) < 1e-6, "after a token only the new path produces, the document is not the base's"
+
+
+@pytest.mark.parametrize("method", ["preserve", "route"])
+def test_a_call_reading_its_last_positions_mixes_those_alone_and_equals_the_whole_call(method):
+    """``logits_to_keep`` (``generate()``'s prefill): the router still reads every position's evidence, and mixes the
+    kept positions alone; their logits and the memory handed on are the whole call's, bitwise."""
+    _, model = _route_model()
+    if method == "preserve":
+        model = set_live_settings(set_method(model, "preserve"), router="likelihood")
+    ids = torch.randint(3, VOCAB, (2, 9), generator=torch.Generator().manual_seed(7))
+    ids[1, 3] = EOS
+    with torch.no_grad():
+        whole = model(input_ids=ids).logits
+        memory = model.scale_route.memory
+        for keep in (1, 3):
+            kept = model(input_ids=ids, logits_to_keep=keep).logits
+            assert kept.shape == (2, keep, whole.shape[-1])
+            assert torch.equal(kept, whole[:, -keep:])
+            assert torch.equal(model.scale_route.memory.ratio, memory.ratio)
+            assert torch.equal(model.scale_route.memory.last_log_probs, memory.last_log_probs)
+        # a router reading no tokens gets the kept positions from the model itself: every one it is given is mixed
+        model = set_live_settings(model, router="confidence")
+        assert model(input_ids=ids, logits_to_keep=3).logits.shape == (2, 3, whole.shape[-1])
+        assert model(input_ids=ids).logits.shape == whole.shape

@@ -375,13 +375,15 @@ def posterior_mix(
     confidence: str | None = None,
     temperature: float = 1.0,
     prefix: bool = True,
+    keep: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor, ExpertMemory | None]:
     """``p = sum_j w_j p_j`` over the experts (the base's logits first) as log-probabilities, with ``w_t =
     softmax_j(prior_j + r_j,t + c_j,t / temperature)`` (``prior_0 = prior``, the others 0), ``r_j,t = decay
     r_j,t-1 + ln p_j(x_t)`` (0 at a sequence start and at EOS; no evidence from padding; 0 throughout without
     ``prefix``) and ``c`` each expert's ``confidence`` at the position (none when None); returns it, every expert's
     weight (E, B, T) and the memory for the next call (None without ``prefix``). ``increments``: each tensor after
-    the first is what its expert adds to the one before."""
+    the first is what its expert adds to the one before. ``keep`` > 0: the mixture of the last ``keep`` positions
+    alone (what ``logits_to_keep`` asked for)."""
     norms = log_normalisers(expert_logits, increments)  # (E, B, T): expert - norm are log-probabilities
     experts, rows, length = norms.shape
     with torch.no_grad():
@@ -408,7 +410,10 @@ def posterior_mix(
         if confidence is not None:
             score = score + expert_confidence(expert_logits, norms, confidence, increments) / temperature
         log_w = torch.log_softmax(score, dim=0)
-    mixed = mixture_log_probs(expert_logits, list(log_w - norms), increments)
+    mixed, shifts = expert_logits, list(log_w - norms)
+    if keep:  # the caller reads the last positions alone: the others' normalisers were all their evidence needed
+        mixed, shifts = [z[..., -keep:, :] for z in expert_logits], [s[..., -keep:] for s in shifts]
+    mixed = mixture_log_probs(mixed, shifts, increments)
     next_memory = None
     if prefix:
         last = torch.stack([z[:, -1].float() for z in expert_logits])
@@ -422,7 +427,7 @@ def posterior_mix(
 def capture_router_inputs(model: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
     """Forward pre-hook of a likelihood-routed model: hands the head this call's token ids and the mask of their
     positions, starts a fresh memory for a call with an empty KV cache, and asks for every position's logits
-    (each is evidence for the next)."""
+    (each is evidence for the next); the head mixes the last ``logits_to_keep`` positions alone."""
     head = model.get_output_embeddings()
     ids = kwargs.get("input_ids", args[0] if args else None)
     mask = kwargs.get("attention_mask", args[1] if len(args) > 1 else None)
@@ -432,7 +437,9 @@ def capture_router_inputs(model: nn.Module, args: tuple, kwargs: dict) -> tuple[
     cache = kwargs.get("past_key_values", kwargs.get("cache"))
     if cache is None or not hasattr(cache, "get_seq_length") or cache.get_seq_length() == 0:
         head.memory = None
-    if kwargs.get("logits_to_keep", 0) != 0:
+    keep = kwargs.get("logits_to_keep", 0)
+    head.keep = keep if isinstance(keep, int) else 0
+    if keep is not None and not (isinstance(keep, int) and keep == 0):
         return args, {**kwargs, "logits_to_keep": 0}
     return None
 
@@ -468,6 +475,7 @@ class RouteHead(nn.Linear):
         self.last_weight: torch.Tensor | None = None
         self.inputs: dict[str, Any] = {}  # a prefix-reading router's: this call's token ids and mask
         self.memory: ExpertMemory | None = None
+        self.keep = 0  # the last positions this call's caller reads (``logits_to_keep``), 0: all
 
     @property
     def tau(self) -> float:
@@ -529,6 +537,7 @@ class RouteHead(nn.Linear):
             attention_mask=self.inputs.get("attention_mask"),
             memory=self.memory if prefix else None,
             increments=increments,
+            keep=self.keep,
             **mixture,
         )
         self.last_weight = weights[0]

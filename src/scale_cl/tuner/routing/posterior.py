@@ -124,6 +124,7 @@ def posterior_mix(
     confidence: str | None = None,
     temperature: float = 1.0,
     prefix: bool = True,
+    keep: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor, ExpertMemory | None]:
     """The mixture's log-probabilities (as logits), each expert's weight (E, B, T) and the memory for the next call.
 
@@ -131,7 +132,9 @@ def posterior_mix(
     ``increments``: each tensor after the first is what its expert adds to the one before (SCALE-Preserve's ``alpha
     Z_up``, a grown model's stages), never summed as a whole tensor. ``confidence`` (``"entropy"`` or ``"top"``):
     each expert's confidence at the position, over ``temperature``, joins its log-weight. ``prefix`` False: no
-    running ratio (``r = 0``; the ids are not read and no memory is returned).
+    running ratio (``r = 0``; the ids are not read and no memory is returned). ``keep`` > 0: the mixture of the last
+    ``keep`` positions alone (B, keep, V), for a caller that reads those (``generate()``'s prefill asks for the last
+    position's logits): every position's evidence takes its expert's normaliser, not its whole mixed distribution.
     """
     norms = log_normalisers(expert_logits, increments)  # (E, B, T): expert - norm are log-probabilities
     experts, rows, length = norms.shape
@@ -159,7 +162,10 @@ def posterior_mix(
         if confidence is not None:
             score = score + expert_confidence(expert_logits, norms, confidence, increments) / temperature
         log_w = torch.log_softmax(score, dim=0)
-    mixed = mixture_log_probs(expert_logits, list(log_w - norms), increments)
+    mixed, shifts = expert_logits, list(log_w - norms)
+    if keep:  # the caller reads the last positions alone: the others' normalisers were all their evidence needed
+        mixed, shifts = [z[..., -keep:, :] for z in expert_logits], [s[..., -keep:] for s in shifts]
+    mixed = mixture_log_probs(mixed, shifts, increments)
     next_memory = None
     if prefix:
         last = torch.stack([z[:, -1].float() for z in expert_logits])
@@ -243,6 +249,7 @@ class MixtureRouter(Router):
             attention_mask=state.inputs.get("attention_mask"),
             memory=state.memory if self.prefix else None,
             increments=increments,
+            keep=state.keep,
             **self.mixture(state.setting),
         )
         state.last = MixtureReading(weights[0], weights)

@@ -91,6 +91,7 @@ class RouteState:
         # a `scale_cl.tuner.routing.posterior.ExpertMemory`, which has ``reorder(beam_idx)`` for beam search)
         self.inputs: dict[str, Any] = {}
         self.memory: Any = None
+        self.keep = 0  # the last positions the call's caller reads (``logits_to_keep``; 0: every position)
         self.eos_ids: tuple[int, ...] = ()
         self.reads_tokens = False  # the model's router weighs by the input ids (set with it: `switch`)
 
@@ -167,8 +168,10 @@ def capture_inputs_hook(model: nn.Module, args: tuple, kwargs: dict, *, state: R
     of its positions) and, for a call that starts new sequences (no KV cache yet), a fresh router memory.
 
     The router reads every position's logits (each is evidence for the next), so a call that asks for the last
-    positions' only (``logits_to_keep``, as ``generate()``'s prefill does) gets all of them.
+    positions' only (``logits_to_keep``, as ``generate()``'s prefill does) has the head compute all of them; the
+    router mixes the last ``keep`` alone (an index tensor: every position).
     """
+    state.keep = 0  # a router reading no tokens sees the kept positions alone (the model slices them off)
     if not state.reads_tokens:
         return None
     ids = kwargs.get("input_ids", args[0] if args else None)
@@ -179,7 +182,9 @@ def capture_inputs_hook(model: nn.Module, args: tuple, kwargs: dict, *, state: R
     cache = kwargs.get("past_key_values", kwargs.get("cache"))  # transformers 5 names it cache
     if cache is None or not hasattr(cache, "get_seq_length") or cache.get_seq_length() == 0:
         state.memory = None
-    if kwargs.get("logits_to_keep", 0) != 0:
+    keep = kwargs.get("logits_to_keep", 0)
+    state.keep = keep if isinstance(keep, int) else 0
+    if keep is not None and not (isinstance(keep, int) and keep == 0):
         return args, {**kwargs, "logits_to_keep": 0}
     return None
 
