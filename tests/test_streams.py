@@ -1,4 +1,5 @@
-"""The Llama family's decoder layer with the two streams kept apart (`scale_cl.tuner.streams`) against the stock layer.
+"""The decoder layer with the two streams kept apart (`scale_cl.tuner.streams`) against the stock layer, on every
+architecture (the Llama family's layer and GPT-NeoX's, parallel and sequential residual).
 
 The forward arithmetic is the stock layer's, element for element: the logits are equal bitwise in fp32 (training and
 inference, a KV cache included). The backward sums each part's gradient from its consumers (the attention's three
@@ -20,7 +21,6 @@ from scale_cl.tuner import streams
 from scale_cl.tuner.layers import ScaleLinear, merged_inference
 from scale_cl.tuner.scale_state import decoder_layers
 
-LLAMA_FAMILY = sorted(name for name in ARCHS if not name.startswith("neox"))
 METHODS = ("preserve", "adapt", "route")
 
 
@@ -58,7 +58,7 @@ def calls(monkeypatch):
 
 
 @pytest.mark.parametrize("method", METHODS)
-@pytest.mark.parametrize("name", LLAMA_FAMILY)
+@pytest.mark.parametrize("name", sorted(ARCHS))
 def test_the_forward_is_the_stock_layers_bitwise(name, method, calls):
     apart, stock = _pair(name, method)
     ids, mask = token_batch()
@@ -76,7 +76,7 @@ def test_the_forward_is_the_stock_layers_bitwise(name, method, calls):
 
 
 @pytest.mark.parametrize("method", METHODS)
-@pytest.mark.parametrize("name", LLAMA_FAMILY)
+@pytest.mark.parametrize("name", sorted(ARCHS))
 def test_generation_with_a_cache_is_the_stock_layers(name, method, calls):
     apart, stock = _pair(name, method)
     ids, mask = token_batch()
@@ -87,7 +87,7 @@ def test_generation_with_a_cache_is_the_stock_layers(name, method, calls):
 
 
 @pytest.mark.parametrize("method", METHODS)
-@pytest.mark.parametrize("name", LLAMA_FAMILY)
+@pytest.mark.parametrize("name", sorted(ARCHS))
 def test_the_gradients_are_the_stock_layers_up_to_the_order_of_summing(name, method):
     ids, mask = token_batch()
     apart64, stock64 = _pair(name, method, torch.float64)
@@ -152,11 +152,14 @@ def test_the_stock_forward_runs_where_the_pair_cannot_serve(calls):
             assert seen and len(calls) == len(layers) - 1
 
 
-def test_the_layer_keeps_its_class_name_and_copies():
-    apart, _ = _pair("qwen2-qkv-bias", "route")
+@pytest.mark.parametrize(
+    ("name", "layer_class"), [("qwen2-qkv-bias", "Qwen2DecoderLayer"), ("neox-parallel-rot0.25", "GPTNeoXLayer")]
+)
+def test_the_layer_keeps_its_class_name_and_copies(name, layer_class):
+    apart, _ = _pair(name, "route")
     layer = decoder_layers(apart)[0]
     stock_class = streams.stock_class(type(layer))
-    assert type(layer).__name__ == stock_class.__name__ == "Qwen2DecoderLayer"  # accelerate's FSDP wrap finds it
+    assert type(layer).__name__ == stock_class.__name__ == layer_class  # accelerate's FSDP wrap finds it
     assert isinstance(layer, stock_class) and isinstance(layer, streams.StreamsApartLayer)
     again = pickle.loads(pickle.dumps(apart))
     ids, mask = token_batch()
@@ -169,6 +172,20 @@ def test_the_layer_keeps_its_class_name_and_copies():
         )
 
 
-def test_gpt_neox_keeps_its_stock_layer():
-    model = upscaled_copy(make_model("neox-parallel-rot0.25"), "adapt")
-    assert not any(isinstance(layer, streams.StreamsApartLayer) for layer in decoder_layers(model))
+@pytest.mark.parametrize("name", ["neox-parallel-rot0.25", "neox-sequential-rot1.0"])
+def test_gpt_neox_with_hidden_dropout_trains_through_the_stock_layer(name, calls):
+    """One dropout mask over the whole width is not two over the parts: in training, with GPT-NeoX's hidden dropout
+    on, the stock layer runs; without gradients (dropout off) the streams stay apart."""
+    base = make_model(name)
+    base.config.hidden_dropout = 0.1
+    model = type(base)(base.config)
+    model.load_state_dict(base.state_dict())
+    model = upscaled_copy(model, "adapt")
+    ids, mask = token_batch()
+    model.train()
+    model(input_ids=ids, attention_mask=mask)
+    assert not calls
+    model.eval()
+    with torch.no_grad(), merged_inference(model, False):
+        model(input_ids=ids, attention_mask=mask)
+    assert len(calls) == len(decoder_layers(model))

@@ -19,5 +19,4 @@ LLAMA = ArchSpec(
     ),
     mlp=MlpSpec("mlp", gate="gate_proj", up="up_proj", down="down_proj", act="act_fn"),
     attention="self_attn",
-    streams_apart=True,
 )

@@ -44,8 +44,6 @@ class ArchSpec:
     )
     # the config attribute that says the FFN reads the layer's input beside attention (parallel residual), if any
     parallel_residual: str | None = None
-    # whether the decoder layer keeps the two streams apart (`scale_cl.tuner.streams`: the Llama family's layer)
-    streams_apart: bool = False
     # config attributes that `upscale` widens: (hidden, ffn, query heads, kv heads or None)
     config_hidden: str = "hidden_size"
     config_ffn: str = "intermediate_size"
