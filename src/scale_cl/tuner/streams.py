@@ -250,8 +250,8 @@ _CLASSES: dict[type, type] = {}
 def streams_apart_class(cls: type, family: str) -> type:
     """A subclass of the decoder layer's class ``cls`` with the forward of its family's (an `ArchSpec`'s ``family``)
     `StreamsApartLayer`. It keeps the class's name, which accelerate's FSDP wrapping finds the layers by (the model's
-    ``_no_split_modules``)."""
-    if issubclass(cls, StreamsApartLayer):
+    ``_no_split_modules``). A family with no such forward keeps its class (its widened modules join and split)."""
+    if issubclass(cls, StreamsApartLayer) or family not in FAMILIES:
         return cls
     if cls not in _CLASSES:
         name = cls.__name__

@@ -1,7 +1,8 @@
 """Where each supported architecture keeps its linears, norms, embedding and head.
 
 An `ArchSpec` is data, not code: `scale_cl.tuner.upscale` walks a model with it. Adding a family means
-adding one file with one `ArchSpec` and one entry in `SPECS`.
+adding one file with one `ArchSpec` and one entry in `SPECS`; its decoder layer then joins and splits the two
+streams in every widened module, until `scale_cl.tuner.streams.FAMILIES` gives it a layer that keeps them apart.
 """
 
 from __future__ import annotations
