@@ -471,3 +471,31 @@ def test_bench_refuses_an_out_of_other_settings_before_measuring(tmp_path, capsy
     assert main(["bench", "--shapes", "tiny", "--out", str(earlier)]) == 2
     assert "holds results of another configuration" in capsys.readouterr().err
     assert (earlier / "results.json").read_text() == "{}"
+
+
+def test_issue_53_targets_a_cpu_row_and_a_gpu_row():
+    methods = {
+        "fft": {"step_s": 1.0, "peak_train_mib": 100.0, "mfu": 0.41},
+        "lora": {"step_s": 0.8},
+        "scale_preserve": {"step_s": 0.52, "peak_train_mib": 68.0},
+        "scale_adapt": {"step_s": 0.66},
+        "scale_route": {"step_s": 0.74},
+    }
+    readings = {"preserve-likelihood": {"vs_fft": {"forward_tokens_per_s": 1 / 1.4}}}
+    targets = {t["target"]: t for t in evaluate_targets({"methods": methods, "readings": readings}) if t["issue"] == 53}
+    assert targets["scale_preserve step time / fft (CPU)"]["met"]  # 0.52 <= 0.55
+    assert not targets["scale_preserve step time / fft (GPU)"]["met"]  # 0.52 > 0.50
+    assert (
+        targets["scale_adapt step time / fft (CPU)"]["met"] and not targets["scale_adapt step time / fft (GPU)"]["met"]
+    )
+    assert (
+        targets["scale_route step time / fft (CPU)"]["met"] and not targets["scale_route step time / fft (GPU)"]["met"]
+    )
+    assert targets["scale_preserve step time / lora (GPU)"]["value"] == pytest.approx(0.65)  # 0.52 / 0.8 <= 0.7
+    assert targets["scale_preserve step time / lora (GPU)"]["met"]
+    assert not targets["scale_route step time / lora (GPU)"]["met"]  # 0.74 / 0.8 > 0.7
+    assert targets["scale_preserve peak training memory / fft (CPU)"]["met"]  # 0.68 <= 0.7
+    assert not targets["scale_preserve peak training memory / fft (GPU)"]["met"]  # 0.68 > 0.5
+    assert not targets["fft MFU (GPU)"]["met"]  # 41% < 45%
+    assert targets["preserve-likelihood forward time / fft"]["value"] == pytest.approx(1.4)
+    assert not targets["preserve-likelihood forward time / fft"]["met"]  # 1.4 > 1.35

@@ -131,6 +131,8 @@ def _target(
 
 # Issue 38's step-time and FLOP limits against full fine-tuning (Llama-3.2-1B's shape, bf16, a GPU's default batch)
 ISSUE_38_VS_FFT = {"scale_preserve": 0.6, "scale_adapt": 0.8, "scale_route": 1.0}
+# Issue 53's step-time limits against full fine-tuning: (a 2-core CPU at SmolLM2's shape, one GPU at Llama-3.2-1B's)
+ISSUE_53_VS_FFT = {"scale_preserve": (0.55, 0.50), "scale_adapt": (0.70, 0.65), "scale_route": (0.75, 0.72)}
 
 
 def evaluate_targets(entry: dict[str, Any]) -> list[dict[str, Any]]:
@@ -139,8 +141,10 @@ def evaluate_targets(entry: dict[str, Any]) -> list[dict[str, Any]]:
     Issue 5 states its targets for the SmolLM2 shape (training, generation) and the Llama-3.2-1B shape (upscale) on a
     2-core CPU; issue 38 for the Llama-3.2-1B shape in bf16 on one H100 or H200 at the GPU's default batch (step
     times, memory) and, on the CPU, the same ratios in counted FLOPs, each SCALE method within 10% of its floor; issue
-    40 a one-pass likelihood reading's forward pass (SCALE-Preserve's with its router) at <= 1.5x FFT's. They are
-    evaluated on every shape measured, for information.
+    40 a one-pass likelihood reading's forward pass (SCALE-Preserve's with its router) at <= 1.5x FFT's; issue 53
+    step times, SCALE-Preserve's memory and that reading's forward time, one row for the 2-core CPU at SmolLM2's
+    shape and one for a GPU at Llama-3.2-1B's, with full fine-tuning's MFU on the GPU. They are evaluated on every
+    shape measured, for information.
     """
     methods = entry.get("methods", {})
     targets: list[dict[str, Any]] = []
@@ -191,12 +195,22 @@ def evaluate_targets(entry: dict[str, Any]) -> list[dict[str, Any]]:
         if record.get("train_flops_per_token") and record.get("train_floor_flops_per_token"):
             ratio = record["train_flops_per_token"] / record["train_floor_flops_per_token"]
             add(38, f"{method} training FLOPs counted / its floor", ratio, 1.1)
+    for method, (cpu, gpu) in ISSUE_53_VS_FFT.items():
+        add(53, f"{method} step time / fft (CPU)", _ratio(methods, method, "fft", "step_s"), cpu)
+        add(53, f"{method} step time / fft (GPU)", _ratio(methods, method, "fft", "step_s"), gpu)
+        add(53, f"{method} step time / lora (GPU)", _ratio(methods, method, "lora", "step_s"), 0.7)
+    memory = _ratio(methods, "scale_preserve", "fft", "peak_train_mib")
+    add(53, "scale_preserve peak training memory / fft (CPU)", memory, 0.7)
+    add(53, "scale_preserve peak training memory / fft (GPU)", memory, 0.5)
+    add(53, "fft MFU (GPU)", methods.get("fft", {}).get("mfu"), 0.45, at_most=False)
     for name, reading in entry.get("readings", {}).items():
         if name.endswith("-likelihood"):  # issue 40: a one-pass likelihood reading's inference cost
             versus = reading.get("vs_fft") or {}
             add(40, f"{name} forward FLOPs / fft", versus.get("fwd_flops_per_token"), 1.5)
             speed = versus.get("forward_tokens_per_s")
             add(40, f"{name} forward time / fft (1 / its speed ratio)", 1 / speed if speed else None, 1.5)
+            if name == "preserve-likelihood":
+                add(53, f"{name} forward time / fft", 1 / speed if speed else None, 1.35)
     return targets
 
 
@@ -287,7 +301,8 @@ def shape_markdown(name: str, entry: dict[str, Any]) -> str:
         lines += [
             "Targets (issue 5: SmolLM2's shape on a 2-core CPU; issue 38: Llama-3.2-1B's shape, bf16, one H100 or "
             "H200 at the GPU's default batch, and the same ratios in counted FLOPs; issue 40: a one-pass likelihood "
-            "reading's forward at <= 1.5x FFT's; evaluated here for information):",
+            "reading's forward at <= 1.5x FFT's; issue 53: a CPU row at SmolLM2's shape and a GPU row at "
+            "Llama-3.2-1B's; evaluated here for information):",
             "",
             "| issue | target | measured | limit | met |",
             "|---|---|---|---|---|",
