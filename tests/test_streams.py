@@ -189,3 +189,26 @@ def test_gpt_neox_with_hidden_dropout_trains_through_the_stock_layer(name, calls
     with torch.no_grad(), merged_inference(model, False):
         model(input_ids=ids, attention_mask=mask)
     assert len(calls) == len(decoder_layers(model))
+
+
+@pytest.mark.parametrize("up_norm", ["original", "joint"])
+@pytest.mark.parametrize("name", ["llama-gqa2-tied", "neox-sequential-rot1.0"])
+def test_the_new_norm_by_another_statistic_is_the_stock_layers(name, up_norm, calls):
+    """``x_up`` normalised by ``x``'s statistic or the whole width's: the pair computes the same statistic."""
+    base = make_model(name).double()
+    apart = randomize_new_weights(upscaled_copy(base, "adapt", seed=3, up_norm=up_norm), seed=5, w12_scale=0.05)
+    stock = copy.deepcopy(apart)
+    for layer in decoder_layers(stock):
+        layer.keep_streams_apart = False
+    ids, mask = token_batch()
+    loss, exact = _loss_and_grads(stock, ids, mask)
+    loss_apart, grads = _loss_and_grads(apart, ids, mask)
+    assert len(calls) == len(decoder_layers(apart))
+    torch.testing.assert_close(loss_apart, loss, rtol=1e-12, atol=0)
+    assert grads.keys() == exact.keys()
+    for key, grad in grads.items():
+        torch.testing.assert_close(grad, exact[key], rtol=1e-12, atol=1e-14, msg=key)
+    with torch.no_grad():
+        apart.eval(), stock.eval()
+        with merged_inference(apart, False), merged_inference(stock, False):
+            assert torch.equal(apart(input_ids=ids).logits, stock(input_ids=ids).logits)
