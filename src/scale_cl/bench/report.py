@@ -131,8 +131,8 @@ def _target(
 
 # Issue 38's step-time and FLOP limits against full fine-tuning (Llama-3.2-1B's shape, bf16, a GPU's default batch)
 ISSUE_38_VS_FFT = {"scale_preserve": 0.6, "scale_adapt": 0.8, "scale_route": 1.0}
-# Issue 53's step-time limits against full fine-tuning: on a 2-core CPU at SmolLM2's shape, on one GPU at
-# Llama-3.2-1B's
+# The streams-apart targets' step-time limits against full fine-tuning: on a 2-core CPU at SmolLM2's shape, on one
+# GPU at Llama-3.2-1B's
 ISSUE_53_CPU_VS_FFT = {"scale_preserve": 0.55, "scale_adapt": 0.70, "scale_route": 0.75}
 ISSUE_53_GPU_VS_FFT = {"scale_preserve": 0.50, "scale_adapt": 0.65, "scale_route": 0.72}
 

@@ -61,6 +61,15 @@ class StreamsApartLayer:
     attention_name: ClassVar[str]  # the layer's attention module
     attention_linears: ClassVar[tuple[str, ...]]  # the attention module's linears
 
+    def forward(self, hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        """The family's `forward_apart` (the stock forward's arguments, by name), or the stock forward."""
+        if args or not self.streams_apart_now(kwargs):
+            return super().forward(hidden_states, *args, **kwargs)  # type: ignore[misc]
+        return self.forward_apart(hidden_states, **kwargs)
+
+    def forward_apart(self, hidden_states: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+        raise NotImplementedError
+
     def streams_apart_now(self, kwargs: dict[str, Any]) -> bool:
         """Whether this call keeps the streams apart (module doc: where it cannot, the stock forward runs)."""
         if not self.keep_streams_apart or "past_key_values" in kwargs:
@@ -79,7 +88,7 @@ class LlamaLayerApart(StreamsApartLayer):
     attention_name = "self_attn"
     attention_linears = ("q_proj", "k_proj", "v_proj", "o_proj")
 
-    def forward(
+    def forward_apart(
         self,
         hidden_states: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
@@ -89,16 +98,6 @@ class LlamaLayerApart(StreamsApartLayer):
         position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
         **kwargs: Any,
     ) -> torch.Tensor:
-        if not self.streams_apart_now(kwargs):
-            return super().forward(  # type: ignore[misc]
-                hidden_states,
-                attention_mask=attention_mask,
-                position_ids=position_ids,
-                cache=cache,
-                use_cache=use_cache,
-                position_embeddings=position_embeddings,
-                **kwargs,
-            )
         norm = self.input_layernorm
         x, x_up = hidden_states.split((norm.hidden_size, norm.hidden_up), dim=-1)
         normed = norm.pair(x, x_up)
@@ -118,7 +117,7 @@ class NeoXLayerApart(StreamsApartLayer):
         hidden_dropout = self.post_attention_dropout.p or self.post_mlp_dropout.p
         return not (self.training and hidden_dropout) and super().streams_apart_now(kwargs)
 
-    def forward(
+    def forward_apart(
         self,
         hidden_states: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
@@ -128,16 +127,6 @@ class NeoXLayerApart(StreamsApartLayer):
         position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
         **kwargs: Any,
     ) -> torch.Tensor:
-        if not self.streams_apart_now(kwargs):
-            return super().forward(  # type: ignore[misc]
-                hidden_states,
-                attention_mask=attention_mask,
-                position_ids=position_ids,
-                use_cache=use_cache,
-                layer_past=layer_past,
-                position_embeddings=position_embeddings,
-                **kwargs,
-            )
         norm = self.input_layernorm
         x, x_up = hidden_states.split((norm.hidden_size, norm.hidden_up), dim=-1)
         normed = norm.pair(x, x_up)
