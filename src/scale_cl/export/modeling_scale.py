@@ -208,19 +208,20 @@ def log_normalisers(experts: Sequence[torch.Tensor], increments: bool = False) -
     time unless a gradient is needed: ``z_j - log_normalisers(...)[j]`` are expert j's log-probabilities.
 
     ``increments``: ``experts`` are the first expert's logits and each next one's increment (module doc)."""
+    dtype = torch.promote_types(experts[0].dtype, torch.float32)
     if torch.is_grad_enabled() and any(z.requires_grad for z in experts):
-        summed = accumulate(z.float() for z in experts) if increments else (z.float() for z in experts)
+        summed = accumulate(z.to(dtype) for z in experts) if increments else (z.to(dtype) for z in experts)
         return torch.stack([torch.logsumexp(z, dim=-1) for z in summed])
     vocab = experts[0].shape[-1]
     flat = [z.reshape(-1, vocab) for z in experts]
-    out = torch.empty(len(flat), flat[0].shape[0], device=flat[0].device)
+    out = torch.empty(len(flat), flat[0].shape[0], dtype=dtype, device=flat[0].device)
     rows = chunk_rows(vocab, out.device)
     for first in range(0, out.shape[1], rows):
         part = slice(first, first + rows)
-        running = flat[0][part].float()
+        running = flat[0][part].to(dtype)
         out[0, part] = torch.logsumexp(running, dim=-1)
         for index, z in enumerate(flat[1:], start=1):
-            running = running + z[part] if increments else z[part].float()
+            running = running + z[part] if increments else z[part].to(dtype)
             out[index, part] = torch.logsumexp(running, dim=-1)
     return out.view(len(flat), *experts[0].shape[:-1])
 
@@ -234,20 +235,21 @@ def mixture_log_probs(
     softmax(z_j)``. Summed by ``logaddexp``, so no term under- or overflows and an entry every expert rules out
     stays ``-inf``. ``increments``: ``experts`` are the first expert's logits and each next one's increment."""
     inputs = [*experts, *shifts]
+    dtype = torch.promote_types(experts[0].dtype, torch.float32)
     if torch.is_grad_enabled() and any(t.requires_grad for t in inputs):
-        summed = accumulate(z.float() for z in experts) if increments else (z.float() for z in experts)
+        summed = accumulate(z.to(dtype) for z in experts) if increments else (z.to(dtype) for z in experts)
         terms = torch.stack([z + s[..., None] for z, s in zip(summed, shifts, strict=True)])
         return torch.logsumexp(terms, dim=0)
     vocab = experts[0].shape[-1]
     flat = [z.reshape(-1, vocab) for z in experts]
-    columns = [s.reshape(-1, 1).float() for s in shifts]
-    out = torch.empty(flat[0].shape, device=flat[0].device)
+    columns = [s.reshape(-1, 1).to(dtype) for s in shifts]
+    out = torch.empty(flat[0].shape, dtype=dtype, device=flat[0].device)
     rows = chunk_rows(vocab, out.device)
     for first in range(0, out.shape[0], rows):
         part = slice(first, first + rows)
         total = out[part]
         if increments:  # z_0 + log(e^(s_0) + e^(s_1 + d_1) + e^(s_2 + d_1 + d_2) + ...): z_0 added last
-            running = flat[1][part].float()
+            running = flat[1][part].to(dtype)
             torch.logaddexp(running + columns[1][part], columns[0][part], out=total)
             for z, shift in zip(flat[2:], columns[2:], strict=True):
                 running = running + z[part]
@@ -256,7 +258,7 @@ def mixture_log_probs(
         else:
             torch.add(flat[0][part], columns[0][part], out=total)
             for z, shift in zip(flat[1:], columns[1:], strict=True):
-                torch.logaddexp(total, z[part].float() + shift[part], out=total)
+                torch.logaddexp(total, z[part].to(dtype) + shift[part], out=total)
     return out.view(experts[0].shape)
 
 
@@ -269,7 +271,8 @@ def running_ratio(
     Computed ``chunk`` positions at a time (T / chunk sequential steps, not T): within a chunk ``r_t = sum_s
     decay^(t-s) e_s`` over the positions of ``t``'s own document (a start's own evidence dropped), plus the carried
     ``decay^(t-c+1) r_(c-1)`` where no document starts between the chunk's first position ``c`` and ``t``."""
-    ratio = torch.zeros(evidence.shape[0], device=evidence.device) if initial is None else initial.float()
+    zeros = torch.zeros(evidence.shape[0], dtype=evidence.dtype, device=evidence.device)
+    ratio = zeros if initial is None else initial.to(evidence.dtype)
     evidence = evidence.masked_fill(starts, 0.0)
     steps = torch.arange(chunk, device=evidence.device)
     lag = steps[:, None] - steps[None, :]
@@ -332,13 +335,14 @@ def expert_confidence(
     vocab = experts[0].shape[-1]
     flat = [z.detach().reshape(-1, vocab) for z in experts]
     flat_norms = norms.detach().reshape(len(flat), -1)
-    out = torch.empty(flat_norms.shape, device=flat[0].device)
+    dtype = torch.promote_types(experts[0].dtype, torch.float32)
+    out = torch.empty(flat_norms.shape, dtype=dtype, device=flat[0].device)
     rows = chunk_rows(vocab, out.device)
     for first in range(0, out.shape[1], rows):
         part = slice(first, first + rows)
         running = None
         for index, z in enumerate(flat):
-            running = running + z[part] if increments and running is not None else z[part].float()
+            running = running + z[part] if increments and running is not None else z[part].to(dtype)
             if kind == "top":
                 out[index, part] = running.amax(dim=-1) - flat_norms[index, part]
             else:
@@ -386,16 +390,17 @@ def posterior_mix(
     alone (what ``logits_to_keep`` asked for)."""
     norms = log_normalisers(expert_logits, increments)  # (E, B, T): expert - norm are log-probabilities
     experts, rows, length = norms.shape
+    dtype = norms.dtype  # fp32, or float64 for float64 logits
     with torch.no_grad():
-        priors = torch.zeros(experts, device=norms.device)
+        priors = torch.zeros(experts, dtype=dtype, device=norms.device)
         priors[0] = prior
         score = priors[:, None, None].expand(experts, rows, length)
         if prefix:
             ids = input_ids.to(norms.device)
-            evidence = torch.zeros(experts, rows, length, device=norms.device)
+            evidence = torch.zeros(experts, rows, length, dtype=dtype, device=norms.device)
             if length > 1:
                 nxt = ids[:, 1:, None]
-                chosen = torch.stack([z[:, :-1].gather(-1, nxt).squeeze(-1).float() for z in expert_logits])
+                chosen = torch.stack([z[:, :-1].gather(-1, nxt).squeeze(-1).to(dtype) for z in expert_logits])
                 chosen = chosen.cumsum(0) if increments else chosen
                 evidence[:, :, 1:] = chosen - norms[:, :, :-1]
             if memory is not None:
@@ -416,7 +421,7 @@ def posterior_mix(
     mixed = mixture_log_probs(mixed, shifts, increments)
     next_memory = None
     if prefix:
-        last = torch.stack([z[:, -1].float() for z in expert_logits])
+        last = torch.stack([z[:, -1].to(dtype) for z in expert_logits])
         last_log_probs = (last.cumsum(0) if increments else last) - norms[:, :, -1, None]
         next_memory = ExpertMemory(ratio[:, :, -1].detach(), last_log_probs.detach())
     return mixed.to(expert_logits[-1].dtype), log_w.exp(), next_memory

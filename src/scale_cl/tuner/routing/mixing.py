@@ -8,7 +8,8 @@ fresh allocations and the passes through main memory cost more than the arithmet
 So where no gradient is needed (inference, reading a trained model) the two functions here work a few positions
 at a time, in buffers that stay in the CPU's cache (on a GPU: chunks of bounded size, few kernel launches), and
 write the mixture once; where one is (training through the mixture) they are the plain differentiable
-expressions. Both give the same values to fp32 rounding (tested).
+expressions. Both give the same values to fp32 rounding (tested). Lower precisions are mixed in fp32; float64
+logits stay float64 (so a float64 model is an exact reference for an fp32 one: tests/exactness.py).
 
 Nested experts (SCALE-Preserve's one path, ``Z`` and ``Z + alpha Z_up``; a grown model's cumulative head sums) are
 given as ``increments``: the first expert's logits, then what each next expert adds to the one before. Their sums
@@ -40,19 +41,20 @@ def log_normalisers(experts: Sequence[torch.Tensor], increments: bool = False) -
     time unless a gradient is needed: ``z_j - log_normalisers(...)[j]`` are expert j's log-probabilities.
 
     ``increments``: ``experts`` are the first expert's logits and each next one's increment (module doc)."""
+    dtype = torch.promote_types(experts[0].dtype, torch.float32)
     if torch.is_grad_enabled() and any(z.requires_grad for z in experts):
-        summed = accumulate(z.float() for z in experts) if increments else (z.float() for z in experts)
+        summed = accumulate(z.to(dtype) for z in experts) if increments else (z.to(dtype) for z in experts)
         return torch.stack([torch.logsumexp(z, dim=-1) for z in summed])
     vocab = experts[0].shape[-1]
     flat = [z.reshape(-1, vocab) for z in experts]
-    out = torch.empty(len(flat), flat[0].shape[0], device=flat[0].device)
+    out = torch.empty(len(flat), flat[0].shape[0], dtype=dtype, device=flat[0].device)
     rows = chunk_rows(vocab, out.device)
     for first in range(0, out.shape[1], rows):
         part = slice(first, first + rows)
-        running = flat[0][part].float()
+        running = flat[0][part].to(dtype)
         out[0, part] = torch.logsumexp(running, dim=-1)
         for index, z in enumerate(flat[1:], start=1):
-            running = running + z[part] if increments else z[part].float()
+            running = running + z[part] if increments else z[part].to(dtype)
             out[index, part] = torch.logsumexp(running, dim=-1)
     return out.view(len(flat), *experts[0].shape[:-1])
 
@@ -66,20 +68,21 @@ def mixture_log_probs(
     softmax(z_j)``. Summed by ``logaddexp``, so no term under- or overflows and an entry every expert rules out
     stays ``-inf``. ``increments``: ``experts`` are the first expert's logits and each next one's increment."""
     inputs = [*experts, *shifts]
+    dtype = torch.promote_types(experts[0].dtype, torch.float32)
     if torch.is_grad_enabled() and any(t.requires_grad for t in inputs):
-        summed = accumulate(z.float() for z in experts) if increments else (z.float() for z in experts)
+        summed = accumulate(z.to(dtype) for z in experts) if increments else (z.to(dtype) for z in experts)
         terms = torch.stack([z + s[..., None] for z, s in zip(summed, shifts, strict=True)])
         return torch.logsumexp(terms, dim=0)
     vocab = experts[0].shape[-1]
     flat = [z.reshape(-1, vocab) for z in experts]
-    columns = [s.reshape(-1, 1).float() for s in shifts]
-    out = torch.empty(flat[0].shape, device=flat[0].device)
+    columns = [s.reshape(-1, 1).to(dtype) for s in shifts]
+    out = torch.empty(flat[0].shape, dtype=dtype, device=flat[0].device)
     rows = chunk_rows(vocab, out.device)
     for first in range(0, out.shape[0], rows):
         part = slice(first, first + rows)
         total = out[part]
         if increments:  # z_0 + log(e^(s_0) + e^(s_1 + d_1) + e^(s_2 + d_1 + d_2) + ...): z_0 added last
-            running = flat[1][part].float()
+            running = flat[1][part].to(dtype)
             torch.logaddexp(running + columns[1][part], columns[0][part], out=total)
             for z, shift in zip(flat[2:], columns[2:], strict=True):
                 running = running + z[part]
@@ -88,7 +91,7 @@ def mixture_log_probs(
         else:
             torch.add(flat[0][part], columns[0][part], out=total)
             for z, shift in zip(flat[1:], columns[1:], strict=True):
-                torch.logaddexp(total, z[part].float() + shift[part], out=total)
+                torch.logaddexp(total, z[part].to(dtype) + shift[part], out=total)
     return out.view(experts[0].shape)
 
 
@@ -108,13 +111,14 @@ def expert_confidence(
     vocab = experts[0].shape[-1]
     flat = [z.detach().reshape(-1, vocab) for z in experts]
     flat_norms = norms.detach().reshape(len(flat), -1)
-    out = torch.empty(flat_norms.shape, device=flat[0].device)
+    dtype = torch.promote_types(experts[0].dtype, torch.float32)
+    out = torch.empty(flat_norms.shape, dtype=dtype, device=flat[0].device)
     rows = chunk_rows(vocab, out.device)
     for first in range(0, out.shape[1], rows):
         part = slice(first, first + rows)
         running = None
         for index, z in enumerate(flat):
-            running = running + z[part] if increments and running is not None else z[part].float()
+            running = running + z[part] if increments and running is not None else z[part].to(dtype)
             if kind == "top":
                 out[index, part] = running.amax(dim=-1) - flat_norms[index, part]
             else:

@@ -60,7 +60,8 @@ def running_ratio(
     Computed ``chunk`` positions at a time (T / chunk sequential steps, not T): within a chunk ``r_t = sum_s
     decay^(t-s) e_s`` over the positions of ``t``'s own document (a start's own evidence dropped), plus the carried
     ``decay^(t-c+1) r_(c-1)`` where no document starts between the chunk's first position ``c`` and ``t``."""
-    ratio = torch.zeros(evidence.shape[0], device=evidence.device) if initial is None else initial.float()
+    zeros = torch.zeros(evidence.shape[0], dtype=evidence.dtype, device=evidence.device)
+    ratio = zeros if initial is None else initial.to(evidence.dtype)
     evidence = evidence.masked_fill(starts, 0.0)
     steps = torch.arange(chunk, device=evidence.device)
     lag = steps[:, None] - steps[None, :]
@@ -138,16 +139,17 @@ def posterior_mix(
     """
     norms = log_normalisers(expert_logits, increments)  # (E, B, T): expert - norm are log-probabilities
     experts, rows, length = norms.shape
+    dtype = norms.dtype  # fp32, or float64 for float64 logits
     with torch.no_grad():
-        priors = torch.zeros(experts, device=norms.device)
+        priors = torch.zeros(experts, dtype=dtype, device=norms.device)
         priors[0] = prior
         score = priors[:, None, None].expand(experts, rows, length)
         if prefix:
             ids = input_ids.to(norms.device)
-            evidence = torch.zeros(experts, rows, length, device=norms.device)
+            evidence = torch.zeros(experts, rows, length, dtype=dtype, device=norms.device)
             if length > 1:
                 nxt = ids[:, 1:, None]
-                chosen = torch.stack([z[:, :-1].gather(-1, nxt).squeeze(-1).float() for z in expert_logits])
+                chosen = torch.stack([z[:, :-1].gather(-1, nxt).squeeze(-1).to(dtype) for z in expert_logits])
                 chosen = chosen.cumsum(0) if increments else chosen
                 evidence[:, :, 1:] = chosen - norms[:, :, :-1]
             if memory is not None:
@@ -168,7 +170,7 @@ def posterior_mix(
     mixed = mixture_log_probs(mixed, shifts, increments)
     next_memory = None
     if prefix:
-        last = torch.stack([z[:, -1].float() for z in expert_logits])
+        last = torch.stack([z[:, -1].to(dtype) for z in expert_logits])
         last_log_probs = (last.cumsum(0) if increments else last) - norms[:, :, -1, None]
         next_memory = ExpertMemory(ratio[:, :, -1].detach(), last_log_probs.detach())
     return mixed.to(expert_logits[-1].dtype), log_w.exp(), next_memory
