@@ -1,0 +1,101 @@
+"""Exactness to rounding: an fp32 result checked against the same math in float64, with a bound derived on the spot.
+
+Two computations equal in exact arithmetic differ in floating point by how their kernels round, and the kernels
+differ by CPU: ATen's AVX512, AVX2 or scalar code, MKL's code path (another on AMD than on Intel). A fixed ``atol``
+holds on the machine it was tuned on and fails on the next. So no bound here is a constant: the result under test may
+lie at most ``margin`` times as far from the float64 reference as the stock fp32 computation of the same math does on
+this machine, with these kernels, plus ``ulps`` epsilons of the reference's magnitude (a floor for a stock result
+that happens to round exactly):
+
+    max |got - exact|  <=  margin * max |stock - exact|  +  ulps * eps(dtype) * max |exact|
+
+The defaults (``margin`` 2, ``ulps`` 8) are tests/test_streams.py's, where this rule started: another order of the
+same sums rounds about as far from the exact value as the stock order does. A comparison that needs more says why
+where it passes its own. Set ``SCALE_CL_EXACTNESS_LOG`` to a file to append every comparison's errors and the share
+of its bound it used (the headroom, as a JSON line), e.g. under other kernels (`scripts/test_kernels.sh`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import torch
+
+MARGIN = 2.0
+ULPS = 8.0
+
+
+def eps(dtype: torch.dtype) -> float:
+    """The machine epsilon of a floating-point dtype (fp32's for anything else)."""
+    return torch.finfo(dtype if dtype.is_floating_point else torch.float32).eps
+
+
+def max_error(result: torch.Tensor, exact: torch.Tensor) -> float:
+    """The largest elementwise distance of ``result`` from ``exact``, taken in float64."""
+    if result.shape != exact.shape:
+        raise AssertionError(f"shapes differ: {tuple(result.shape)} against the reference's {tuple(exact.shape)}")
+    if result.numel() == 0:
+        return 0.0
+    return (result.detach().double() - exact.detach().double()).abs().max().item()
+
+
+def rounding_bound(
+    exact: torch.Tensor,
+    stock: torch.Tensor | None,
+    *,
+    dtype: torch.dtype | None = None,
+    margin: float = MARGIN,
+    ulps: float = ULPS,
+) -> float:
+    """How far from ``exact`` a result in ``dtype`` may lie: ``margin`` times the stock computation's own distance
+    plus ``ulps`` epsilons of ``exact``'s largest magnitude (``stock`` None: the floor alone, which the caller then
+    derives)."""
+    dtype = dtype or (stock.dtype if stock is not None else torch.float32)
+    scale = exact.detach().abs().max().item() if exact.numel() else 0.0
+    stock_error = 0.0 if stock is None else max_error(stock, exact)
+    return margin * stock_error + ulps * eps(dtype) * scale
+
+
+def assert_exact_to_rounding(
+    got: torch.Tensor,
+    exact: torch.Tensor,
+    *,
+    stock: torch.Tensor | None,
+    margin: float = MARGIN,
+    ulps: float = ULPS,
+    what: str = "",
+) -> None:
+    """``got`` equals ``exact`` (the same math in float64) up to the rounding its dtype's kernels make: no farther
+    than `rounding_bound` allows. ``stock`` is the stock fp32 computation of the same math on the same input (the
+    in-library model for an export, the base model for a preserved one, a formula written out for a router)."""
+    if exact.dtype != torch.float64:
+        raise TypeError(f"the reference must be float64, got {exact.dtype}")
+    dtype = got.dtype
+    error = max_error(got, exact)
+    stock_error = 0.0 if stock is None else max_error(stock, exact)
+    bound = rounding_bound(exact, stock, dtype=dtype, margin=margin, ulps=ulps)
+    _log(what, error, stock_error, bound, margin, ulps)
+    assert error <= bound, (
+        f"{what + ': ' if what else ''}{error:.3g} from the float64 reference, more than the bound {bound:.3g} "
+        f"({margin:g} x the stock computation's {stock_error:.3g} + {ulps:g} eps of {exact.abs().max().item():.3g})"
+    )
+
+
+def _log(what: str, error: float, stock_error: float, bound: float, margin: float, ulps: float) -> None:
+    path = os.environ.get("SCALE_CL_EXACTNESS_LOG")
+    if not path:
+        return
+    record = {
+        "test": os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" (", 1)[0],
+        "what": what,
+        "error": error,
+        "stock_error": stock_error,
+        "bound": bound,
+        "used": error / bound if bound else (0.0 if error == 0 else float("inf")),
+        "margin": margin,
+        "ulps": ulps,
+        "kernels": {k: os.environ[k] for k in ("ATEN_CPU_CAPABILITY", "MKL_CBWR") if k in os.environ},
+    }
+    with open(path, "a") as log:
+        log.write(json.dumps(record) + "\n")
