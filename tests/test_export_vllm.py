@@ -10,13 +10,16 @@ delegating to sdpa: every layer's attention must go through it, with vLLM's keyw
 the exported head over the base model's output must give the exported model's and the in-library model's logits, for
 every exported architecture and for SCALE-Preserve and SCALE-Adapt (``up_logit_scale`` != 1, folded into the head).
 SCALE-Route and SCALE-Preserve with a mixing router mix at the logits: their export says it is not servable there,
-their base model refuses vLLM's attention, and transformers still loads and runs them.
+their base model refuses vLLM's attention, and transformers still loads and runs them. Logits are compared with the
+in-library model's float64 logits, as close as the in-library fp32 model's (`exactness.assert_exact_to_rounding`).
 """
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 import torch
@@ -26,6 +29,7 @@ from transformers import AttentionInterface, AutoConfig, AutoModel, AutoModelFor
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from conftest import VOCAB
+from exactness import assert_exact_to_rounding
 from scale_cl.export import modeling_scale
 from scale_cl.export.card import CardInfo, model_card
 from scale_cl.export.export import export_model
@@ -34,6 +38,8 @@ from scale_cl.tuner.config import ScaleConfig
 from scale_cl.tuner.routing import ROUTERS
 from test_export import LIKELIHOOD, lively_scale_model
 from test_generate import padded_prompts  # three rows, left-padded by 0, 3 and 5 tokens
+
+pytestmark = pytest.mark.exactness
 
 ARCHITECTURES = {  # every exported family, one tiny shape each (conftest.ARCHS)
     "llama": ("llama-gqa2-tied", "ScaleLlamaModel"),
@@ -83,9 +89,28 @@ def vllm_row() -> tuple[torch.Tensor, torch.Tensor]:
     return ids, torch.arange(LENGTH)[None]
 
 
+class Logits(NamedTuple):
+    """The in-library model's logits on one input: fp32 (``stock``) and float64 (``exact``)."""
+
+    stock: torch.Tensor
+    exact: torch.Tensor
+
+    def check(self, got: torch.Tensor, where: torch.Tensor | None = None, what: str = "logits") -> None:
+        """``got`` as close to the float64 logits as the in-library fp32 model's (at ``where``'s positions)."""
+        stock, exact = (self.stock, self.exact) if where is None else (self.stock[where], self.exact[where])
+        assert_exact_to_rounding(got if where is None else got[where], exact, stock=stock, what=what)
+
+
+def library_logits(model, ids: torch.Tensor, mask: torch.Tensor | None = None) -> Logits:
+    """The in-library model's logits on ``ids`` (left-padded by ``mask``), in fp32 and in float64."""
+    kwargs = {} if mask is None else {"attention_mask": mask, "position_ids": (mask.cumsum(-1) - 1).clamp_min(0)}
+    with torch.no_grad():
+        return Logits(model(ids, **kwargs).logits, copy.deepcopy(model).double()(ids, **kwargs).logits)
+
+
 @pytest.fixture(scope="module")
 def exports(tmp_path_factory):
-    """Every case exported: name -> (folder, the in-library model's logits on `vllm_row` and on `padded_prompts`,
+    """Every case exported: name -> (folder, the in-library model's `Logits` on `vllm_row` and on `padded_prompts`,
     the in-library head's W_out and W_out_up)."""
     root = tmp_path_factory.mktemp("vllm_exports")
     cases = {name: (ARCHITECTURES[name.rsplit("-", 1)[0]][0], name.rsplit("-", 1)[1]) for name in SERVABLE}
@@ -96,9 +121,7 @@ def exports(tmp_path_factory):
     out = {}
     for name, (arch, method) in cases.items():
         model = lively_scale_model(arch, method, **options[name])
-        with torch.no_grad():
-            row = model(ids).logits
-            batch = model(padded, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp_min(0)).logits
+        row, batch = library_logits(model, ids), library_logits(model, padded, mask)
         head = model.get_output_embeddings()
         export_model(model, root / name)
         out[name] = (root / name, row, batch, head.weight.detach().clone(), head.weight_up.detach().clone())
@@ -152,8 +175,8 @@ def test_attention_runs_through_the_registered_function_with_the_forwards_kwargs
     eager = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True, attn_implementation="eager").eval()
     with torch.no_grad():
         expected = eager(ids).logits
-    torch.testing.assert_close(logits, expected, atol=1e-5, rtol=0)
-    torch.testing.assert_close(logits, reference, atol=1e-5, rtol=0)
+    reference.check(expected, what="the export's eager logits")
+    reference.check(logits, what="vLLM's head over the base model")
     assert (expected - expected.mean(-1, keepdim=True)).abs().max() > 0.5  # logits that say something
 
 
@@ -187,12 +210,10 @@ def test_automodel_loads_the_base_model_and_the_head_is_one_linear(exports, name
     with torch.no_grad():
         hidden = base.eval()(ids, attention_mask=mask, position_ids=positions).last_hidden_state
         out = causal(ids, attention_mask=mask, position_ids=positions, output_hidden_states=True)
-    torch.testing.assert_close(F.linear(hidden, head), out.logits, atol=1e-6, rtol=0)
+    assert torch.equal(F.linear(hidden, head), out.logits)  # the causal LM's head is this linear, on this input
     assert len(out.hidden_states) == config["num_hidden_layers"] + 1  # transformers' output capture sees the base
     assert torch.equal(out.hidden_states[-1], hidden)
-    logits = out.logits
-    real = mask.bool()
-    torch.testing.assert_close(logits[real], reference[real], atol=1e-5, rtol=0)
+    reference.check(out.logits, mask.bool())
 
 
 def test_every_exported_class_declares_the_attention_backend():
@@ -238,8 +259,7 @@ def test_exports_that_mix_at_the_logits_are_marked_and_still_run_in_transformers
     with torch.no_grad():
         logits = causal(ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp_min(0)).logits
         tokens = causal.generate(ids, attention_mask=mask, max_new_tokens=4, do_sample=False, pad_token_id=0)
-    real = mask.bool()
-    torch.testing.assert_close(logits[real], reference[real], atol=1e-5, rtol=0)
+    reference.check(logits, mask.bool())
     assert tokens.shape == (ids.shape[0], ids.shape[1] + 4)
 
 
