@@ -216,6 +216,19 @@ def test_automodel_loads_the_base_model_and_the_head_is_one_linear(exports, name
     reference.check(out.logits, mask.bool())
 
 
+def test_a_head_that_lost_alpha_falls_outside_the_bound(exports):
+    """The check above can fail: vLLM's head over the base model, with the new columns at ``alpha`` 1 (``alpha`` not
+    folded into ``lm_head.weight``, where vLLM reads the head), is not the in-library model's logits."""
+    folder, _, reference, w_out, w_up = exports["qwen2-preserve"]
+    base, _ = AutoModel.from_pretrained(folder, trust_remote_code=True, output_loading_info=True)
+    ids, mask = padded_prompts()
+    with torch.no_grad():
+        hidden = base.eval()(ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp_min(0))[0]
+    reference.check(F.linear(hidden, torch.cat((w_out, ALPHA["preserve"] * w_up), dim=1)), mask.bool())
+    with pytest.raises(AssertionError, match="more than the bound"):
+        reference.check(F.linear(hidden, torch.cat((w_out, w_up), dim=1)), mask.bool())
+
+
 def test_every_exported_class_declares_the_attention_backend():
     """``_supports_attention_backend`` set by the exported module itself (vLLM reads it through
     ``is_backend_compatible``) on each causal LM and its base model class, which is what ``auto_map`` names."""
