@@ -3,6 +3,7 @@ named by ``--model clean-en``, and the CPT sweep over seeds on it (its micro var
 
 from __future__ import annotations
 
+import copy
 import json
 import random
 import subprocess
@@ -15,9 +16,12 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig
 
+from exactness import assert_exact_to_rounding
 from scale_cl.experiments.base.build import INFO_FILE, build_base
 from scale_cl.experiments.base.config import preset
 from scale_cl.experiments.base.name import CLEAN_EN, resolve_model_name
+
+pytestmark = pytest.mark.exactness
 
 ENGLISH = [topics[key] for key in sorted(topics)[:30]]  # the Python docs' own English, shipped with every CPython
 
@@ -150,6 +154,7 @@ def test_scale_preserves_the_clean_base_exactly(micro_base):
     base = AutoModelForCausalLM.from_pretrained(micro_base).eval()
     with torch.no_grad():
         expected = base(ids).logits
+        exact = copy.deepcopy(base).double()(ids).logits
     for method in ("preserve", "adapt", "route"):
         model = prepare(
             AutoModelForCausalLM.from_pretrained(micro_base),
@@ -158,7 +163,7 @@ def test_scale_preserves_the_clean_base_exactly(micro_base):
         ).eval()
         with torch.no_grad():
             logits = model(ids).logits
-        torch.testing.assert_close(logits[..., : expected.shape[-1]], expected, rtol=0, atol=1e-5)
+        assert_exact_to_rounding(logits[..., : expected.shape[-1]], exact, stock=expected, what=f"scale_{method}")
 
 
 @pytest.mark.slow

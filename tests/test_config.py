@@ -11,8 +11,11 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from conftest import VOCAB, hidden_up_for, make_model
+from exactness import assert_exact_to_rounding
 from scale_cl import METHODS, ScaleConfig, scale_config_of, set_method, upscale
 from scale_cl.tuner.layers import ScaleLinear
+
+pytestmark = pytest.mark.exactness
 
 
 def probe_ids() -> torch.Tensor:
@@ -220,6 +223,7 @@ def test_ffn_up_zero_works_and_preserves_logits(arch_name, method):
     base = make_model(arch_name, seed=0)
     with torch.no_grad():
         expected = base(probe_ids()).logits
+        exact = copy.deepcopy(base).double()(probe_ids()).logits
     cfg = ScaleConfig(hidden_up=hidden_up_for(base), ffn_up=0, method=method, preserve_layers=1, w22_init="random")
     model = upscale(copy.deepcopy(base), cfg)
     ffn = [m for m in model.modules() if isinstance(m, ScaleLinear) and m.kind == "ffn"]
@@ -227,7 +231,7 @@ def test_ffn_up_zero_works_and_preserves_logits(arch_name, method):
     assert model.config.intermediate_size == base.config.intermediate_size
     with torch.no_grad():
         logits = model(probe_ids()).logits
-    torch.testing.assert_close(logits, expected, atol=1e-5, rtol=0)
+    assert_exact_to_rounding(logits, exact, stock=expected, what="the base model's logits")
     # It trains: a backward pass reaches the new parameters.
     model.train()
     model(probe_ids(), labels=probe_ids()).loss.backward()

@@ -4,7 +4,9 @@
 (``constant_input``); they detach it, so the backward pass never runs through a frozen ``W`` or a
 frozen norm there. Route does the same for the preserve half of its stacked batch
 (``constant_preserve_half``) and computes the preserve path's original logits without gradient.
-The parameter gradients must equal those of the plain computation (every such flag off).
+The parameter gradients must equal those of the plain computation (every such flag off): in fp32, to
+rounding, as close to the plain computation's float64 gradients as its own fp32 gradients are
+(`exactness.assert_exact_to_rounding`).
 """
 
 from __future__ import annotations
@@ -16,9 +18,12 @@ import pytest
 import torch
 
 from conftest import hidden_up_for, make_model, randomize_new_weights, token_batch
+from exactness import assert_exact_to_rounding
 from scale_cl import ScaleConfig, set_method, upscale
 from scale_cl.tuner.layers import ScaleHead, ScaleLinear, SplitNorm
 from scale_cl.tuner.modes import set_live_settings
+
+pytestmark = pytest.mark.exactness
 
 FAST_MODULES = (ScaleLinear, SplitNorm, ScaleHead)
 
@@ -39,12 +44,14 @@ def _plain(model):
     return plain
 
 
-@pytest.mark.parametrize(
-    "arch", ["llama-gqa2-tied", "qwen2-qkv-bias", "neox-parallel-rot0.25", "neox-sequential-rot1.0"]
-)
-@pytest.mark.parametrize("method", ["preserve", "adapt", "route"])
-@pytest.mark.parametrize("preserve_layers", [0, 2, 3])
-def test_parameter_gradients_equal_the_plain_computation(arch, method, preserve_layers):
+def assert_plain_gradients(fast: dict, plain: dict, exact: dict, what: str = "") -> None:
+    """Every gradient of ``fast`` is the plain computation's to rounding (``plain`` in fp32, ``exact`` in float64)."""
+    assert fast.keys() == plain.keys() == exact.keys() and fast
+    for name in fast:
+        assert_exact_to_rounding(fast[name], exact[name], stock=plain[name], what=f"{what}{name}")
+
+
+def lively_model(arch: str, method: str, preserve_layers: int):
     base = make_model(arch)
     cfg = ScaleConfig(
         hidden_up=hidden_up_for(base),
@@ -55,15 +62,41 @@ def test_parameter_gradients_equal_the_plain_computation(arch, method, preserve_
         w22_init="random",
         route_tau=0.3,
     )
-    # float64: the two graphs sum the same terms in a different order, which in float32 leaves
-    # rounding differences of a few 1e-6 in the embedding's gradient (seen with transformers 5.24);
-    # in float64 the gradients agree to ~1e-16, so a real difference cannot hide in the tolerance.
-    model = randomize_new_weights(upscale(base, cfg), seed=1, w12_scale=0.3).double()
+    return randomize_new_weights(upscale(base, cfg), seed=1, w12_scale=0.3)
+
+
+@pytest.mark.parametrize(
+    "arch", ["llama-gqa2-tied", "qwen2-qkv-bias", "neox-parallel-rot0.25", "neox-sequential-rot1.0"]
+)
+@pytest.mark.parametrize("method", ["preserve", "adapt", "route"])
+@pytest.mark.parametrize("preserve_layers", [0, 2, 3])
+def test_parameter_gradients_equal_the_plain_computation(arch, method, preserve_layers):
+    # The two graphs sum the same terms in a different order (in float64 they agree to ~1e-16), which in fp32 leaves
+    # rounding differences of a few 1e-6 in the embedding's gradient (seen with transformers 5.24): bounded by the
+    # plain computation's own distance from its float64 gradients.
+    model = lively_model(arch, method, preserve_layers)
     ids, mask = token_batch(padded=True)
-    fast, plain = _grads(model, ids, mask), _grads(_plain(model), ids, mask)
-    assert fast.keys() == plain.keys() and fast
-    for name in fast:
-        torch.testing.assert_close(fast[name], plain[name], atol=1e-12, rtol=1e-10, msg=name)
+    plain = _plain(model)
+    assert_plain_gradients(
+        _grads(model, ids, mask), _grads(plain, ids, mask), _grads(plain.double(), ids, mask), f"{method}: "
+    )
+
+
+def test_a_gradient_missing_a_term_is_outside_the_bound():
+    """The mutation: one module taken as constant although a W12 reaches its input (the first W12 layer's norm before
+    the FFN, as a `set_method` that marked that whole layer would), so the gradients of the parameters below it (the
+    layer's attention blocks, the earlier new weights) keep their terms along the residual stream and miss the ones
+    through the FFN."""
+    model = lively_model("llama-gqa2-tied", "adapt", preserve_layers=2)
+    ids, mask = token_batch(padded=True)
+    plain = _plain(model)
+    stock, exact = _grads(plain, ids, mask), _grads(plain.double(), ids, mask)
+    assert_plain_gradients(_grads(model, ids, mask), stock, exact)  # the control
+    norm = model.get_decoder().layers[2].post_attention_layernorm
+    assert not norm.constant_input
+    norm.constant_input = True
+    with pytest.raises(AssertionError, match="from the float64 reference"):
+        assert_plain_gradients(_grads(model, ids, mask), stock, exact, "mutated: a norm taken as constant: ")
 
 
 # What reads the first W12 layer's input (the base model's stream there) is constant; what a W12 of it reaches is
@@ -149,20 +182,23 @@ def test_route_stacked_linear_sends_no_gradient_into_the_preserve_half(use_w12):
     model.scale_route.switch(True, first_stacked=1)
     hidden = torch.randn(4, 5, linear.in_features + linear.in_up, generator=torch.Generator().manual_seed(4))
 
-    results = []
-    for fast in (True, False):
+    def forward(linear, fast: bool, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         linear.constant_preserve_half = fast
         leaf = hidden.clone().requires_grad_(True)
         out = linear(leaf)
         out.backward(torch.ones_like(out))
-        results.append((out.detach(), leaf.grad))
-    (out, grad), (plain_out, plain_grad) = results
-    torch.testing.assert_close(out, plain_out, atol=1e-6, rtol=1e-6)
+        return out.detach(), leaf.grad
+
+    (out, grad), (plain_out, plain_grad) = forward(linear, True, hidden), forward(linear, False, hidden)
+    exact_out, exact_grad = forward(copy.deepcopy(linear).double(), False, hidden.double())
+    assert_exact_to_rounding(out, exact_out, stock=plain_out, what="output")
     d = linear.in_features
     assert torch.count_nonzero(grad[:2, :, :d]) == 0  # the preserve half's x: a constant
     assert torch.count_nonzero(plain_grad[:2, :, :d]) > 0  # the plain computation takes its gradient
-    torch.testing.assert_close(grad[2:], plain_grad[2:], atol=1e-6, rtol=1e-6)  # the adapt half's is unchanged
-    torch.testing.assert_close(grad[:2, :, d:], plain_grad[:2, :, d:], atol=1e-6, rtol=1e-6)
+    # the adapt half's gradient is unchanged, and the preserve half's into x_up
+    assert_exact_to_rounding(grad[2:], exact_grad[2:], stock=plain_grad[2:], what="into the adapt half")
+    what = "into the preserve half's x_up"
+    assert_exact_to_rounding(grad[:2, :, d:], exact_grad[:2, :, d:], stock=plain_grad[:2, :, d:], what=what)
 
 
 def _mlp_the_base_way(mlp, hidden: torch.Tensor) -> torch.Tensor:
@@ -217,12 +253,12 @@ def test_split_mlp_equals_the_base_formula_and_keeps_no_full_width_activation(ar
     out, into, grads, shapes = _backward_through(mlp, model, mlp, hidden)
     base_way = functools.partial(_mlp_the_base_way, mlp)
     ref_out, ref_into, ref_grads, ref_shapes = _backward_through(base_way, model, mlp, hidden)
+    mlp64 = copy.deepcopy(mlp).double()
+    exact = _backward_through(functools.partial(_mlp_the_base_way, mlp64), mlp64, mlp64, hidden.double())
 
-    torch.testing.assert_close(out, ref_out, atol=1e-6, rtol=1e-6)
-    torch.testing.assert_close(into, ref_into, atol=1e-5, rtol=1e-5)
-    assert grads.keys() == ref_grads.keys() and grads
-    for name in grads:
-        torch.testing.assert_close(grads[name], ref_grads[name], atol=1e-5, rtol=1e-5, msg=name)
+    assert_exact_to_rounding(out, exact[0], stock=ref_out, what="output")
+    assert_exact_to_rounding(into, exact[1], stock=ref_into, what="gradient into the input")
+    assert_plain_gradients(grads, ref_grads, exact[2])
     # What the activation and gate keep for backward (the linears save 2-D views, these are 3-D):
     # the base formula all ffn + ffn_up columns; the split one only the columns that need gradients.
     kept = sorted({shape[-1] for shape in shapes if len(shape) == 3})
@@ -242,22 +278,25 @@ def test_route_mlp_runs_the_halves_apart_and_keeps_nothing_of_the_preserve_halfs
     assert up.constant_preserve_half and up.use_w12
     hidden = torch.randn(4, 5, up.in_features + up.in_up, generator=torch.Generator().manual_seed(3))
 
-    results = []
-    for fast in (True, False):
+    def through(mlp, fast: bool, hidden: torch.Tensor) -> tuple:
         for module in mlp.modules():
             if isinstance(module, ScaleLinear):
                 module.constant_preserve_half = fast
-        results.append(_backward_through(mlp, model, mlp, hidden))
-    (out, into, grads, shapes), (ref_out, ref_into, ref_grads, ref_shapes) = results
+        return _backward_through(mlp, mlp, mlp, hidden)
 
-    torch.testing.assert_close(out, ref_out, atol=1e-6, rtol=1e-6)
+    (out, into, grads, shapes), (ref_out, ref_into, ref_grads, ref_shapes) = (
+        through(mlp, True, hidden),
+        through(mlp, False, hidden),
+    )
+    exact_out, exact_into, exact_grads, _ = through(copy.deepcopy(mlp).double(), False, hidden.double())
+
+    assert_exact_to_rounding(out, exact_out, stock=ref_out, what="output")
     d = up.in_features
     assert torch.count_nonzero(into[:2, :, :d]) == 0  # the preserve half's x: a constant
-    torch.testing.assert_close(into[2:], ref_into[2:], atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(into[:2, :, d:], ref_into[:2, :, d:], atol=1e-5, rtol=1e-5)
-    assert grads.keys() == ref_grads.keys() and grads
-    for name in grads:
-        torch.testing.assert_close(grads[name], ref_grads[name], atol=1e-5, rtol=1e-5, msg=name)
+    assert_exact_to_rounding(into[2:], exact_into[2:], stock=ref_into[2:], what="into the adapt half")
+    what = "into the preserve half's x_up"
+    assert_exact_to_rounding(into[:2, :, d:], exact_into[:2, :, d:], stock=ref_into[:2, :, d:], what=what)
+    assert_plain_gradients(grads, ref_grads, exact_grads)
     # Activations of the original ffn columns kept for backward: the adapt half's only (2 rows), not the stacked 4.
     wide = [shape for shape in shapes if len(shape) == 3 and shape[-1] == up.out_features]
     assert wide and all(shape[0] == 2 for shape in wide)
@@ -281,8 +320,11 @@ def test_the_head_sums_z_up_into_z_in_place_with_the_values_and_gradients_of_a_c
     with torch.no_grad():
         copied_logits = model(input_ids=ids, attention_mask=mask).logits
     assert in_place.keys() == copied.keys() and in_place
+    # All in float64 (eps 2.2e-16), the same products on the same values, accumulated into Z's memory or into a
+    # copy: at most a few eps apart (bitwise here). 1e-12 absolute on logits and gradients of order 1e-2..10 (and
+    # 1e-10 relative) is >= ~1e4 eps, and far below what a lost term or a wrong alpha (0.7 here) moves (>= 1e-3).
     for name in in_place:
         torch.testing.assert_close(in_place[name], copied[name], atol=1e-12, rtol=1e-10, msg=name)
     torch.testing.assert_close(logits, copied_logits, atol=1e-12, rtol=0)
-    if method == "preserve":  # its Z is the base's logits exactly
+    if method == "preserve":  # its Z is the base's logits exactly (the same products on the base's bitwise stream)
         torch.testing.assert_close(kept, base(input_ids=ids, attention_mask=mask).logits.detach(), atol=1e-10, rtol=0)

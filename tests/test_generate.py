@@ -2,7 +2,9 @@
 
 With untrained new weights (W12 = 0, W_out_up = 0, but random W21/W22) Theorem 3.1 says the
 logits are the base model's, so greedy decoding must produce the base model's tokens, whatever
-the method. Left padding must not change the logits of the real tokens.
+the method. Left padding must not change the logits of the real tokens. Equal logits are equal to
+rounding: as close to the float64 values as the stock fp32 computation (the base model; the row
+alone, unpadded) is (`exactness.assert_exact_to_rounding`).
 """
 
 from __future__ import annotations
@@ -14,8 +16,11 @@ import torch
 
 from conftest import VOCAB, make_model, randomize_new_weights, upscaled_copy
 from conftest import greedy as generate_greedy
+from exactness import assert_exact_to_rounding
 from scale_cl import ROUTE_SHARE_KEY, set_method
 from scale_cl.tuner.layers import ScaleLinear
+
+pytestmark = pytest.mark.exactness
 
 NEW_TOKENS = 8
 PADS = [0, 3, 5]  # left padding per row
@@ -69,8 +74,9 @@ def test_greedy_generate_untrained_equals_base(arch_name, method):
     with torch.no_grad():
         got = model(ids, attention_mask=mask, position_ids=position_ids).logits
         want = base(ids, attention_mask=mask, position_ids=position_ids).logits
+        exact = copy.deepcopy(base).double()(ids, attention_mask=mask, position_ids=position_ids).logits
     real = mask.bool()
-    torch.testing.assert_close(got[real], want[real], atol=1e-5, rtol=0)
+    assert_exact_to_rounding(got[real], exact[real], stock=want[real], what="the base model's logits")
 
 
 def test_generate_route_with_trained_like_weights_runs():
@@ -107,11 +113,14 @@ def test_left_padding_does_not_change_real_token_logits(arch_name, method):
     model = nontrivial(arch_name, method)
     ids, mask = padded_prompts()
     position_ids = (mask.cumsum(-1) - 1).clamp_min(0)
+    exact_model = copy.deepcopy(model).double()
     with torch.no_grad():
         padded = model(ids, attention_mask=mask, position_ids=position_ids)
-        for row, pad in enumerate(PADS):
-            alone = model(ids[row : row + 1, pad:])
-            torch.testing.assert_close(padded.logits[row, pad:], alone.logits[0], atol=1e-5, rtol=0)
+        rows = [ids[row : row + 1, pad:] for row, pad in enumerate(PADS)]  # each row alone, unpadded
+        alone = torch.cat([model(row).logits[0] for row in rows])
+        exact = torch.cat([exact_model(row).logits[0] for row in rows])
+    got = torch.cat([padded.logits[row, pad:] for row, pad in enumerate(PADS)])
+    assert_exact_to_rounding(got, exact, stock=alone, what="the real tokens of a left-padded batch")
     if method == "route":
         assert ROUTE_SHARE_KEY in padded
 

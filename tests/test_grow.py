@@ -1,6 +1,10 @@
 """Repeated upscaling (`scale_cl.tuner.stages`): an upscaled, trained model grown again equals itself at start, on every
 architecture and for each method; Theorem 3.1 holds at every stage after training with non-zero blocks; frozen
-weights stay bitwise unchanged; checkpoints, the summary and refusals say what each stage added."""
+weights stay bitwise unchanged; checkpoints, the summary and refusals say what each stage added.
+
+"Equals" is to rounding: the grown model multiplies by each earlier linear's merged block matrix, which rounds unlike
+its split blocks, so its values must be as close to the earlier model's float64 values as the earlier model's own fp32
+values are (`exactness.assert_exact_to_rounding`)."""
 
 from __future__ import annotations
 
@@ -10,11 +14,15 @@ import pytest
 import torch
 
 from conftest import VOCAB, make_model, randomize_new_weights, tiny_scale_config, token_batch, upscaled_copy
+from exactness import assert_exact_to_rounding
 from scale_cl import load, set_method, upscale
+from scale_cl.tuner import stages
 from scale_cl.tuner.layers import ScaleLinear, SplitNorm
+from scale_cl.tuner.modes import set_live_settings
 from scale_cl.tuner.stages import FrozenMLP, stage_count
 
-ATOL = 1e-5
+pytestmark = pytest.mark.exactness
+
 LATER_METHODS = ("preserve", "adapt", "route")
 
 
@@ -40,10 +48,16 @@ def logits(model, ids, mask, **kwargs):
         return model(input_ids=ids, attention_mask=mask, **kwargs)
 
 
-def assert_close(actual: torch.Tensor, expected: torch.Tensor, what: str) -> None:
+def exact_logits(model, ids, mask, **kwargs):
+    """`logits` of a float64 copy of ``model``."""
+    return logits(copy.deepcopy(model).double(), ids, mask, **kwargs)
+
+
+def assert_close(actual: torch.Tensor, expected: torch.Tensor, exact: torch.Tensor, what: str) -> None:
+    """``actual`` is the earlier model's value to rounding: as close to its float64 value ``exact`` as its fp32
+    value ``expected`` is."""
     assert actual.shape == expected.shape, what
-    diff = (actual - expected).abs().max().item()
-    assert diff <= ATOL, f"{what}: max abs diff {diff:.3e} > {ATOL}"
+    assert_exact_to_rounding(actual, exact, stock=expected, what=what)
 
 
 def train_steps(model, steps: int = 3, seed: int = 0) -> None:
@@ -65,12 +79,12 @@ def test_grown_model_equals_the_trained_one(arch_name, first, later):
     non-zero), under each method of the new stage."""
     model = lively(upscaled_copy(make_model(arch_name), first, w21_init="random", w22_init="random"), seed=1)
     ids, mask = token_batch()
-    before = logits(model, ids, mask).logits
+    before, exact = logits(model, ids, mask).logits, exact_logits(model, ids, mask).logits
     model = grown(model, later)
     assert stage_count(model) == 2 and model.scale_config.method == later
-    assert_close(logits(model, ids, mask).logits, before, f"{arch_name}: {first} grown under {later}")
+    assert_close(logits(model, ids, mask).logits, before, exact, f"{arch_name}: {first} grown under {later}")
     for method in LATER_METHODS:  # the same at start whichever method the new stage switches to
-        assert_close(logits(set_method(model, method), ids, mask).logits, before, f"switched to {method}")
+        assert_close(logits(set_method(model, method), ids, mask).logits, before, exact, f"switched to {method}")
 
 
 @pytest.mark.parametrize("arch", ("llama-gqa3-tied", "llama-biases", "neox-sequential-rot1.0"))
@@ -86,8 +100,9 @@ def test_theorem_holds_at_every_stage_after_training(arch):
         earlier = copy.deepcopy(model)
         width = earlier.config.hidden_size
         reference = logits(earlier, ids, mask, output_hidden_states=True)
+        exact = exact_logits(earlier, ids, mask, output_hidden_states=True)
         model = grown(model, method)
-        assert_close(logits(model, ids, mask).logits, reference.logits, f"stage {stage} at start")
+        assert_close(logits(model, ids, mask).logits, reference.logits, exact.logits, f"stage {stage} at start")
         frozen = {n: p.detach().clone() for n, p in model.named_parameters() if not p.requires_grad}
         train_steps(model, seed=10 * stage)
         for name, param in model.named_parameters():
@@ -96,8 +111,29 @@ def test_theorem_holds_at_every_stage_after_training(arch):
         moved = logits(model, ids, mask, output_hidden_states=True)
         assert (moved.logits - reference.logits).abs().max() > 1e-3, "training changed nothing"
         if method == "preserve":
-            for index, (got, want) in enumerate(zip(moved.hidden_states, reference.hidden_states, strict=True)):
-                assert_close(got[..., :width], want, f"stage {stage}: hidden state {index} of the earlier width")
+            states = zip(moved.hidden_states, reference.hidden_states, exact.hidden_states, strict=True)
+            for index, (got, want, exact_state) in enumerate(states):
+                what = f"stage {stage}: hidden state {index} of the earlier width"
+                assert_close(got[..., :width], want, exact_state, what)
+
+
+def test_a_head_frozen_without_its_scale_is_outside_the_bound(monkeypatch):
+    """The mutation: growing a model whose ``up_logit_scale`` is 0.99 with a head frozen as ``[W_out, W_out_up]``,
+    the scale left out (Z_up weighted 1% too much)."""
+
+    def unscaled_head(module):
+        head = torch.nn.Linear(module.in_features, module.out_features, bias=False)
+        head.weight = torch.nn.Parameter(torch.cat((module.weight, module.weight_up), dim=1).detach(), False)
+        return head
+
+    model = lively(upscaled_copy(make_model("llama-mha-untied"), "adapt", w21_init="random"), seed=1)
+    set_live_settings(model, up_logit_scale=0.99)
+    ids, mask = token_batch()
+    before, exact = logits(model, ids, mask).logits, exact_logits(model, ids, mask).logits
+    assert_close(logits(grown(copy.deepcopy(model), "adapt"), ids, mask).logits, before, exact, "grown")  # control
+    monkeypatch.setattr(stages, "_plain_head", unscaled_head)
+    with pytest.raises(AssertionError, match="from the float64 reference"):
+        assert_close(logits(grown(model, "adapt"), ids, mask).logits, before, exact, "mutated: alpha left out")
 
 
 def test_norms_split_into_groups_and_linears_freeze_into_the_base():

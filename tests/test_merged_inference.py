@@ -2,21 +2,27 @@
 
 Inference of a linear that uses W12 multiplies by the block matrix ``[[W, W12], [W21, W22]]`` as
 one dense weight; training keeps the blocks apart. The two must compute the same function (to
-rounding), the cached matrix must follow every change of the blocks, and training must never see it.
+rounding: the merged form's logits as close to the model's float64 logits as the split form's are,
+`exactness.assert_exact_to_rounding`), the cached matrix must follow every change of the blocks, and
+training must never see it.
 """
 
 from __future__ import annotations
 
 import ast
+import copy
 from pathlib import Path
 
 import pytest
 import torch
 
 from conftest import make_model, randomize_new_weights, upscaled_copy
+from exactness import assert_exact_to_rounding
 from scale_cl import set_method
 from scale_cl.tuner.layers import EQ1, HALVES, MERGED, ROUTED, ScaleLinear, set_merged_inference
 from test_generate import padded_prompts
+
+pytestmark = pytest.mark.exactness
 
 
 def nontrivial(arch: str, method: str):
@@ -36,6 +42,16 @@ def split_logits(model, ids, mask, position_ids) -> torch.Tensor:
     return logits.detach()
 
 
+def assert_split_form(got: torch.Tensor, model, ids, mask, position_ids=None, what: str = "merged form") -> None:
+    """``got`` is the model's function to rounding: as close to its float64 logits as the split form's fp32
+    logits (the stock computation of Eq. 1, block by block) are; at the real tokens."""
+    split = split_logits(model, ids, mask, position_ids)
+    with torch.no_grad():
+        exact = copy.deepcopy(model).double()(ids, attention_mask=mask, position_ids=position_ids).logits
+    real = mask.bool()
+    assert_exact_to_rounding(got[real], exact[real], stock=split[real], what=what)
+
+
 @pytest.mark.parametrize("method", ["preserve", "adapt", "route"])
 def test_merged_form_equals_split_form(arch_name, method):
     model = nontrivial(arch_name, method)
@@ -46,10 +62,10 @@ def test_merged_form_equals_split_form(arch_name, method):
     # The merged form ran exactly where W12 is used (preserve: nowhere; it keeps the split form).
     assert all((linear._merged is not None) == linear.use_w12 for linear in linears(model))
     assert any(linear.use_w12 for linear in linears(model)) == (method != "preserve")
-    split = split_logits(model, ids, mask, position_ids)
+    split_logits(model, ids, mask, position_ids)
     assert all(linear._merged is None for linear in linears(model))  # and training-mode forwards drop it
+    assert_split_form(merged, model, ids, mask, position_ids)
     real = mask.bool()
-    torch.testing.assert_close(merged[real], split[real], atol=1e-5, rtol=0)
     # Guard: W12 matters here (adapt/route), so the merged matrix's W12 block is exercised.
     if method != "preserve":
         with torch.no_grad():
@@ -81,13 +97,13 @@ def test_cache_follows_an_optimizer_step_and_a_method_switch():
     with torch.no_grad():
         after = model(ids, attention_mask=mask).logits
     assert (after - before).abs().max() > 1e-3
-    torch.testing.assert_close(after, split_logits(model, ids, mask, None), atol=1e-5, rtol=0)
+    assert_split_form(after, model, ids, mask, what="after an optimizer step")
 
     with torch.no_grad():
         model(ids, attention_mask=mask)  # cache the adapt matrices
         set_method(model, "preserve")
         preserve = model(ids, attention_mask=mask).logits
-    torch.testing.assert_close(preserve, split_logits(model, ids, mask, None), atol=1e-5, rtol=0)
+    assert_split_form(preserve, model, ids, mask, what="after switching to preserve")
 
 
 def test_cache_follows_an_in_place_write_under_no_grad():
@@ -98,7 +114,29 @@ def test_cache_follows_an_in_place_write_under_no_grad():
         for linear in linears(model):
             linear.w22.mul_(2.0)
         doubled = model(ids, attention_mask=mask).logits
-    torch.testing.assert_close(doubled, split_logits(model, ids, mask, None), atol=1e-5, rtol=0)
+    assert_split_form(doubled, model, ids, mask, what="after an in-place write")
+
+
+def test_a_stale_cache_is_outside_the_bound(monkeypatch):
+    """The mutation: a cache that is built once and never rebuilt (keyed without the blocks' version counters), so
+    after ``W22`` is doubled in place the merged form still multiplies by the old block matrix."""
+    model = nontrivial("llama-gqa2-tied", "adapt")
+    ids, mask = padded_prompts()
+
+    def never_rebuilt(self):
+        if self._merged is None:
+            full, bias = self.merged_weight(with_w12=True)
+            self._merged = (None, full, bias, full[self.out_features :])
+        return self._merged[1:]
+
+    monkeypatch.setattr(ScaleLinear, "_merged_weights", never_rebuilt)
+    with torch.no_grad():
+        model(ids, attention_mask=mask)  # builds every cache
+        for linear in linears(model):
+            linear.w22.mul_(2.0)
+        stale = model(ids, attention_mask=mask).logits
+    with pytest.raises(AssertionError, match="from the float64 reference"):
+        assert_split_form(stale, model, ids, mask, what="mutated: a stale merged matrix")
 
 
 def test_training_gradients_do_not_touch_the_merged_form():
@@ -118,7 +156,6 @@ def test_training_gradients_do_not_touch_the_merged_form():
 def test_merging_can_be_switched_off():
     model = nontrivial("llama-gqa2-tied", "route")
     ids, mask = padded_prompts()
-    split = split_logits(model, ids, mask, None)
     for linear in linears(model):
         linear.merge_for_inference = False
     with torch.no_grad():
@@ -126,9 +163,9 @@ def test_merging_can_be_switched_off():
     assert all(linear._merged is None for linear in linears(model))
     # Not bitwise: route's training form runs the stacked FFN's two halves apart, and on some CPUs an elementwise
     # kernel (SiLU) rounds an element one ulp differently when it falls in another vector lane or the scalar
-    # remainder of a tensor with other rows (seen on an Intel Xeon: 2.4e-7 in the logits). The merged form differs by
-    # its products' own rounding, 1.4e-6 here: the bound tells the two apart.
-    torch.testing.assert_close(unmerged, split, rtol=0, atol=5e-7)
+    # remainder of a tensor with other rows (seen on an Intel Xeon: 2.4e-7 in the logits). That merging is off is
+    # the `_merged is None` check above; the values are the split form's to rounding.
+    assert_split_form(unmerged, model, ids, mask, what="merging off")
 
 
 def test_the_forms_of_eq1_are_chosen_in_one_place():

@@ -2,21 +2,29 @@
 
 Covers every tiny architecture of conftest (`arch_name`), every method, with and without left
 padding, before and after training, plus the honesty of the widened config and the head layout.
+
+"Equal" is to rounding (docs/design.md §1.2): the upscaled model's original stream and logits must be as close to the
+base model's float64 values as the base model's own fp32 computation is (`exactness.assert_exact_to_rounding`), on
+whatever CPU kernels run them.
 """
 
 from __future__ import annotations
 
 import copy
+from collections.abc import Iterable
+from typing import Any, NamedTuple
 
 import pytest
 import torch
 
 from conftest import VOCAB, hidden_up_for, make_model, token_batch, upscaled_copy
+from exactness import assert_exact_to_rounding
 from scale_cl import ScaleConfig, set_method, upscale
 from scale_cl.tuner.layers import ScaleLinear
 
+pytestmark = pytest.mark.exactness
+
 METHODS = ("preserve", "adapt", "route")
-ATOL = 1e-5
 
 
 def batch(padded: bool, seed: int = 0, rows: int = 3, length: int = 9) -> tuple[torch.Tensor, torch.Tensor]:
@@ -31,11 +39,12 @@ def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
     return (a - b).abs().max().item()
 
 
-def assert_equal_within(actual: torch.Tensor, expected: torch.Tensor, what: str) -> None:
-    assert actual.shape == expected.shape, f"{what}: shape {tuple(actual.shape)} != {tuple(expected.shape)}"
-    assert torch.isfinite(expected).all(), f"{what}: the base values are not finite"
-    diff = max_diff(actual, expected)
-    assert diff <= ATOL, f"{what}: max abs diff {diff:.3e} > {ATOL}"
+def assert_equal_within(actual: torch.Tensor, stock: torch.Tensor, exact: torch.Tensor, what: str) -> None:
+    """``actual`` is the base model's value to rounding: as close to its float64 value ``exact`` as the base
+    model's fp32 value ``stock`` is."""
+    assert actual.shape == stock.shape, f"{what}: shape {tuple(actual.shape)} != {tuple(stock.shape)}"
+    assert torch.isfinite(stock).all(), f"{what}: the base values are not finite"
+    assert_exact_to_rounding(actual, exact, stock=stock, what=what)
 
 
 def upscaled(base, method: str = "preserve", **fields):
@@ -48,18 +57,42 @@ def run(model, ids, mask, **kwargs):
         return model(input_ids=ids, attention_mask=mask, output_hidden_states=True, **kwargs)
 
 
-def assert_original_stream_equal(base_out, up_out, d: int, rows: int, layers: range | None = None) -> None:
-    """``hs[..., :d]`` of the upscaled model equals the base model's hidden states (first ``rows`` rows).
+class BaseRun(NamedTuple):
+    """The base model's outputs on one batch, in fp32 (``stock``) and float64 (``exact``)."""
+
+    stock: Any
+    exact: Any
+
+
+def run_base(base, ids, mask) -> BaseRun:
+    return BaseRun(run(base, ids, mask), run(copy.deepcopy(base).double(), ids, mask))
+
+
+def assert_logits_base(logits: torch.Tensor, base_run: BaseRun, what: str) -> None:
+    assert_equal_within(logits, base_run.stock.logits, base_run.exact.logits, what)
+
+
+def assert_original_stream_equal(
+    base_run: BaseRun,
+    up_out,
+    d: int,
+    rows: int,
+    layers: Iterable[int] | None = None,
+    start: int = 0,
+    what: str = "original part",
+) -> None:
+    """``hs[start : start + rows, ..., :d]`` of the upscaled model equals the base model's hidden states.
 
     Route stacks the batch as [preserve path; adapt path] from its first collaborative layer, so its
-    hidden states there have 2B rows; the first B rows are the preserve path.
+    hidden states there have 2B rows; the first B rows are the preserve path (``start`` B: the adapt path).
     """
-    assert len(up_out.hidden_states) == len(base_out.hidden_states)
-    indices = layers if layers is not None else range(len(base_out.hidden_states))
-    for i in indices:
-        hs_base, hs_up = base_out.hidden_states[i], up_out.hidden_states[i]
+    stock, exact = base_run.stock.hidden_states, base_run.exact.hidden_states
+    assert len(up_out.hidden_states) == len(stock)
+    for i in layers if layers is not None else range(len(stock)):
+        hs_up = up_out.hidden_states[i]
         assert hs_up.shape[-1] > d, f"hidden state {i} is not widened: {tuple(hs_up.shape)}"
-        assert_equal_within(hs_up[:rows, ..., :d], hs_base, f"original part of hidden state {i}")
+        got = hs_up[start : start + rows, ..., :d]
+        assert_equal_within(got, stock[i], exact[i], f"{what} of hidden state {i}")
 
 
 def head_input_recorder(model):
@@ -93,9 +126,8 @@ def test_logits_equal_base_at_init(arch_name, method, padded):
     base = make_model(arch_name)
     model = upscaled(base, method, preserve_layers=1 if method == "route" else 0)
     ids, mask = batch(padded)
-    expected = run(base, ids, mask).logits
     out = run(model, ids, mask)
-    assert_equal_within(out.logits, expected, f"{arch_name}/{method} logits")
+    assert_logits_base(out.logits, run_base(base, ids, mask), f"{arch_name}/{method} logits")
     if method == "route":
         # at init both paths agree (cos = 1 > tau): every real token goes to the preserve path
         assert out["route_preserve_share"].item() == 1.0
@@ -106,7 +138,7 @@ def test_logits_equal_base_with_svd_init(arch_name, method):
     base = make_model(arch_name, seed=1)
     model = upscaled(base, method, preserve_layers=1, w21_init="svd", w22_init="svd")
     ids, mask = batch(padded=True, seed=1)
-    assert_equal_within(run(model, ids, mask).logits, run(base, ids, mask).logits, f"{arch_name}/{method} svd")
+    assert_logits_base(run(model, ids, mask).logits, run_base(base, ids, mask), f"{arch_name}/{method} svd")
 
 
 @pytest.mark.parametrize("preserve_layers", [0, 3], ids=["all-collaborative", "none-collaborative"])
@@ -115,8 +147,8 @@ def test_route_logits_equal_base_any_preserve_layers(arch_name, preserve_layers)
     base = make_model(arch_name)
     model = upscaled(base, "route", preserve_layers=preserve_layers)
     ids, mask = batch(padded=True)
-    base_out, out = run(base, ids, mask), run(model, ids, mask)
-    assert_equal_within(out.logits, base_out.logits, f"route, preserve_layers={preserve_layers}")
+    base_out, out = run_base(base, ids, mask), run(model, ids, mask)
+    assert_logits_base(out.logits, base_out, f"route, preserve_layers={preserve_layers}")
     rows = ids.shape[0]
     stacked_rows = 2 * rows if preserve_layers == 0 else rows
     assert out.hidden_states[1].shape[0] == stacked_rows
@@ -130,7 +162,7 @@ def test_original_stream_equals_base_every_layer(arch_name, method, padded):
     d = base.config.hidden_size
     model = upscaled(base, method, preserve_layers=1)
     ids, mask = batch(padded)
-    base_out, up_out = run(base, ids, mask), run(model, ids, mask)
+    base_out, up_out = run_base(base, ids, mask), run(model, ids, mask)
     rows = ids.shape[0]
     assert_original_stream_equal(base_out, up_out, d, rows)
     # The new stream is really there (random W21/W22, random E_up): not a copy of nothing.
@@ -141,8 +173,9 @@ def test_original_stream_equals_base_every_layer(arch_name, method, padded):
         stacked = [i for i, hs in enumerate(up_out.hidden_states) if hs.shape[0] == 2 * rows]
         assert stacked, "route never stacked the two paths"
         assert stacked[0] >= 2, "route stacked before the first collaborative layer (preserve_layers=1)"
-        for i in stacked:
-            assert_equal_within(up_out.hidden_states[i][rows:, ..., :d], base_out.hidden_states[i], f"adapt path {i}")
+        assert_original_stream_equal(
+            base_out, up_out, d, rows, layers=stacked, start=rows, what="the adapt path's original part"
+        )
 
 
 # --------------------------------------------------------------------------------------------
@@ -160,18 +193,20 @@ def test_preserve_training_keeps_original_stream(arch_name):
     head = model.get_output_embeddings()
     assert head.weight_up.abs().max() > 1e-3, "the LM head's new columns did not train"
 
-    base_out = run(base, ids, mask)
+    base_out = run_base(base, ids, mask)
     seen, handle = head_input_recorder(model)
     up_out = run(model, ids, mask)
     handle.remove()
 
     assert_original_stream_equal(base_out, up_out, d, ids.shape[0])
     # The full logits moved (training did something) ...
-    assert max_diff(up_out.logits, base_out.logits) > 1e-3, "logits still equal base after training"
+    assert max_diff(up_out.logits, base_out.stock.logits) > 1e-3, "logits still equal base after training"
     # ... but the original-part logits Z are still exactly the base model's.
     z, z_up = head.parts(seen[-1])
-    assert_equal_within(z, base_out.logits, "original-part logits Z after preserve training")
-    torch.testing.assert_close(z + z_up, up_out.logits, atol=ATOL, rtol=0)
+    assert_logits_base(z, base_out, "original-part logits Z after preserve training")
+    # And the logits are Z + Z_up (the head sums them in one product): as exact as Z + Z_up summed apart.
+    exact = run(copy.deepcopy(model).double(), ids, mask).logits
+    assert_exact_to_rounding(up_out.logits, exact, stock=z + z_up, what="logits = Z + Z_up")
 
 
 def test_adapt_training_honours_preserve_layers(arch_name):
@@ -189,10 +224,10 @@ def test_adapt_training_honours_preserve_layers(arch_name):
                 else:
                     assert module.w12.abs().max() > 1e-3, f"layer {index} {name}: W12 did not train"
 
-    base_out, up_out = run(base, ids, mask), run(model, ids, mask)
+    base_out, up_out = run_base(base, ids, mask), run(model, ids, mask)
     # hidden_states[0] is the embedding output, [1] the output of layer 0 (a preserve layer).
     assert_original_stream_equal(base_out, up_out, d, ids.shape[0], layers=range(2))
-    later = [max_diff(up_out.hidden_states[i][..., :d], base_out.hidden_states[i]) for i in range(2, 4)]
+    later = [max_diff(up_out.hidden_states[i][..., :d], base_out.stock.hidden_states[i]) for i in range(2, 4)]
     assert max(later) > 1e-3, f"no collaborative layer's original stream changed: {later}"
 
 
@@ -205,9 +240,9 @@ def test_route_training_keeps_preserve_path(arch_name):
     train(model, ids, mask)
     rows = ids.shape[0]
 
-    base_out, up_out = run(base, ids, mask), run(model, ids, mask)
+    base_out, up_out = run_base(base, ids, mask), run(model, ids, mask)
     assert_original_stream_equal(base_out, up_out, d, rows)
-    adapt_diff = max_diff(up_out.hidden_states[-1][rows:, ..., :d], base_out.hidden_states[-1])
+    adapt_diff = max_diff(up_out.hidden_states[-1][rows:, ..., :d], base_out.stock.hidden_states[-1])
     assert adapt_diff > 1e-3, "the adapt path's original stream did not change after route training"
 
 
@@ -322,6 +357,10 @@ def test_new_head_owns_its_value_rows(arch, target):
     base_seen, h1 = _attn_input_recorder(base, out_path)
     run(base, ids, mask)
     h1.remove()
+    base64 = copy.deepcopy(base).double()
+    base_exact, h0 = _attn_input_recorder(base64, out_path)
+    run(base64, ids, mask)
+    h0.remove()
     seen, h2 = _attn_input_recorder(model, out_path)
     normed, h3 = _attn_input_recorder(model, in_path)
     run(model, ids, mask)
@@ -330,17 +369,18 @@ def test_new_head_owns_its_value_rows(arch, target):
 
     attn_out = seen[-1]  # (B, T, (heads + new) * h): per-head outputs, heads in order
     d = heads * h
-    assert_equal_within(attn_out[..., :d], base_seen[-1], "original heads' attention output")
+    assert_equal_within(attn_out[..., :d], base_seen[-1], base_exact[-1], "original heads' attention output")
     x = normed[-1][..., : cfg.hidden_size]  # the normalised original stream the projections read
     expected_v = _causal_mean(x @ v_rows.T)
+    exact_v = _causal_mean(x.double() @ v_rows.double().T)  # the same formula on the same values, in float64
     new_heads = u // h
     for j in range(new_heads):
         got = attn_out[..., d + j * h : d + (j + 1) * h]
         if j // group == target:
-            torch.testing.assert_close(got, expected_v, atol=ATOL, rtol=1e-5)
+            assert_exact_to_rounding(got, exact_v, stock=expected_v, what=f"new head {j}: the causal mean of v")
             assert got.abs().max() > 1e-2
-        else:
-            assert got.abs().max() <= ATOL, f"new head {j} reads the wrong key/value rows"
+        else:  # zero q, k and v rows (and biases): zero scores, uniform weights over zero values, exactly 0
+            assert torch.count_nonzero(got) == 0, f"new head {j} reads the wrong key/value rows"
 
 
 def test_set_method_then_logits_still_base_at_init(arch_name):
@@ -348,7 +388,23 @@ def test_set_method_then_logits_still_base_at_init(arch_name):
     base = make_model(arch_name)
     model = upscaled(base, "preserve", preserve_layers=1)
     ids, mask = batch(padded=True)
-    expected = run(base, ids, mask).logits
+    expected = run_base(base, ids, mask)
     for method in ("route", "adapt", "preserve"):
         set_method(model, method)
-        assert_equal_within(run(model, ids, mask).logits, expected, f"after set_method({method!r})")
+        assert_logits_base(run(model, ids, mask).logits, expected, f"after set_method({method!r})")
+
+
+def test_a_leak_of_the_new_stream_is_outside_the_bound():
+    """The mutation the bound must see: SCALE-Preserve computing one linear's W12 (a flag left on by a method switch)
+    after a few training steps gave it values of ~1e-3, so ``x_up`` leaks into the original stream of one layer."""
+    base = make_model("llama-gqa2-tied")
+    model = upscaled(base, "preserve")
+    linear = model.base_model.layers[1].self_attn.o_proj
+    with torch.no_grad():
+        linear.w12.copy_(1e-3 * torch.randn(linear.w12.shape, generator=torch.Generator().manual_seed(0)))
+    ids, mask = batch(padded=True)
+    expected = run_base(base, ids, mask)
+    assert_logits_base(run(model, ids, mask).logits, expected, "W12 held but not computed")  # the control
+    linear.use_w12 = True
+    with pytest.raises(AssertionError, match="from the float64 reference"):
+        assert_logits_base(run(model, ids, mask).logits, expected, "mutated: one W12 computed under SCALE-Preserve")

@@ -1,6 +1,9 @@
 """Vocabulary extension (`scale_cl.tuner.vocab`): the tokenizer learns new tokens from new-domain text, the model grows
 rows for them on every architecture and under every method, original rows stay frozen where the method freezes
-the original, SCALE stays exact over the original vocabulary, and saved models keep the new rows."""
+the original, SCALE stays exact over the original vocabulary, and saved models keep the new rows.
+
+Exact is to rounding where the two sides compute the same values in another way: as close to the float64 value as
+the stock fp32 computation is (`exactness.assert_exact_to_rounding`); bitwise where they run the same products."""
 
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ from conftest import (
     tiny_scale_config,
     token_batch,
 )
+from exactness import assert_exact_to_rounding
 from scale_cl import load, upscale
 from scale_cl.data.tokenizer import train_bpe_tokenizer
 from scale_cl.methods import METHOD_NAMES, prepare
@@ -37,8 +41,9 @@ from scale_cl.tuner.vocab import (
     vocab_rows,
 )
 
+pytestmark = pytest.mark.exactness
+
 N = 5  # new tokens of the synthetic extension
-ATOL = 1e-5  # as tests/test_preservation.py: SCALE's merged inference form rounds differently, not bitwise
 SCALE_METHODS = ("scale_preserve", "scale_adapt", "scale_route")
 FREEZES_ORIGINAL = {"freeze", "llama_pro", "lora", *SCALE_METHODS}
 
@@ -64,6 +69,16 @@ def method_options(method: str, base) -> dict:
 def run(model, ids, mask, **kwargs):
     with torch.no_grad():
         return model(input_ids=ids, attention_mask=mask, output_hidden_states=True, **kwargs)
+
+
+def exact_run(model, ids, mask):
+    """`run` of a float64 copy of ``model``: the values every fp32 comparison measures rounding from."""
+    return run(copy.deepcopy(model).double(), ids, mask)
+
+
+def assert_mean_of_rows(row: torch.Tensor, rows: torch.Tensor, what: str) -> None:
+    """``row`` is the mean of ``rows`` (as exact as fp32's own mean of them)."""
+    assert_exact_to_rounding(row, rows.double().mean(0), stock=rows.mean(0), what=what)
 
 
 def tables(model, width: int, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -98,8 +113,7 @@ def test_grow_plain_model_keeps_original_logits_bitwise(arch_name):
     if base.config.tie_word_embeddings:
         assert head.weight is embedding.weight and head.weight_new is embedding.weight_new
     # a new row starts as the mean of its pieces' rows
-    expected = base.get_input_embeddings().weight[[1, 2]].mean(0)
-    torch.testing.assert_close(embedding.weight_new[0], expected)
+    assert_mean_of_rows(embedding.weight_new[0], base.get_input_embeddings().weight[[1, 2]].detach(), "new row 0")
     ids, mask = token_batch()
     out, ref = run(model, ids, mask), run(base, ids, mask)
     assert out.logits.shape[-1] == VOCAB + N
@@ -123,17 +137,28 @@ def test_scale_exact_over_the_original_vocabulary(arch_name, method, order):
         model = grow_embeddings(upscale(model, cfg), synthetic_extension())
     assert model.config.vocab_size == VOCAB + N
     ids, mask = token_batch()
-    out, ref = run(model, ids, mask), run(base, ids, mask)
+    out, ref, exact = run(model, ids, mask), run(base, ids, mask), exact_run(base, ids, mask)
     d, rows = base.config.hidden_size, ids.shape[0]
     assert out.logits.shape[-1] == VOCAB + N
-    torch.testing.assert_close(out.logits[..., :VOCAB], ref.logits, atol=ATOL, rtol=0)
-    for mine, theirs in zip(out.hidden_states, ref.hidden_states, strict=True):
-        torch.testing.assert_close(mine[:rows, ..., :d], theirs, atol=ATOL, rtol=0)
-    # log p over V + N tokens = the base's log p minus one per-position normaliser
-    shift = torch.log_softmax(ref.logits, -1) - torch.log_softmax(out.logits, -1)[..., :VOCAB]
-    normaliser = torch.logsumexp(out.logits, -1) - torch.logsumexp(out.logits[..., :VOCAB], -1)
-    torch.testing.assert_close(shift, normaliser[..., None].expand_as(shift), atol=1e-4, rtol=0)
-    assert (normaliser > 0).all()
+    assert_exact_to_rounding(out.logits[..., :VOCAB], exact.logits, stock=ref.logits, what="original vocabulary")
+    states = zip(out.hidden_states, ref.hidden_states, exact.hidden_states, strict=True)
+    for index, (mine, theirs, exact_state) in enumerate(states):
+        assert_exact_to_rounding(mine[:rows, ..., :d], exact_state, stock=theirs, what=f"hidden state {index}")
+
+    # log p over V + N tokens = the base's log p minus one per-position normaliser (the model's float64 logits
+    # give the exact normaliser; the fp32 formula on the base's and the model's fp32 logits is the stock one)
+    def base_minus_normaliser(base_logits: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        normaliser = torch.logsumexp(logits, -1) - torch.logsumexp(logits[..., :VOCAB], -1)
+        return torch.log_softmax(base_logits, -1) - normaliser[..., None]
+
+    model_exact = exact_run(model, ids, mask).logits
+    assert_exact_to_rounding(
+        torch.log_softmax(out.logits, -1)[..., :VOCAB],
+        base_minus_normaliser(exact.logits, model_exact),
+        stock=base_minus_normaliser(ref.logits, out.logits),
+        what="log p over V + N",
+    )
+    assert (torch.logsumexp(out.logits, -1) > torch.logsumexp(out.logits[..., :VOCAB], -1)).all()
 
 
 @pytest.mark.parametrize("arch", ["llama-gqa2-tied", "neox-parallel-rot0.25"])
@@ -171,7 +196,7 @@ def test_grow_twice_and_by_count():
     assert getattr(model.config, EXTENSION_KEY) == {"base_rows": VOCAB, "new_rows": N + 3}
     head = model.get_output_embeddings()
     assert head.weight_new.shape[0] == N + 3
-    torch.testing.assert_close(head.weight_new[-1], base.lm_head.weight.mean(0))
+    assert_mean_of_rows(head.weight_new[-1], base.lm_head.weight.detach(), "a row without pieces")
 
 
 @pytest.mark.parametrize("arch", ["llama-gqa2-tied", "llama-mha-untied"])
@@ -185,8 +210,8 @@ def test_resize_token_embeddings_on_an_upscaled_model(arch):
     assert embedding.weight_new.requires_grad and not embedding.weight.requires_grad
     assert model.config.vocab_size == VOCAB + 4
     ids, mask = token_batch()
-    expected = run(base, ids, mask).logits
-    torch.testing.assert_close(run(model, ids, mask).logits[..., :VOCAB], expected, atol=ATOL, rtol=0)
+    expected, exact = run(base, ids, mask).logits, exact_run(base, ids, mask).logits
+    assert_exact_to_rounding(run(model, ids, mask).logits[..., :VOCAB], exact, stock=expected, what="resized")
     assert model.resize_token_embeddings() is embedding and vocab_rows(model) == VOCAB + 4
     with pytest.raises(ValueError, match="cannot shrink"):
         model.resize_token_embeddings(VOCAB)
@@ -236,27 +261,55 @@ def test_training_keeps_original_rows_and_trains_new_rows(arch_name, method):
         assert torch.equal(head_after[:VOCAB], head_before[:VOCAB]), "original LM-head rows changed"
 
 
+def new_row_gradients(method: str, mutate: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The new embedding rows' gradient as the model computes it, without any constant-stream shortcut (the stock
+    computation), and without shortcuts in float64. ``mutate``: every module takes the original stream as the
+    constant it would be without new rows (what `set_method` does for SCALE-Preserve on a plain vocabulary)."""
+    from scale_cl.tuner.layers import SplitInput
+
+    base = make_model("llama-gqa2-tied")
+    model = prepare(grow_embeddings(copy.deepcopy(base), synthetic_extension()), method, **method_options(method, base))
+    if mutate:
+        for module in model.modules():
+            if isinstance(module, SplitInput):
+                module.constant_input = True
+            if hasattr(module, "scale_heads"):
+                module.scale_heads.constant = True
+    ids, mask = batch_with_new_ids()
+    labels = ids.masked_fill(mask == 0, -100)
+
+    def gradient(model) -> torch.Tensor:
+        model.zero_grad(set_to_none=True)
+        model.train()
+        model(input_ids=ids, attention_mask=mask, labels=labels).loss.backward()
+        return model.get_input_embeddings().weight_new.grad.clone()
+
+    fast = gradient(model)
+    for module in model.modules():  # the reference: no constant-stream shortcut anywhere
+        if isinstance(module, SplitInput):
+            module.constant_input = module.constant_preserve_half = False
+        if hasattr(module, "scale_heads"):
+            module.scale_heads.constant = module.scale_heads.constant_half = False
+    return fast, gradient(model), gradient(copy.deepcopy(model).double())
+
+
 @pytest.mark.parametrize("method", ["scale_preserve", "scale_route"])
 def test_scale_new_embedding_rows_get_their_full_gradient(method):
     """The new rows feed the original stream, so it is no longer constant: the gradient reaches them through the
     frozen layers (and, in route mode, through both paths) exactly as autograd computes it without shortcuts."""
-    base = make_model("llama-gqa2-tied")
-    model = prepare(grow_embeddings(copy.deepcopy(base), synthetic_extension()), method, **method_options(method, base))
-    ids, mask = batch_with_new_ids()
-    labels = ids.masked_fill(mask == 0, -100)
-    model.train()
-    model(input_ids=ids, attention_mask=mask, labels=labels).loss.backward()
-    fast = model.get_input_embeddings().weight_new.grad.clone()
-    model.zero_grad(set_to_none=True)
-    from scale_cl.tuner.layers import SplitInput
-
-    for module in model.modules():  # the reference: no constant-stream shortcut anywhere
-        if isinstance(module, SplitInput):
-            module.constant_input = module.constant_preserve_half = False
-    model(input_ids=ids, attention_mask=mask, labels=labels).loss.backward()
-    reference = model.get_input_embeddings().weight_new.grad
+    fast, reference, exact = new_row_gradients(method)
     assert fast.abs().sum() > 0
-    torch.testing.assert_close(fast, reference, atol=1e-6, rtol=1e-5)
+    assert_exact_to_rounding(fast, exact, stock=reference, what="the new rows' gradient")
+
+
+def test_a_gradient_stopped_at_the_constant_stream_is_outside_the_bound():
+    """The mutation: SCALE-Preserve taking the original stream as constant although new rows feed it (the exception
+    `set_method` makes for an extended vocabulary left out), so the new rows' gradient keeps only the tied head's
+    term and loses every term through the frozen layers."""
+    fast, reference, exact = new_row_gradients("scale_preserve", mutate=True)
+    assert fast.abs().sum() > 0  # the head's term (tied embeddings) is still there
+    with pytest.raises(AssertionError, match="from the float64 reference"):
+        assert_exact_to_rounding(fast, exact, stock=reference, what="mutated: the stream taken as constant")
 
 
 # --------------------------------------------------------------------------------------------
@@ -315,9 +368,9 @@ def test_plain_model_saves_as_an_ordinary_checkpoint(arch, tmp_path):
     reloaded = loaded.state_dict()
     assert all(torch.equal(value, reloaded[name]) for name, value in state.items())
     ids, mask = batch_with_new_ids(seed=5)
-    expected = run(model, ids, mask)
+    expected, exact = run(model, ids, mask), exact_run(model, ids, mask)
     # one head of V + N rows rounds its products differently from two heads of V and N rows (BLAS blocking)
-    torch.testing.assert_close(run(loaded, ids, mask).logits, expected.logits, atol=ATOL, rtol=0)
+    assert_exact_to_rounding(run(loaded, ids, mask).logits, exact.logits, stock=expected.logits, what="reloaded")
     prepare(loaded, "freeze", layers=1)  # splits again: the original rows frozen, the new ones trainable
     embedding = loaded.get_input_embeddings()
     assert isinstance(embedding, VocabEmbedding) and embedding.weight.shape[0] == VOCAB
@@ -541,6 +594,8 @@ def test_cpt_with_an_extended_vocabulary(workspace, tmp_path):
     assert len({c[0]["forgetting_ppl"]["toy"] for c in curves.values()}) == 1, "every method starts from one model"
     old = [json.loads(line)["text"] for line in (workspace / "old.jsonl").read_text().splitlines()]
     if all(ids_of(tokenizer, t) == ids_of(base_tokenizer, t) for t in old):  # no new merge fires on old text
+        # Preserve's hidden states are then the base's, and fp32's cosine of a vector with itself is 1 within a few
+        # eps (normalise, square, sum d terms: ~log2(d) eps at worst, less in practice); 1e-6 is ~8 fp32 eps.
         assert all(r["representation_similarity"] == pytest.approx(1.0, abs=1e-6) for r in curves["scale_preserve"])
 
     text = json.loads((workspace / "new.jsonl").read_text().splitlines()[0])["text"]
