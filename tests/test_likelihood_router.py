@@ -1,5 +1,8 @@
 """The likelihood router: p = w p_base + (1 - w) p_new, w = sigmoid(prior + r) from the document's running
-log-likelihood ratio; the posterior mixture of `scale_cl.tuner.routing.posterior` with two experts and its prefix."""
+log-likelihood ratio; the posterior mixture of `scale_cl.tuner.routing.posterior` with two experts and its prefix.
+
+Every fp32 result equal to a reference in exact arithmetic lies as close to the reference's float64 value as the
+reference computed in fp32 does (`exactness.assert_exact_to_rounding`)."""
 
 from __future__ import annotations
 
@@ -9,9 +12,12 @@ import pytest
 import torch
 
 from conftest import VOCAB, make_model, randomize_new_weights, upscaled_copy
+from exactness import assert_exact_to_rounding
 from scale_cl import set_method
 from scale_cl.tuner.modes import set_live_settings
 from scale_cl.tuner.routing.posterior import ExpertMemory, posterior_mix, running_ratio
+
+pytestmark = pytest.mark.exactness
 
 EOS = 2
 
@@ -41,11 +47,30 @@ def test_the_chunked_ratio_is_the_recurrence_across_chunk_boundaries(length, dec
     if length > 64:
         starts[2, 64] = True  # a document starting exactly at a chunk's first position
     initial = torch.randn(3, generator=gen)
-    expected, ratio = torch.empty_like(evidence), initial
-    for t in range(length):
-        ratio = torch.where(starts[:, t], 0.0, decay * ratio + evidence[:, t])
-        expected[:, t] = ratio
-    torch.testing.assert_close(running_ratio(evidence, starts, decay, initial), expected, atol=2e-5, rtol=1e-5)
+
+    def recurrence(evidence, initial):
+        expected, ratio = torch.empty_like(evidence), initial
+        for t in range(length):
+            ratio = torch.where(starts[:, t], 0.0, decay * ratio + evidence[:, t])
+            expected[:, t] = ratio
+        return expected
+
+    got, exact = running_ratio(evidence, starts, decay, initial), recurrence(evidence.double(), initial.double())
+    assert_exact_to_rounding(got, exact, stock=recurrence(evidence, initial), what="running ratio")
+
+
+def written_out(base: torch.Tensor, new: torch.Tensor, ids: torch.Tensor, prior: float, decay: float):
+    """The likelihood router position by position, in the logits' dtype: (the mixture's log-probabilities, w)."""
+    lb, ln = base.log_softmax(-1), new.log_softmax(-1)
+    logits, weights = torch.empty_like(base), torch.empty(ids.shape, dtype=base.dtype)
+    for row in range(ids.shape[0]):
+        ratio = torch.zeros((), dtype=base.dtype)
+        for t in range(ids.shape[1]):
+            evidence = 0.0 if t == 0 else lb[row, t - 1, ids[row, t]] - ln[row, t - 1, ids[row, t]]
+            ratio = torch.zeros_like(ratio) if ids[row, t] == EOS else decay * ratio + evidence
+            w = weights[row, t] = torch.sigmoid(prior + ratio)
+            logits[row, t] = torch.log(w * lb[row, t].exp() + (1 - w) * ln[row, t].exp())
+    return logits, weights
 
 
 def test_the_mixture_is_the_posterior_weighted_sum_and_never_reads_the_token_it_predicts():
@@ -54,17 +79,13 @@ def test_the_mixture_is_the_posterior_weighted_sum_and_never_reads_the_token_it_
     ids = torch.randint(3, 9, (2, 6), generator=gen)
     ids[1, 3] = EOS
     logits, weight, memory = likelihood_mix(base, new, ids, prior=0.5, decay=0.8, eos_ids=(EOS,))
-    lb, ln = base.log_softmax(-1), new.log_softmax(-1)
-    for row in range(2):
-        ratio = 0.0
-        for t in range(6):
-            evidence = 0.0 if t == 0 else float(lb[row, t - 1, ids[row, t]] - ln[row, t - 1, ids[row, t]])
-            ratio = 0.0 if ids[row, t] == EOS else 0.8 * ratio + evidence
-            w = torch.sigmoid(torch.tensor(0.5 + ratio))
-            expected = torch.log(w * lb[row, t].exp() + (1 - w) * ln[row, t].exp())
-            torch.testing.assert_close(logits[row, t], expected, atol=1e-5, rtol=0)
-            assert float(weight[row, t]) == pytest.approx(float(w), abs=1e-6)
-    assert float(weight[1, 3]) == pytest.approx(float(torch.sigmoid(torch.tensor(0.5))))  # a fresh document
+    stock, stock_w = written_out(base, new, ids, 0.5, 0.8)
+    exact, exact_w = written_out(base.double(), new.double(), ids, 0.5, 0.8)
+    assert_exact_to_rounding(logits, exact, stock=stock, what="mixture")
+    assert_exact_to_rounding(weight, exact_w, stock=stock_w, what="base weight")
+    # a fresh document: w is sigmoid(prior) to pytest.approx's 1e-6 (relative), an ulp or two of w's rounding, where
+    # a ratio carried over the EOS would move it by ~1e-1
+    assert float(weight[1, 3]) == pytest.approx(float(torch.sigmoid(torch.tensor(0.5))))
     changed = ids.clone()
     changed[:, -1] = (changed[:, -1] + 1) % 9
     again = likelihood_mix(base, new, changed, prior=0.5, decay=0.8, eos_ids=(EOS,))[0]
@@ -77,12 +98,14 @@ def test_a_call_that_continues_reads_its_first_evidence_from_the_memory():
     base, new = torch.randn(1, 8, 9, generator=gen), torch.randn(1, 8, 9, generator=gen)
     ids = torch.randint(3, 9, (1, 8), generator=gen)
     whole, w_whole, _ = likelihood_mix(base, new, ids, prior=0.0, decay=0.9, eos_ids=(EOS,))
+    exact, w_exact, _ = likelihood_mix(base.double(), new.double(), ids, prior=0.0, decay=0.9, eos_ids=(EOS,))
     first, _, memory = likelihood_mix(base[:, :5], new[:, :5], ids[:, :5], prior=0.0, decay=0.9, eos_ids=(EOS,))
     rest, w_rest, _ = likelihood_mix(
         base[:, 5:], new[:, 5:], ids[:, 5:], prior=0.0, decay=0.9, eos_ids=(EOS,), memory=memory
     )
-    torch.testing.assert_close(torch.cat((first, rest), 1), whole, atol=1e-6, rtol=0)
-    torch.testing.assert_close(w_rest, w_whole[:, 5:], atol=1e-6, rtol=0)
+    # the two calls as close to the whole call's float64 values as the whole call in fp32
+    assert_exact_to_rounding(torch.cat((first, rest), 1), exact, stock=whole, what="mixture")
+    assert_exact_to_rounding(w_rest, w_exact[:, 5:], stock=w_whole[:, 5:], what="base weight")
 
 
 def _route_model(arch: str = "llama-gqa2-tied"):
@@ -94,6 +117,19 @@ def _route_model(arch: str = "llama-gqa2-tied"):
     return base, set_live_settings(model, router="likelihood", router_prior=0.3, router_decay=0.9).eval()
 
 
+def two_model_references(base, model, ids):
+    """The likelihood router's mixture (and w) of ``base`` and ``model``'s adapt path, run apart: in fp32 (the stock
+    computation) and on float64 copies (the exact values)."""
+    adapt = set_method(copy.deepcopy(model), "adapt")
+    out = []
+    for experts in ((base, adapt), (copy.deepcopy(base).double(), copy.deepcopy(adapt).double())):
+        with torch.no_grad():
+            logits = [expert(input_ids=ids).logits for expert in experts]
+        out.append(likelihood_mix(*logits, ids, prior=0.3, decay=0.9, eos_ids=(EOS,))[:2])
+    assert (logits[1] - logits[0]).abs().max() > 1e-2, "the two paths differ, so the mixture is not trivial"
+    return out
+
+
 @pytest.mark.parametrize("arch", ["llama-gqa2-tied", "neox-parallel-rot0.25"])
 def test_route_mixes_the_base_model_and_the_adapt_path(arch):
     base, model = _route_model(arch)
@@ -101,13 +137,24 @@ def test_route_mixes_the_base_model_and_the_adapt_path(arch):
     ids[0, 4] = EOS
     with torch.no_grad():
         got = model(input_ids=ids).logits
-        base_logits = base(input_ids=ids).logits
-        adapt = set_method(copy.deepcopy(model), "adapt")(input_ids=ids).logits
-    expected, weight, _ = likelihood_mix(base_logits, adapt, ids, prior=0.3, decay=0.9, eos_ids=(EOS,))
-    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
-    assert (adapt - base_logits).abs().max() > 1e-2, "the two paths differ, so the mixture is not trivial"
-    share = model(input_ids=ids)["route_preserve_share"]
-    assert float(share) == pytest.approx(float(weight.mean()), abs=1e-6), "the base path's share is the mean w"
+        share = model(input_ids=ids)["route_preserve_share"]
+    (stock, stock_w), (exact, exact_w) = two_model_references(base, model, ids)
+    assert_exact_to_rounding(got, exact, stock=stock, what="mixture")
+    # the base path's share is the mean w
+    assert_exact_to_rounding(share, exact_w.mean(), stock=stock_w.mean(), what="preserve share")
+
+
+def test_route_with_the_decay_slightly_off_is_outside_the_rounding_bound():
+    """Mutation: route read with the running ratio's decay 0.91 where the reference mixes with 0.9 (a ratio that
+    forgets 10% slower): farther from the float64 reference than rounding allows."""
+    base, model = _route_model()
+    ids = torch.randint(3, VOCAB, (2, 10), generator=torch.Generator().manual_seed(3))
+    (stock, _), (exact, _) = two_model_references(base, model, ids)
+    set_live_settings(model, router_decay=0.91)
+    with torch.no_grad():
+        got = model(input_ids=ids).logits
+    with pytest.raises(AssertionError, match="from the float64 reference"):
+        assert_exact_to_rounding(got, exact, stock=stock, what="decay 0.91 against 0.9")
 
 
 def test_generate_with_a_kv_cache_equals_recomputing_the_whole_sequence():
@@ -170,6 +217,7 @@ def test_auroc_is_the_share_of_pairs_ranked_right_with_ties_half():
     pos = torch.randint(0, 5, (40,), generator=gen).float()  # few values: many ties
     neg = torch.randint(0, 5, (30,), generator=gen).float() - 0.5 * torch.randint(0, 2, (30,), generator=gen)
     pairs = (pos[:, None] > neg[None]).double() + 0.5 * (pos[:, None] == neg[None]).double()
+    # float64 means of 0, 1/2 and 1 over 1,200 pairs: each sum is exact, each mean one rounding (~1e-16)
     assert auroc(pos, neg) == pytest.approx(float(pairs.mean()), abs=1e-12)
     assert auroc([2.0, 3.0], [0.0, 1.0]) == 1.0 and auroc([0.0], [1.0]) == 0.0
     with pytest.raises(ValueError, match="both classes"):
@@ -186,11 +234,15 @@ def test_the_base_weight_read_where_each_left_padded_prompt_ends_equals_the_prom
     with collect_base_weights(model) as batched:
         first_token_accuracy(model, [QAExample(p, 5, "a") for p in prompts], pad_token_id=0, batch_size=8)
     assert len(batched) == 1 and batched[0].shape == (3,)
-    for row, prompt in enumerate(prompts):
-        with torch.no_grad():
-            model(input_ids=torch.tensor([prompt]))
-        alone = model.scale_route.last.base_weight[0, -1]
-        assert float(batched[0][row]) == pytest.approx(float(alone), abs=1e-6), row
+    alone, exact = [], []
+    double = copy.deepcopy(model).double()
+    for prompt in prompts:
+        for reading, into in ((model, alone), (double, exact)):
+            with torch.no_grad():
+                reading(input_ids=torch.tensor([prompt]))
+            into.append(reading.scale_route.last.base_weight[0, -1])
+    # batched as close to each prompt's float64 weight as the prompt read alone in fp32
+    assert_exact_to_rounding(batched[0], torch.stack(exact), stock=torch.stack(alone), what="base weight")
     assert float(batched[0].min()) > 0 and float(batched[0].max()) < 1
     # read by Eq. 5 the weight is its decision (1: the preserve path); a model that does not route has none
     with collect_base_weights(set_live_settings(model, router="cosine")) as decisions:
@@ -232,14 +284,17 @@ def test_with_new_tokens_the_base_expert_is_the_base_and_the_mixture_its_two_mod
     own = set_method(copy.deepcopy(model), "adapt" if method == "route" else "preserve")
     own = set_live_settings(own, router="cosine")  # one path, unrouted: Z + alpha Z_up over every row
     ids = torch.randint(3, VOCAB, (2, 10), generator=torch.Generator().manual_seed(3))  # tokens the base reads
-    control = ModelMixture([base, own], prior=0.3, decay=0.9, router=router, temperature=1 / 3)
+    settings = {"prior": 0.3, "decay": 0.9, "router": router, "temperature": 1 / 3}
+    control = ModelMixture([base, own], **settings)
+    exact_control = ModelMixture([copy.deepcopy(base).double(), copy.deepcopy(own).double()], **settings)
     with torch.no_grad():
         got = model(input_ids=ids).logits
         expected = control(input_ids=ids).logits
+        exact = exact_control(input_ids=ids).logits
         own_logits = own(input_ids=ids).logits
     assert got.shape[-1] == VOCAB + 4
     assert own_logits[..., VOCAB:].softmax(-1).sum() > 0 and own_logits.softmax(-1)[..., VOCAB:].sum(-1).min() > 1e-3
-    torch.testing.assert_close(got, expected, atol=2e-5, rtol=0)
+    assert_exact_to_rounding(got, exact, stock=expected, what="mixture against the control")
 
 
 def test_the_base_expert_puts_no_mass_on_new_tokens_and_a_new_token_read_rules_the_base_out():

@@ -1,17 +1,24 @@
 """The nested-stage router (issue 40): a model grown per task under SCALE-Preserve holds the base's and every
-earlier stage's exact logits in one forward pass; the router mixes them by the posterior over experts."""
+earlier stage's exact logits in one forward pass; the router mixes them by the posterior over experts.
+
+The one pass's fp32 mixture lies as close to the float64 mixture of the models run apart as the fp32 mixture of the
+models run apart does (`exactness.assert_exact_to_rounding`)."""
 
 from __future__ import annotations
 
 import copy
 import itertools
 
+import pytest
 import torch
 
 from conftest import make_model, randomize_new_weights, token_batch, upscaled_copy
+from exactness import assert_exact_to_rounding
 from scale_cl import ScaleConfig, load, upscale
 from scale_cl.eval.mixture import ModelMixture
 from scale_cl.tuner.modes import set_live_settings
+
+pytestmark = pytest.mark.exactness
 
 PRIOR, DECAY = 0.4, 0.9
 
@@ -30,16 +37,54 @@ def _grown(stages: int = 3):
     return model.eval(), models
 
 
+def _controls(models) -> tuple[ModelMixture, ModelMixture]:
+    """The control of ``models`` (the stock computation: the models run apart, mixed) and that of float64 copies."""
+    copies = [copy.deepcopy(m).double() for m in models]
+    return ModelMixture(models, prior=PRIOR, decay=DECAY), ModelMixture(copies, prior=PRIOR, decay=DECAY)
+
+
+def weight_floor(exact_logits, ids, real, prior: float, decay: float, prefix: bool = True, confidence: float = 0.0):
+    """The floor, in eps, of a mixing router's weights' rounding (`exactness.assert_exact_to_rounding`'s ``ulps``).
+
+    A weight is a softmax of scores, each expert's prior plus (``prefix``) its running sum of the log-probabilities of
+    the tokens read, decayed, plus (the confidence routers) its confidence over the temperature, up to ``confidence``:
+    s <= |prior| + max |log p| / (1 - decay) + confidence in size (~56 for the nested experts here). The scores round
+    at that size, not at the weight's (<= 1): a difference of two by up to ~2 eps s, of which w_j moves by
+    w_j (1 - w_j) <= 1/4. So the floor is s / 2 eps, not 8 eps of 1 (measured on the nested experts: the one pass's
+    weights lay up to 6.8 eps from float64, the control's, a stock that happened to round luckily, 1.2 eps).
+    ``exact_logits``: the mixture's float64 log-probabilities (each expert's are near them)."""
+    size = abs(prior) + confidence
+    if prefix:
+        read = real[:, :-1] & real[:, 1:]  # a real token read at a real position
+        log_p = exact_logits[:, :-1].gather(-1, ids[:, 1:, None]).squeeze(-1)[read]
+        size += log_p.abs().max().item() / (1 - decay)
+    return max(8.0, size / 2)
+
+
+def _assert_as_the_control(routed, weights, control, exact, ids, mask) -> None:
+    """The one pass's mixture ``routed`` and ``weights`` as close to the float64 control's as the fp32 control's."""
+    with torch.no_grad():
+        stock = control(input_ids=ids, attention_mask=mask).logits
+        exact_logits = exact(input_ids=ids, attention_mask=mask).logits
+    real = mask.bool()
+    assert_exact_to_rounding(routed[real], exact_logits[real], stock=stock[real], what="mixture")
+    stock_w, exact_w = control.last_weights[:, real], exact.last_weights[:, real]
+    floor = weight_floor(exact_logits, ids, real, PRIOR, DECAY)
+    assert_exact_to_rounding(weights[:, real], exact_w, stock=stock_w, ulps=floor, what="weights")
+
+
 def test_one_stage_is_the_likelihood_router():
     _, (_base, model) = _grown(stages=1)
     ids, mask = token_batch()
     with torch.no_grad():
         set_live_settings(model, router="likelihood", router_prior=PRIOR, router_decay=DECAY)
         likelihood = model(input_ids=ids, attention_mask=mask).logits
+        exact = copy.deepcopy(model).double()(input_ids=ids, attention_mask=mask).logits
         set_live_settings(model, router="nested")
         nested = model(input_ids=ids, attention_mask=mask).logits
     real = mask.bool()
-    torch.testing.assert_close(nested[real], likelihood[real], rtol=0, atol=2e-5)
+    # as close to the likelihood router's float64 mixture as the likelihood router in fp32
+    assert_exact_to_rounding(nested[real], exact[real], stock=likelihood[real], what="nested against likelihood")
 
 
 def test_the_experts_are_the_base_and_every_stage_s_model_exactly():
@@ -47,19 +92,33 @@ def test_the_experts_are_the_base_and_every_stage_s_model_exactly():
     model after each stage: the control, `ModelMixture`, four forward passes), every expert weighing in somewhere."""
     model, models = _grown(stages=3)
     ids, mask = token_batch()
+    set_live_settings(model, router="nested", router_prior=PRIOR, router_decay=DECAY)
+    control, exact = _controls(models)
     with torch.no_grad():
         own = [m(input_ids=ids, attention_mask=mask).logits for m in models]
-        control = ModelMixture(models, prior=PRIOR, decay=DECAY)
-        expected = control(input_ids=ids, attention_mask=mask).logits
-        set_live_settings(model, router="nested", router_prior=PRIOR, router_decay=DECAY)
         routed = model(input_ids=ids, attention_mask=mask).logits
         weights = model.scale_route.last.weights
+    _assert_as_the_control(routed, weights, control, exact, ids, mask)
     real = mask.bool()
-    torch.testing.assert_close(routed[real], expected[real], rtol=0, atol=2e-5)
-    torch.testing.assert_close(weights[:, real], control.last_weights[:, real], rtol=0, atol=1e-5)
     assert weights.shape[0] == 4 and (weights[:, real].amax(dim=1) > 0.2).all(), "each expert weighs in somewhere"
-    torch.testing.assert_close(weights.sum(0), torch.ones(weights.shape[1:]))
+    # the weights sum to 1, as near as the control's
+    ones = torch.ones(weights.shape[1:], dtype=torch.float64)
+    assert_exact_to_rounding(weights.sum(0), ones, stock=control.last_weights.sum(0), what="total weight")
     assert all((later - earlier).abs().max() > 1e-2 for earlier, later in itertools.pairwise(own)), "four experts"
+
+
+def test_a_grown_model_with_its_newest_increment_off_by_one_percent_is_outside_the_rounding_bound():
+    """Mutation: the nested router reading the newest stage's increment 1% too strong (``alpha Z_up`` at alpha 1.01,
+    the earlier stages' columns as they are) against the control of the models run apart: farther from the float64
+    control than rounding allows."""
+    model, models = _grown(stages=2)
+    ids, mask = token_batch()
+    set_live_settings(model, router="nested", router_prior=PRIOR, router_decay=DECAY, up_logit_scale=1.01)
+    control, exact = _controls(models)
+    with torch.no_grad():
+        routed = model(input_ids=ids, attention_mask=mask).logits
+    with pytest.raises(AssertionError, match="from the float64 reference"):
+        _assert_as_the_control(routed, model.scale_route.last.weights, control, exact, ids, mask)
 
 
 def test_generate_with_a_cache_saves_and_reloads(tmp_path):
@@ -74,4 +133,5 @@ def test_generate_with_a_cache_saves_and_reloads(tmp_path):
     reloaded = load(tmp_path / "saved", base_model=copy.deepcopy(models[0])).eval()
     assert reloaded.scale_config.router == "nested"
     with torch.no_grad():
-        torch.testing.assert_close(reloaded(input_ids=out).logits, logits, rtol=0, atol=1e-5)
+        # the same weights read back and the same kernels on the same input: bitwise
+        torch.testing.assert_close(reloaded(input_ids=out).logits, logits, rtol=0, atol=0)

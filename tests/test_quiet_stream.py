@@ -4,19 +4,36 @@
 Each keeps Theorem 3.1 on every architecture and method; each computes what its definition says (checked
 against a reference written here); the ones read at every forward (``up_logit_scale``, ``route_exact``) are
 the model's settings, saved and reloaded with it. The export's copy is checked in test_export.py.
+
+"Equal" is to rounding: an fp32 result lies as close to the float64 value of what it must equal as the stock fp32
+computation of that does (`exactness.assert_exact_to_rounding`; the base model's, for Theorem 3.1).
 """
 
 from __future__ import annotations
+
+import copy
 
 import pytest
 import torch
 from torch import nn
 
 from conftest import make_model, randomize_new_weights
+from exactness import assert_exact_to_rounding
 from scale_cl import load, set_method, set_up_logit_scale
 from scale_cl.tuner.layers import SplitNorm
 from scale_cl.tuner.modes import set_live_settings
-from test_preservation import assert_equal_within, assert_original_stream_equal, batch, run, train, upscaled
+from test_preservation import (
+    assert_equal_within,
+    assert_logits_base,
+    assert_original_stream_equal,
+    batch,
+    run,
+    run_base,
+    train,
+    upscaled,
+)
+
+pytestmark = pytest.mark.exactness
 
 METHODS = ("preserve", "adapt", "route")
 QUIET = {"up_norm": "joint", "embed_up_init": "zero", "up_logit_scale": 0.5, "route_exact": True}
@@ -29,9 +46,9 @@ def test_theorem_3_1_holds_with_every_option(arch_name, method, up_norm):
     base = make_model(arch_name)
     model = upscaled(base, method, preserve_layers=1, **{**QUIET, "up_norm": up_norm})
     ids, mask = batch(padded=True)
-    base_out, out = run(base, ids, mask), run(model, ids, mask)
-    assert_equal_within(out.logits, base_out.logits, f"{arch_name}/{method} logits")
-    assert_original_stream_equal(base_out, out, base.config.hidden_size, ids.shape[0])
+    base_run, out = run_base(base, ids, mask), run(model, ids, mask)
+    assert_logits_base(out.logits, base_run, f"{arch_name}/{method} logits")
+    assert_original_stream_equal(base_run, out, base.config.hidden_size, ids.shape[0])
 
 
 @pytest.mark.parametrize("options", [{"up_norm": "joint"}, {"embed_up_init": "zero"}], ids=["up_norm", "embed"])
@@ -42,9 +59,9 @@ def test_preserve_keeps_the_original_stream_through_training(options):
     ids, mask = batch(padded=True)
     losses = train(model, ids, mask, steps=8)
     assert losses[-1] < losses[0]
-    base_out, out = run(base, ids, mask), run(model, ids, mask)
-    assert_original_stream_equal(base_out, out, base.config.hidden_size, ids.shape[0])
-    assert not torch.equal(out.logits, base_out.logits)  # it did learn something
+    base_run, out = run_base(base, ids, mask), run(model, ids, mask)
+    assert_original_stream_equal(base_run, out, base.config.hidden_size, ids.shape[0])
+    assert not torch.equal(out.logits, base_run.stock.logits)  # it did learn something
 
 
 # ------------------------------------------------------------------------------------------------ up_norm
@@ -63,18 +80,26 @@ def test_up_norm_divides_x_up_by_the_chosen_statistic(kind, up_norm):
             norm.bias_up.copy_(torch.randn(u))
     hidden = torch.randn(3, 5, d + u) * 3
     x, x_up = hidden[..., :d], hidden[..., d:]
-    ref = x if up_norm == "original" else hidden
-    stat = ref.pow(2).mean(-1, keepdim=True) if kind == "rms" else ref.var(-1, unbiased=False, keepdim=True)
     shift = norm.bias_up if kind == "layer" else 0
-    expected = x_up / torch.sqrt(stat + eps) * norm.weight_up + shift
+
+    def definition(hidden, weight_up, shift):  # in the input's dtype
+        x_up, ref = hidden[..., d:], hidden[..., :d] if up_norm == "original" else hidden
+        stat = ref.pow(2).mean(-1, keepdim=True) if kind == "rms" else ref.var(-1, unbiased=False, keepdim=True)
+        return x_up / torch.sqrt(stat + eps) * weight_up + shift
+
     out = norm(hidden)
-    torch.testing.assert_close(out[..., d:], expected, rtol=1e-5, atol=1e-6)
+    with torch.no_grad():
+        stock = definition(hidden, norm.weight_up, shift)
+        exact = definition(hidden.double(), norm.weight_up.double(), shift if kind == "rms" else shift.double())
+    assert_exact_to_rounding(out[..., d:], exact, stock=stock, what=f"x_up by the {up_norm} statistic")
     own = SplitNorm(base, kind, u, eps)
     assert torch.equal(out[..., :d], own(hidden)[..., :d])  # x: the base norm's arithmetic, bitwise
     # Quiet stays quiet: x_up a hundred times smaller gives an output about that much smaller (exactly, for
     # "original"), where x_up's own norm undoes the scale.
     quiet = norm(torch.cat((x, x_up / 100), dim=-1))[..., d:] - shift
     ratio = (quiet.abs().mean() / (out[..., d:] - shift).abs().mean()).item()
+    # original: exactly 0.01 in exact arithmetic; each mean of 120 fp32 values rounds by under 120 eps / 2 (7e-6)
+    # relative even summed naively, x_up / 100 by eps / 2: 1e-4 relative holds their sum with 5x room
     assert 0.005 < ratio < 0.03 if up_norm == "joint" else ratio == pytest.approx(0.01, rel=1e-4)
     own_quiet = own(torch.cat((x, x_up / 100), dim=-1))[..., d:] - shift
     assert (own_quiet.abs().mean() / (own(hidden)[..., d:] - shift).abs().mean()).item() > 0.5
@@ -112,14 +137,16 @@ def test_up_logit_scale_weighs_the_new_streams_logits(alpha):
     ids, mask = batch(padded=True)
     seen = []
     head = model.get_output_embeddings()
-    handle = head.register_forward_hook(lambda module, args, out: seen.append(module.parts(args[0])))
+    handle = head.register_forward_hook(lambda module, args, out: seen.append(args[0]))
     with torch.no_grad():
         model(input_ids=ids, attention_mask=mask)
         set_up_logit_scale(model, alpha)
         logits = model(input_ids=ids, attention_mask=mask).logits
-    handle.remove()
-    z, z_up = seen[-1]
-    torch.testing.assert_close(logits, z + alpha * z_up, rtol=1e-6, atol=1e-6)
+        handle.remove()
+        # Z + alpha Z_up from the head's input, written out: in fp32 and on float64 copies
+        z, z_up = head.parts(seen[-1])
+        exact_z, exact_z_up = copy.deepcopy(head).double().parts(seen[-1].double())
+    assert_exact_to_rounding(logits, exact_z + alpha * exact_z_up, stock=z + alpha * z_up, what=f"alpha {alpha}")
     assert model.scale_config.up_logit_scale == alpha
 
 
@@ -128,9 +155,10 @@ def test_up_logit_scale_zero_gives_preserve_the_base_models_logits_after_trainin
     model = upscaled(base, "preserve")
     ids, mask = batch(padded=True)
     train(model, ids, mask, steps=5)
-    assert not torch.allclose(run(model, ids, mask).logits, run(base, ids, mask).logits, atol=1e-3)
+    base_run = run_base(base, ids, mask)
+    assert not torch.allclose(run(model, ids, mask).logits, base_run.stock.logits, atol=1e-3)
     set_up_logit_scale(model, 0.0)
-    assert_equal_within(run(model, ids, mask).logits, run(base, ids, mask).logits, "preserve at alpha 0")
+    assert_logits_base(run(model, ids, mask).logits, base_run, "preserve at alpha 0")
 
 
 def test_a_refused_up_logit_scale_changes_nothing():
@@ -145,7 +173,7 @@ def test_route_exact_gives_routed_tokens_the_base_logits_and_the_rest_the_adapt_
     base, model = lively("route", route_exact=True)
     ids, mask = batch(padded=True)
     real = mask.bool()
-    base_logits = run(base, ids, mask).logits
+    base_run = run_base(base, ids, mask)
     shares = {}
     for tau in torch.linspace(-0.9, 0.9, 19).tolist():  # a tau that routes some tokens each way
         set_method(model, "route", tau=tau)
@@ -157,14 +185,16 @@ def test_route_exact_gives_routed_tokens_the_base_logits_and_the_rest_the_adapt_
     logits = run(model, ids, mask).logits
     routed = model.scale_route.last.routed & real
     unrouted = ~model.scale_route.last.routed & real
-    adapt_logits = run(set_method(model, "adapt"), ids, mask).logits
-    assert_equal_within(logits[routed], base_logits[routed], "routed tokens: the base model's logits")
-    assert_equal_within(logits[unrouted], adapt_logits[unrouted], "the others: the adapt path's Z_a + Z_a_up")
+    adapt = run_base(set_method(model, "adapt"), ids, mask)  # the adapt model, in fp32 and in float64
+    stock, exact = base_run.stock.logits, base_run.exact.logits
+    assert_equal_within(logits[routed], stock[routed], exact[routed], "routed tokens: the base model's logits")
+    stock, exact = adapt.stock.logits, adapt.exact.logits
+    assert_equal_within(logits[unrouted], stock[unrouted], exact[unrouted], "the others: the adapt path's Z_a + Z_a_up")
     # Eq. 5 as the paper writes it gives the routed tokens something else.
     paper = upscaled(base, "route", preserve_layers=1)
     paper.load_state_dict(model.state_dict())
     set_method(paper, "route", tau=tau)
-    assert (run(paper, ids, mask).logits[routed] - base_logits[routed]).abs().max() > 1e-3
+    assert (run(paper, ids, mask).logits[routed] - base_run.stock.logits[routed]).abs().max() > 1e-3
 
 
 def test_route_exact_routed_tokens_send_no_gradient():

@@ -14,7 +14,9 @@ from scale_cl.experiments.cpt.pipeline import run_cpt
 from scale_cl.models import load_trained
 from scale_cl.train.route_calibration import calibrate_route_tau, route_cosines, sequence_batches, tau_for_share
 from scale_cl.train.trainer import CheckpointingTrainer
-from test_route import base_hidden_size, input_batch, reference_route, scale_model
+from test_route import assert_eq5, base_hidden_size, eq5_references, input_batch, reference_route, scale_model
+
+pytestmark = pytest.mark.exactness
 
 
 @pytest.mark.parametrize("share", [0.0, 0.1, 0.5, 0.9, 1.0])
@@ -47,10 +49,11 @@ def test_calibrated_tau_reproduces_its_share_on_the_sample_and_is_eq5_with_that_
     with torch.no_grad():
         logits = model(sample).logits
     assert int(model.scale_route.last.routed.sum()) == round(share * sample.numel())
-    expected, to_preserve, cos = reference_route(model, base_hidden_size(arch), sample, tau)
+    _, _, cos = reference_route(model, base_hidden_size(arch), sample, tau)
     assert (cos - tau).abs().min() > 1e-5, "no token within rounding of tau: the reference decides as route does"
+    stock, exact, to_preserve = eq5_references(model, base_hidden_size(arch), sample, tau)
     assert torch.equal(model.scale_route.last.routed, to_preserve)
-    torch.testing.assert_close(logits, expected, atol=1e-5, rtol=0)
+    assert_eq5(logits, stock, exact)
     assert torch.equal(route_cosines(model, sequence_batches(sample, 4)), model.scale_route.last.cosine.flatten())
 
 

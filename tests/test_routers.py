@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from conftest import make_model, randomize_new_weights, token_batch, upscaled_copy
+from exactness import assert_exact_to_rounding
 from scale_cl import scale_config_of, set_method
 from scale_cl.tuner.config import ScaleConfig
 from scale_cl.tuner.modes import live_settings, set_live_settings
@@ -20,6 +21,8 @@ from scale_cl.tuner.routing.cosine import CosineRouter
 from scale_cl.tuner.routing.likelihood import LikelihoodRouter
 from scale_cl.tuner.routing.nested import NestedRouter
 from scale_cl.tuner.routing.posterior import MixtureRouter
+
+pytestmark = pytest.mark.exactness
 
 
 class AdaptPathRouter(Router):
@@ -77,10 +80,12 @@ def test_a_registered_router_is_one_class_and_selects_like_the_built_in_ones(ada
     with torch.no_grad():
         set_live_settings(model, route_tau=1.0)  # cos > 1 never holds: Eq. 5 sends every token to the adapt path
         eq5 = model(input_ids=ids, attention_mask=mask).logits
+        exact = copy.deepcopy(model).double()(input_ids=ids, attention_mask=mask).logits
         set_live_settings(model, router="adapt_path")
         ours = model(input_ids=ids, attention_mask=mask).logits
     assert scale_config_of(model).router == "adapt_path"
-    torch.testing.assert_close(ours, eq5, rtol=0, atol=1e-6)
+    # two separate products added here, Eq. 5's one accumulating onto the other: the same sum, to rounding
+    assert_exact_to_rounding(ours, exact, stock=eq5, what="adapt_path against Eq. 5 at tau 1")
     with pytest.raises(ValueError, match="registered already"):
         register_router(AdaptPathRouter())
 
@@ -112,6 +117,12 @@ class FixedMixRouter(MixtureRouter):
     prefix = False
 
 
+def textbook_mix(base_logits: torch.Tensor, new_logits: torch.Tensor, prior: float) -> torch.Tensor:
+    """``log(w p_base + (1 - w) p_new)``, ``w = sigmoid(prior)``, in the logits' dtype."""
+    w = torch.sigmoid(torch.tensor(prior, dtype=base_logits.dtype))
+    return torch.log(w * base_logits.softmax(-1) + (1 - w) * new_logits.softmax(-1))
+
+
 @pytest.fixture
 def fixed_mix_router():
     router = register_router(FixedMixRouter())
@@ -134,22 +145,24 @@ def test_a_mixing_router_is_added_in_one_file_and_exported_from_its_declaration(
     set_live_settings(model.eval(), router="fixed_mix", router_prior=0.4)
     assert ROUTERS["fixed_mix"].reads_tokens is False  # no prefix: no token ids read
     ids, mask = token_batch()
+    base = set_method(copy.deepcopy(model), "preserve")  # at alpha 0 the base's logits (Theorem 3.1)
+    base = set_live_settings(base, router="cosine", up_logit_scale=0.0)
+    new = set_method(copy.deepcopy(model), "adapt" if method == "route" else "preserve")
+    new = set_live_settings(new, router="cosine")
     with torch.no_grad():
         mixed = model(input_ids=ids, attention_mask=mask).logits
-        base = set_method(copy.deepcopy(model), "preserve")  # at alpha 0 the base's logits (Theorem 3.1)
-        base_logits = set_live_settings(base, router="cosine", up_logit_scale=0.0)(ids, attention_mask=mask).logits
-        new = set_method(copy.deepcopy(model), "adapt" if method == "route" else "preserve")
-        new_logits = set_live_settings(new, router="cosine")(ids, attention_mask=mask).logits
-    w = torch.sigmoid(torch.tensor(0.4))
-    expected = torch.log(w * base_logits.softmax(-1) + (1 - w) * new_logits.softmax(-1))
-    torch.testing.assert_close(mixed, expected, atol=1e-5, rtol=0)
+        base_logits, new_logits = (m(ids, attention_mask=mask).logits for m in (base, new))
+        exact_logits = [copy.deepcopy(m).double()(ids, attention_mask=mask).logits for m in (base, new)]
+    stock = textbook_mix(base_logits, new_logits, 0.4)  # the textbook mixture of the two models run apart, in fp32
+    exact = textbook_mix(*exact_logits, 0.4)  # and on float64 copies
+    assert_exact_to_rounding(mixed, exact, stock=stock, what="the model's mixture")
     assert (new_logits - base_logits).abs().max() > 1e-2, "the experts differ, so the mixture is not trivial"
     export_model(model, tmp_path / "export")
     config = json.loads((tmp_path / "export" / "config.json").read_text())
     assert config["scale_mixture"] == {"prefix": False, "prior": 0.4, "decay": 1.0, "confidence": None}
     with torch.no_grad():
         exported = load(tmp_path / "export")(input_ids=ids, attention_mask=mask).logits
-    torch.testing.assert_close(exported, mixed, atol=1e-5, rtol=0)
+    assert_exact_to_rounding(exported, exact, stock=stock, what="the export's mixture")
 
 
 def test_a_router_with_no_export_form_is_refused_before_anything_is_written(adapt_path_router, tmp_path):

@@ -1,16 +1,23 @@
 """The two-model control (issue 40): a trained model and its base mixed by the likelihood router's posterior is the
-same mixture SCALE-Route's likelihood reading computes of its two paths, normalised and causal."""
+same mixture SCALE-Route's likelihood reading computes of its two paths, normalised and causal.
+
+Equal in exact arithmetic: each fp32 result lies as close to the float64 value (of the control of float64 copies) as
+the stock fp32 computation does (`exactness.assert_exact_to_rounding`)."""
 
 from __future__ import annotations
 
 import copy
 
+import pytest
 import torch
 
 from conftest import make_model, randomize_new_weights, token_batch, upscaled_copy
+from exactness import assert_exact_to_rounding
 from scale_cl import set_method
 from scale_cl.eval.mixture import ModelMixture
 from scale_cl.tuner.modes import set_live_settings
+
+pytestmark = pytest.mark.exactness
 
 
 def _route_and_its_paths(prior: float = 0.0, decay: float = 0.95):
@@ -24,14 +31,34 @@ def _route_and_its_paths(prior: float = 0.0, decay: float = 0.95):
     return base, route.eval(), adapt.eval()
 
 
+def _control(models, ids, mask, **settings) -> tuple[torch.Tensor, torch.Tensor]:
+    """The control's logits on ``ids``: of ``models`` in fp32 (the stock computation) and of float64 copies (exact)."""
+    copies = [copy.deepcopy(m).double() for m in models]
+    with torch.no_grad():
+        return tuple(ModelMixture(ms, **settings)(input_ids=ids, attention_mask=mask).logits for ms in (models, copies))
+
+
 def test_the_control_of_route_s_own_paths_is_route_s_likelihood_reading():
     base, route, adapt = _route_and_its_paths(prior=0.5, decay=0.9)
     ids, mask = token_batch()
+    ours, exact = _control([base, adapt], ids, mask, prior=0.5, decay=0.9)
     with torch.no_grad():
-        ours = ModelMixture([base, adapt], prior=0.5, decay=0.9)(input_ids=ids, attention_mask=mask).logits
         routed = route(input_ids=ids, attention_mask=mask).logits
     real = mask.bool()
-    torch.testing.assert_close(ours[real], routed[real], rtol=0, atol=2e-5)
+    assert_exact_to_rounding(routed[real], exact[real], stock=ours[real], what="route against the control")
+
+
+def test_route_with_its_prior_slightly_off_is_outside_the_rounding_bound():
+    """Mutation: route read with the base's prior log-odds 0.51 where the control mixes with 0.5 (a prior off by
+    0.01, as a stale setting would give): farther from the float64 control than rounding allows."""
+    base, route, adapt = _route_and_its_paths(prior=0.51, decay=0.9)
+    ids, mask = token_batch()
+    ours, exact = _control([base, adapt], ids, mask, prior=0.5, decay=0.9)
+    with torch.no_grad():
+        routed = route(input_ids=ids, attention_mask=mask).logits
+    real = mask.bool()
+    with pytest.raises(AssertionError, match="from the float64 reference"):
+        assert_exact_to_rounding(routed[real], exact[real], stock=ours[real], what="route at prior 0.51")
 
 
 def test_the_mixture_is_normalised_causal_and_the_base_where_both_agree():
@@ -44,11 +71,20 @@ def test_the_mixture_is_normalised_causal_and_the_base_where_both_agree():
         logits = mixture(input_ids=ids).logits
         later = mixture(input_ids=changed).logits
         same = ModelMixture([base, base])(input_ids=ids).logits
-        own = torch.log_softmax(base(input_ids=ids).logits.float(), dim=-1)
-    torch.testing.assert_close(torch.logsumexp(logits.float(), dim=-1), torch.zeros(ids.shape), rtol=0, atol=5e-6)
+        own = torch.log_softmax(base(input_ids=ids).logits, dim=-1)
+        exact_experts = [copy.deepcopy(m).double()(input_ids=ids).logits for m in (base, adapt)]
+    exact_own = torch.log_softmax(exact_experts[0], dim=-1)
+    # Normalised: the total probability as near 1 as the stock log_softmax's (of one model). The mixture adds each
+    # expert's shift log w_j - norm_j, rounded at the normaliser's size (~4 here), to its logits, so its
+    # log-probabilities move by up to two half-ulps of that size, where log_softmax rounds the likely ones at their own
+    # size (~1): the floor is 4 eps of the largest normaliser (tests/test_mixing.py measures the same).
+    ones = torch.ones(ids.shape, dtype=torch.float64)
+    floor = 4 * max(torch.logsumexp(z, -1).abs().max().item() for z in exact_experts)
+    total = logits.exp().sum(-1)
+    assert_exact_to_rounding(total, ones, stock=own.exp().sum(-1), ulps=floor, what="total probability")
     torch.testing.assert_close(logits[:, :5], later[:, :5], rtol=0, atol=0)  # position t reads tokens <= t only
     assert not torch.allclose(logits[:, 5:], later[:, 5:])
-    torch.testing.assert_close(same.float(), own, rtol=0, atol=1e-5)  # the same model twice: itself
+    assert_exact_to_rounding(same, exact_own, stock=own, what="the same model twice: itself")
 
 
 def test_the_loss_is_the_mixture_s_next_token_loss_and_new_rows_get_no_mass_from_the_base():
@@ -58,9 +94,14 @@ def test_the_loss_is_the_mixture_s_next_token_loss_and_new_rows_get_no_mass_from
     ids, _ = token_batch(padded=False)
     with torch.no_grad():
         out = ModelMixture([base, grown], prior=30.0)(input_ids=ids, labels=ids)  # w ~ 1 at a document start
-    logp = out.logits.float()
-    expected = -logp[:, :-1].gather(-1, ids[:, 1:, None]).mean()
-    torch.testing.assert_close(out.loss, expected, rtol=1e-6, atol=1e-6)
+        copies = [copy.deepcopy(m).double() for m in (base, grown)]
+        exact_logp = ModelMixture(copies, prior=30.0)(input_ids=ids).logits
+
+    def loss(logp):
+        return -logp[:, :-1].gather(-1, ids[:, 1:, None]).mean()
+
+    logp = out.logits
+    assert_exact_to_rounding(out.loss, loss(exact_logp), stock=loss(logp), what="loss")
     assert logp[:, 0, -3:].exp().max() < 1e-6  # the base's weight ~ 1 and it gives the new rows nothing
 
 
@@ -79,15 +120,15 @@ def test_preserve_read_by_the_likelihood_router_is_its_own_two_model_control_in_
     base, preserve = _preserve_and_its_base()
     ids, mask = token_batch()
     real = mask.bool()
+    control, exact = _control([base, preserve], ids, mask, prior=0.5, decay=0.9)
     with torch.no_grad():
         plain = preserve(input_ids=ids, attention_mask=mask).logits
-        control = ModelMixture([base, preserve], prior=0.5, decay=0.9)(input_ids=ids, attention_mask=mask)
         set_live_settings(preserve, router="likelihood", router_prior=0.5, router_decay=0.9)
         assert preserve.scale_route.active and not preserve.scale_route.stacked
         routed = preserve(input_ids=ids, attention_mask=mask)
         set_live_settings(preserve, router="cosine")
         again = preserve(input_ids=ids, attention_mask=mask).logits
-    torch.testing.assert_close(routed.logits[real], control.logits[real], rtol=0, atol=2e-5)
+    assert_exact_to_rounding(routed.logits[real], exact[real], stock=control[real], what="preserve against the control")
     assert (routed.logits - plain).abs().max() > 1e-2, "the router changes the reading"
     weight = routed["route_preserve_share"]
     assert 0 < float(weight) < 1, "both the base and the new logits carry weight"
@@ -104,6 +145,7 @@ def test_preserve_with_the_likelihood_router_is_saved_reloaded_and_trains_the_ne
     reloaded = load(tmp_path / "saved", base_model=copy.deepcopy(base)).eval()
     assert reloaded.scale_config.router == "likelihood" and reloaded.scale_route.active
     with torch.no_grad():
+        # the same weights read back and the same kernels on the same input: bitwise
         torch.testing.assert_close(reloaded(input_ids=ids).logits, preserve(input_ids=ids).logits, rtol=0, atol=0)
     frozen = {name: p.detach().clone() for name, p in preserve.named_parameters() if not p.requires_grad}
     preserve.train()
