@@ -4,6 +4,7 @@ cache, weighted mixing, streaming, document masking."""
 from __future__ import annotations
 
 import argparse
+import copy
 import gzip
 import json
 from collections import Counter
@@ -16,6 +17,7 @@ import pytest
 import torch
 from transformers import default_data_collator
 
+from exactness import assert_exact_to_rounding
 from scale_cl.cli.options import add_dataclass_options
 from scale_cl.data import tokens as tokens_module
 from scale_cl.data.corpus import (
@@ -555,7 +557,8 @@ def test_document_positions_restart_after_every_eos():
     assert document_positions(ids, 9).tolist() == [[0, 1, 2, 0, 1, 0, 1, 2], [0, 0, 1, 2, 3, 4, 0, 0]]
 
 
-def test_a_document_masked_block_computes_each_document_as_if_alone(tmp_path, tok):
+def _masked_block(tmp_path, tok):
+    """(a tiny Llama, two blocks of the corpus with ``document_mask`` as its collator gives them)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
@@ -572,21 +575,56 @@ def test_a_document_masked_block_computes_each_document_as_if_alone(tmp_path, to
     ).eval()
     source = write_jsonl(tmp_path / "new.jsonl", MANY[:20])
     corpus = build_corpus(CorpusConfig(train=[str(source)], seq_len=24, heldout_fraction=0.0, document_mask=True), tok)
-    batch = corpus.collator([corpus.train[1], corpus.train[2]])
+    return model, corpus.collator([corpus.train[1], corpus.train[2]])
+
+
+def _documents(row: torch.Tensor, eos: int) -> list[tuple[int, int]]:
+    """(start, end) of each document of a block: each ends with its EOS (the block's last may be cut)."""
+    ends = [i + 1 for i, t in enumerate(row.tolist()) if t == eos and i + 1 < len(row)]
+    assert ends, "the test needs a block that holds a document boundary"
+    return list(zip([0, *ends], [*ends, len(row)], strict=True))
+
+
+def _assert_each_document_alone(model, ids: torch.Tensor, logits: torch.Tensor, eos: int) -> None:
+    """``logits`` (of the masked block ``ids``) as close to each document's float64 logits alone as its fp32 logits
+    alone (the stock computation: no mask, no other document) are."""
+    exact_model = copy.deepcopy(model).double()
+    with torch.no_grad():
+        for b, row in enumerate(ids):
+            for start, end in _documents(row, eos):
+                alone = row[start:end].unsqueeze(0)
+                stock, exact = model(input_ids=alone).logits[0], exact_model(input_ids=alone).logits[0]
+                assert_exact_to_rounding(logits[b, start:end], exact, stock=stock, what=f"row {b} [{start}:{end}]")
+
+
+@pytest.mark.exactness
+def test_a_document_masked_block_computes_each_document_as_if_alone(tmp_path, tok):
+    model, batch = _masked_block(tmp_path, tok)
     assert set(batch) == {"input_ids", "labels", "position_ids", "use_cache"} and batch["use_cache"] is False
-    eos = tok.eos_token_id
     with torch.no_grad():
         logits = model(**{k: v for k, v in batch.items() if k != "labels"}).logits
         unmasked = model(input_ids=batch["input_ids"]).logits
-        for b, row in enumerate(batch["input_ids"]):
-            ends = [i + 1 for i, t in enumerate(row.tolist()) if t == eos and i + 1 < len(row)]
-            assert ends, "the test needs a block that holds a document boundary"
-            for start, end in zip([0, *ends], [*ends, len(row)], strict=True):
-                alone = model(input_ids=row[start:end].unsqueeze(0)).logits[0]
-                torch.testing.assert_close(logits[b, start:end], alone, atol=1e-5, rtol=1e-5)
-    assert not torch.allclose(unmasked[:, ends[0] :], logits[:, ends[0] :], atol=1e-3), (
-        "without it, blocks attend across"
-    )
+    _assert_each_document_alone(model, batch["input_ids"], logits, tok.eos_token_id)
+    ends = _documents(batch["input_ids"][-1], tok.eos_token_id)[0][1]
+    assert not torch.allclose(unmasked[:, ends:], logits[:, ends:], atol=1e-3), "without it, blocks attend across"
+
+
+@pytest.mark.exactness
+def test_a_document_boundary_one_token_off_is_outside_the_bound(tmp_path, tok):
+    """The mutation: positions that restart at each EOS instead of after it (`document_positions` off by one: the EOS
+    opens the next document), so each document after the first attends to the previous one's EOS and the EOS's own
+    logits see none of its document. The bound that holds the right positions must refuse it."""
+    model, batch = _masked_block(tmp_path, tok)
+    ids, eos = batch["input_ids"], tok.eos_token_id
+    index = torch.arange(ids.shape[1]).expand_as(ids)
+    starts = ids == eos
+    starts[:, 0] = True
+    off_by_one = index - torch.where(starts, index, torch.zeros_like(index)).cummax(dim=1).values
+    assert not torch.equal(off_by_one, batch["position_ids"])
+    with torch.no_grad():
+        logits = model(input_ids=ids, position_ids=off_by_one, use_cache=False).logits
+    with pytest.raises(AssertionError, match="from the float64 reference"):
+        _assert_each_document_alone(model, ids, logits, eos)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -9,14 +9,18 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import torch
+from transformers import AutoTokenizer
 
 import scale_cl.experiments.cpt.sequence as sequence
 from conftest import SYLLABLES, _documents, tiny_config
+from exactness import assert_exact_to_rounding
 from scale_cl.eval.continual import continual_metrics
 from scale_cl.experiments.cpt.config import CptSequenceConfig
 from scale_cl.experiments.cpt.pipeline import run_cpt
 from scale_cl.experiments.cpt.sequence import run_cpt_sequence
 from scale_cl.experiments.sweep.experiments import CptExperiment
+from test_cpt import base_readings
 
 STEPS = 4
 
@@ -56,7 +60,8 @@ def finished(workspace, tmp_path_factory):
     return out, run_cpt_sequence(cfg, out)
 
 
-def test_the_perplexity_matrix_holds_the_old_domain_and_every_new_one(finished):
+@pytest.mark.exactness
+def test_the_perplexity_matrix_holds_the_old_domain_and_every_new_one(finished, workspace):
     out, results = finished
     for method, r in results.items():
         assert r["columns"] == ["toy", "domain1", "domain2", "domain3"] and r["tasks"] == r["columns"]
@@ -67,8 +72,13 @@ def test_the_perplexity_matrix_holds_the_old_domain_and_every_new_one(finished):
         assert r["curve"][-1]["step"] == 3 * STEPS
         learned = [r["ppl_matrix"][task][task] for task in (1, 2, 3)]  # each domain right after its task
         assert all(now < start for now, start in zip(learned, r["ppl_matrix"][0][1:], strict=True)), method
-    starts = [r["ppl_matrix"][0] for r in results.values()]
-    assert all(row == pytest.approx(starts[0], rel=1e-5) for row in starts)  # every method starts as the base
+    # every method starts as the base: its first row as close to the base's in float64 as the base's fp32 row
+    cfg = sequence_config(workspace, ["fft"])
+    evals = sequence.sequence_corpora(cfg, AutoTokenizer.from_pretrained(cfg.model))[1]
+    assert list(evals) == results["fft"]["columns"]
+    stock, exact = base_readings(cfg.model, [data.blocks for data in evals.values()], cfg.eval.batch_size)
+    for method, r in results.items():
+        assert_exact_to_rounding(torch.tensor(r["ppl_matrix"][0]), exact, stock=stock, what=f"{method} before task 1")
     assert results["scale_preserve"]["growth"] == "per_task" and results["fft"]["growth"] == "once"
     totals = [c["total"] for c in results["scale_preserve"]["parameters"]]
     assert totals[0] < totals[1] < totals[2]
@@ -112,6 +122,7 @@ def test_the_control_mixes_the_base_and_every_task_s_model_and_a_grown_preserve_
 
 
 @pytest.mark.slow
+@pytest.mark.exactness
 def test_a_killed_sequence_with_the_control_resumes_with_the_kept_models(workspace, tmp_path, monkeypatch):
     cfg = sequence_config(workspace, ["fft"])
     cfg = replace(cfg, eval=replace(cfg.eval, likelihood_control=True))
@@ -125,8 +136,9 @@ def test_a_killed_sequence_with_the_control_resumes_with_the_kept_models(workspa
     ]
     resumed = run_cpt_sequence(cfg, tmp_path / "run")["fft"]["control"]
     assert calls == [1, 2, 3, 3]  # the finished tasks are not trained again
-    for got, want in zip(resumed["ppl_matrix"], whole["ppl_matrix"], strict=True):
-        assert got == pytest.approx(want, rel=1e-6)
+    # bitwise, as the sequence's own resume: the kept models reload from safetensors exactly, and the mixture reads them
+    # by the same code on the same data
+    assert resumed["ppl_matrix"] == whole["ppl_matrix"]
 
 
 def test_sequence_refusals_before_anything_is_written(workspace, tmp_path):

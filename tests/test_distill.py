@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from transformers import LlamaForCausalLM, TrainingArguments
 
 from conftest import randomize_new_weights, tiny_config, tiny_llama_config, tiny_scale_config, token_batch
+from exactness import assert_exact_to_rounding
 from scale_cl import upscale
 from scale_cl.data.pseudo_replay import cached_blocks, generate_blocks
 from scale_cl.data.replay import REPLAY_KEY
@@ -29,6 +30,8 @@ from scale_cl.train.distill import (
     teacher_for,
 )
 from scale_cl.train.trainer import CheckpointingTrainer
+
+pytestmark = pytest.mark.exactness
 
 
 def _base(seed: int = 0) -> LlamaForCausalLM:
@@ -48,15 +51,21 @@ def test_the_term_is_the_weighted_kl_with_replay_at_one_and_new_tokens_by_the_ba
     labels = torch.randint(0, 11, (3, 6), generator=gen)
     labels[1, :3] = -100  # a masked prompt
     replay = torch.tensor([1, 0, 0])
-    for new_tokens in ("confidence", "all", "none"):
-        config = DistillConfig(0.5, temperature=2.0, new_tokens=new_tokens)
-        got = distill_sum(student, teacher, labels, replay, config)
+
+    def textbook(student, teacher, new_tokens):
         kl = _reference_kl(student[:, :-1], teacher[:, :-1], 2.0)
         p = F.softmax(teacher[:, :-1], -1)
         entropy = -(p * p.log()).sum(-1)
         new = {"confidence": torch.exp(-entropy), "all": torch.ones_like(entropy), "none": torch.zeros_like(entropy)}
         weights = torch.where(replay[:, None].bool(), 1.0, new[new_tokens]) * (labels[:, 1:] != -100)
-        assert torch.allclose(got, 4.0 * (weights * kl).sum(), rtol=1e-5), new_tokens
+        return 4.0 * (weights * kl).sum()
+
+    for new_tokens in ("confidence", "all", "none"):
+        config = DistillConfig(0.5, temperature=2.0, new_tokens=new_tokens)
+        got = distill_sum(student, teacher, labels, replay, config)
+        # the textbook form in float64 the reference, in fp32 the stock computation (`kl_sum` sums other terms)
+        exact, stock = textbook(student.double(), teacher.double(), new_tokens), textbook(student, teacher, new_tokens)
+        assert_exact_to_rounding(got, exact, stock=stock, what=new_tokens)
     assert position_weights(teacher, shifted_labels(labels), replay, "none")[1:].sum() == 0
     assert position_weights(teacher, shifted_labels(labels), None, "all").sum() == (labels[:, 1:] != -100).sum()
 
@@ -65,6 +74,7 @@ def test_the_base_gives_confident_positions_more_weight():
     teacher = torch.zeros(1, 3, 5)
     teacher[0, 0, 2] = 20.0  # sure of the next token at position 0, uniform at position 1
     weights = position_weights(teacher, shifted_labels(torch.zeros(1, 3, dtype=torch.long)), None, "confidence")
+    # exp(-ln 5) against the number itself: exp of a 5-term fp32 sum, a few fp32 epsilons (1.2e-7) off at most
     assert weights[0, 0] > 0.99 and weights[0, 1] == pytest.approx(1 / 5, rel=1e-5)
 
 
@@ -85,14 +95,17 @@ def test_the_free_teacher_equals_a_separate_copy_of_the_base_and_adds_no_forward
     hook.remove()
     assert len(calls) == 1, "the teacher's logits come out of the model's one forward pass"
     assert model.scale_route.base_logits is None and not model.scale_route.capture_base, "nothing is kept after"
+    # the base's logits in float64 the reference; a separate fp32 copy of the base (LwF's teacher) the stock
     _, reference = CopyTeacher(copy.deepcopy(base)).run(lambda: None, inputs)
-    assert torch.allclose(free, reference, atol=1e-5)
+    _, exact = CopyTeacher(copy.deepcopy(base).double()).run(lambda: None, inputs)
+    assert_exact_to_rounding(free, exact, stock=reference, what="free teacher")
     assert not torch.allclose(outputs.logits, reference, atol=1e-3), "the model itself differs from the base"
     config = DistillConfig(1.0, new_tokens="all")
-    assert torch.allclose(
+    assert_exact_to_rounding(
         distill_sum(outputs.logits, free, ids, None, config),
-        distill_sum(outputs.logits, reference, ids, None, config),
-        rtol=1e-5,
+        distill_sum(outputs.logits.double(), exact, ids, None, config),
+        stock=distill_sum(outputs.logits, reference, ids, None, config),
+        what="the KL term to the free teacher",
     )
 
 
@@ -146,7 +159,9 @@ def test_an_extended_vocabulary_falls_back_to_the_copy():
     assert not free_teacher(model)
 
 
-def test_the_trainer_adds_the_term_to_the_language_modelling_loss(tmp_path):
+def _trainer_losses(tmp_path):
+    """(the Trainer's fp32 loss with the term, its plain fp32 loss, the stock fp32 term, the same loss in float64, the
+    KL sum in fp32, its divisor) of SCALE-Preserve with its free teacher, on a batch half replay."""
     base = _base()
     model = upscale(copy.deepcopy(base), tiny_scale_config(base, "preserve")).train()
     randomize_new_weights(model, seed=2, w12_scale=0.0)
@@ -158,14 +173,39 @@ def test_the_trainer_adds_the_term_to_the_language_modelling_loss(tmp_path):
     with_term = CheckpointingTrainer(model=model, args=args, distillation=Distillation(config, HeadTeacher(model)))
     ce = plain.compute_loss(model, dict(inputs))
     total = with_term.compute_loss(model, dict(inputs))
-    logits = model(input_ids=ids, attention_mask=mask).logits
-    expected = distill_sum(logits, base(input_ids=ids).logits, ids, inputs[REPLAY_KEY], config) / (ids.numel() - 2)
-    assert torch.allclose(total, ce + 0.7 * expected, rtol=1e-4)
+    count = ids.numel() - 2  # the labelled positions: each row's last predicts nothing
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=mask).logits
+        kl = distill_sum(logits, base(input_ids=ids).logits, ids, inputs[REPLAY_KEY], config)
+        model64, base64 = copy.deepcopy(model).double(), copy.deepcopy(base).double()
+        logits64 = model64(input_ids=ids, attention_mask=mask).logits
+        ce64 = F.cross_entropy(logits64[:, :-1].flatten(0, 1), ids[:, 1:].flatten())
+        kl64 = distill_sum(logits64, base64(input_ids=ids).logits, ids, inputs[REPLAY_KEY], config)
+    exact = ce64 + 0.7 * kl64 / count
+    return (total, ce, ce + 0.7 * kl / count, exact, kl, count), (model, with_term, plain, inputs)
+
+
+def test_the_trainer_adds_the_term_to_the_language_modelling_loss(tmp_path):
+    """The Trainer's loss (sliced, the free teacher) is the plain cross-entropy plus the KL term: as close to the
+    float64 sum as the stock fp32 sum (the Trainer's plain loss and the term to a separate copy of the base) is."""
+    (total, ce, stock, exact, _, _), (model, with_term, plain, inputs) = _trainer_losses(tmp_path)
+    assert_exact_to_rounding(total, exact, stock=stock, what="cross-entropy + KL term")
     assert total > ce
     model.eval()
     assert torch.equal(with_term.compute_loss(model, dict(inputs)), plain.compute_loss(model, dict(inputs))), (
         "evaluation is the plain loss"
     )
+
+
+def test_a_kl_term_over_the_wrong_count_is_outside_the_bound(tmp_path):
+    """The mutation: the KL sum divided by every position (14) instead of the 12 labelled ones (each row's last
+    predicts nothing), as a Trainer that averaged the term over the sequence length would: the loss the Trainer
+    returns with the term 0.7 KL (1/12 - 1/14) off. The bound that holds the right division must refuse it."""
+    (total, _, stock, exact, kl, count), _ = _trainer_losses(tmp_path)
+    wrong = total - 0.7 * kl / count + 0.7 * kl / (count + 2)
+    assert_exact_to_rounding(total, exact, stock=stock, what="the Trainer's loss")
+    with pytest.raises(AssertionError, match="over every position"):
+        assert_exact_to_rounding(wrong, exact, stock=stock, what="over every position")
 
 
 def test_distill_settings_are_checked():

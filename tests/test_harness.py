@@ -19,6 +19,7 @@ from transformers import AutoTokenizer, LlamaForCausalLM
 pytest.importorskip("lm_eval")
 
 from conftest import tiny_llama_config
+from exactness import assert_exact_to_rounding
 from scale_cl.cli import main
 from scale_cl.data.tokenizer import EOS_TOKEN, train_bpe_tokenizer
 from scale_cl.eval.harness import (
@@ -120,6 +121,25 @@ def base_scores(runs) -> dict:
     return _values(evaluate(model, tokenizer, TASKS, include_path=TASKS_DIR, bootstrap_iters=0))
 
 
+@pytest.fixture(scope="module")
+def exact_base_scores(runs) -> dict:
+    """The base's scores with the model in float64: what each fp32 evaluation of the base function rounds away from."""
+    model, tokenizer = LlamaForCausalLM.from_pretrained(runs / "base"), AutoTokenizer.from_pretrained(runs / "base")
+    return _values(evaluate(model, tokenizer, TASKS, include_path=TASKS_DIR, bootstrap_iters=0, dtype=torch.float64))
+
+
+def _assert_scores_as(scores: dict, exact: dict, stock: dict) -> None:
+    """Every score as close to ``exact`` (the float64 model's) as ``stock`` (the stock fp32 model's): accuracies
+    equal, loglikelihood-based numbers to rounding. Each is a Python float of fp32 loglikelihoods, compared as fp32
+    (its rounding to fp32, half an epsilon, is inside the floor)."""
+    assert scores.keys() == exact.keys() == stock.keys()
+    for task, metrics in exact.items():
+        assert scores[task].keys() == metrics.keys() == stock[task].keys(), task
+        for metric, value in metrics.items():
+            got, want = torch.tensor(scores[task][metric]), torch.tensor(value, dtype=torch.float64)
+            assert_exact_to_rounding(got, want, stock=torch.tensor(stock[task][metric]), what=f"{task} {metric}")
+
+
 def _cli(argv: list[str]) -> int:
     return main(["eval", *argv])
 
@@ -129,18 +149,15 @@ def _values(results: dict) -> dict:
 
 
 @pytest.mark.slow
-def test_an_exported_folder_is_taken_as_the_base(runs, base_scores, tmp_path):
+@pytest.mark.exactness
+def test_an_exported_folder_is_taken_as_the_base(runs, base_scores, exact_base_scores, tmp_path):
     """``eval --base EXPORTED``: scale-cl's own export loads with its modeling code; SCALE-Preserve's export computes
     the base function (up to the rounding of its merged products), so it scores as the base does."""
     assert main(["export", str(runs / "scale"), str(tmp_path / "export")]) == 0
     out = tmp_path / "scores.json"
     assert _cli(["--base", str(tmp_path / "export"), "--out", str(out), "--tasks", *TASKS,
                  "--include-path", str(TASKS_DIR), *FAST]) == 0  # fmt: skip
-    scores = _values(json.loads(out.read_text()))
-    assert scores.keys() == base_scores.keys()
-    for task, metrics in base_scores.items():
-        for metric, value in metrics.items():
-            assert scores[task][metric] == pytest.approx(value, rel=1e-4), (task, metric)
+    _assert_scores_as(_values(json.loads(out.read_text())), exact_base_scores, base_scores)
 
 
 @pytest.mark.slow
@@ -183,16 +200,20 @@ def test_changed_function_changes_the_scores(runs):
 
 
 @pytest.mark.slow
+@pytest.mark.exactness
 def test_lora_checkpoint_evaluates_merged_or_not(runs, base_scores, tmp_path):
+    """Merged into the base's weights, the adapter computes its function to rounding: as close to the unmerged model's
+    float64 scores as the unmerged fp32 model's are."""
     common = ["--tasks", *TASKS, "--include-path", str(TASKS_DIR), *FAST]
     assert _cli([str(runs / "lora"), "--out", str(tmp_path / "lora.json"), *common]) == 0
     assert _cli([str(runs / "lora"), "--merge-lora", "--out", str(tmp_path / "merged.json"), *common]) == 0
     lora, merged = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("lora", "merged"))
     assert lora["model"]["method"] == "lora" and merged["settings"]["merge_lora"] is True
     ppl = "scale_cl_tiny_ppl"
-    unmerged_bpb = lora["results"][ppl]["bits_per_byte"]["value"]
-    assert merged["results"][ppl]["bits_per_byte"]["value"] == pytest.approx(unmerged_bpb, rel=1e-5)
-    assert unmerged_bpb != base_scores[ppl]["bits_per_byte"]  # the adapter is applied (B != 0)
+    model, tokenizer, _ = load_trained(runs / "lora")
+    exact = evaluate(model, tokenizer, [ppl], include_path=TASKS_DIR, bootstrap_iters=0, dtype=torch.float64)
+    _assert_scores_as(*({ppl: _values(r)[ppl]} for r in (merged, exact, lora)))
+    assert lora["results"][ppl]["bits_per_byte"]["value"] != base_scores[ppl]["bits_per_byte"]  # the adapter applies
 
 
 @pytest.mark.slow

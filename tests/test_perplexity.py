@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 
 import pytest
@@ -10,7 +11,10 @@ import torch.nn.functional as F
 from transformers import LlamaForCausalLM
 
 from conftest import tiny_llama_config
+from exactness import assert_exact_to_rounding
 from scale_cl.eval.perplexity import new_domain_tokens, perplexity
+
+pytestmark = pytest.mark.exactness
 
 
 def _model() -> LlamaForCausalLM:
@@ -22,9 +26,18 @@ def test_perplexity_is_the_exponent_of_the_token_mean_loss():
     model = _model()
     ids = torch.randint(0, model.config.vocab_size, (5, 9), generator=torch.Generator().manual_seed(1))
     result = perplexity(model, ids, batch_size=2)
-    logits = model(input_ids=ids).logits[:, :-1]
-    loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
-    assert result.tokens == 5 * 8 and math.isclose(result.loss, float(loss), rel_tol=1e-5)
+
+    def loss(model):  # the whole batch's token-mean loss at once, the stock computation of what batches of 2 average
+        with torch.no_grad():
+            logits = model(input_ids=ids).logits[:, :-1]
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
+
+    assert result.tokens == 5 * 8
+    # fp32 losses of batches averaged in Python floats, compared as fp32: its rounding to fp32 (half an epsilon) is
+    # inside the floor of 8
+    got = torch.tensor(result.loss, dtype=torch.float32)
+    assert_exact_to_rounding(got, loss(copy.deepcopy(model).double()), stock=loss(model), what="loss")
+    # the same number twice: exp in Python floats, 1e-9 is 1e7 float64 epsilons
     assert math.isclose(result.perplexity, math.exp(result.loss), rel_tol=1e-9) and result.new_mass_nll is None
 
 
@@ -35,9 +48,14 @@ def test_the_split_is_the_mass_the_model_gives_the_new_domain_tokens():
     mask = torch.zeros(vocab, dtype=torch.bool)
     mask[vocab // 2 :] = True
     result = perplexity(model, ids, batch_size=3, new_tokens=mask)
-    p = model(input_ids=ids).logits[:, :-1].softmax(-1)
-    expected = -torch.log1p(-p[..., mask].sum(-1)).mean()
-    assert math.isclose(result.new_mass_nll, float(expected), rel_tol=1e-4)
+
+    def mass_nll(model):  # by the softmax's probabilities summed (`perplexity` sums log-probabilities: logsumexp)
+        with torch.no_grad():
+            p = model(input_ids=ids).logits[:, :-1].softmax(-1)
+        return -torch.log1p(-p[..., mask].sum(-1)).mean()
+
+    got = torch.tensor(result.new_mass_nll, dtype=torch.float32)  # as the loss above
+    assert_exact_to_rounding(got, mass_nll(copy.deepcopy(model).double()), stock=mass_nll(model), what="new mass")
     assert 0 < result.new_mass_nll < result.loss, "both parts of the loss are positive"
     none = perplexity(model, ids, batch_size=3, new_tokens=torch.zeros(vocab, dtype=torch.bool))
     assert none.new_mass_nll == 0.0

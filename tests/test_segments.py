@@ -3,13 +3,14 @@ separation of old tokens from new ones."""
 
 from __future__ import annotations
 
-import math
+import copy
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from conftest import make_model, randomize_new_weights, upscaled_copy
+from exactness import assert_exact_to_rounding
 from scale_cl.eval.mixture import ModelMixture
 from scale_cl.eval.route_separation import base_weights, router_separation
 from scale_cl.eval.segments import SEGMENTS, mixed_documents, segment_readings
@@ -53,16 +54,22 @@ def _mixture_and_ids():
     return base, trained.eval(), mixed_documents(host, guest, (EOS,), count=3)
 
 
+@pytest.mark.exactness
 def test_each_segment_s_perplexity_is_the_mean_loss_of_the_tokens_its_positions_predict():
+    """Batches of 2 read per segment: as close to the float64 perplexity of the whole batch's losses as the fp32 one
+    (the stock computation: one forward pass, the losses masked by hand) is."""
     base, _, mixed = _mixture_and_ids()
     readings = segment_readings(base, mixed, batch_size=2)
-    with torch.no_grad():
-        logits = base(input_ids=mixed.input_ids).logits
-    losses = F.cross_entropy(logits[:, :-1].transpose(1, 2), mixed.input_ids[:, 1:], reduction="none")
     which = mixed.segment[:, 1:]
-    for index, name in enumerate(SEGMENTS):
-        expected = math.exp(float(losses[which == index].mean()))
-        assert readings["perplexity"][name] == pytest.approx(expected, rel=1e-5)
+
+    def perplexities(model) -> torch.Tensor:
+        with torch.no_grad():
+            logits = model(input_ids=mixed.input_ids).logits
+        losses = F.cross_entropy(logits[:, :-1].transpose(1, 2), mixed.input_ids[:, 1:], reduction="none")
+        return torch.stack([losses[which == index].mean().exp() for index in range(len(SEGMENTS))])
+
+    got = torch.tensor([readings["perplexity"][name] for name in SEGMENTS])  # Python floats of fp32 sums, as fp32
+    assert_exact_to_rounding(got, perplexities(copy.deepcopy(base).double()), stock=perplexities(base), what="ppl")
     assert "base_weight" not in readings  # a model alone has no router
 
 

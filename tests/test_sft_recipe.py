@@ -4,6 +4,7 @@ and grown by a new stage. Checked: what each stage trains, and what stays exact.
 
 from __future__ import annotations
 
+import copy
 import json
 import subprocess
 import sys
@@ -13,6 +14,7 @@ import pytest
 import torch
 from transformers import LlamaForCausalLM
 
+from exactness import assert_exact_to_rounding
 from scale_cl.experiments.train.pipeline import run_train
 from scale_cl.models import load_trained
 from scale_cl.tuner.layers import is_new_parameter
@@ -21,6 +23,7 @@ from test_stock_trainers import CHAT_TEMPLATE, QUESTIONS
 from test_train import config
 
 pytest.importorskip("trl")
+pytestmark = pytest.mark.exactness
 EXAMPLE = Path(__file__).parents[1] / "examples" / "sft_after_cpt.py"
 
 
@@ -53,6 +56,13 @@ def _log_probs(model: torch.nn.Module) -> torch.Tensor:
     return torch.log_softmax(model(_ids()).logits, dim=-1)
 
 
+def _assert_computes(model: torch.nn.Module, reference: torch.nn.Module, what: str) -> None:
+    """``model``'s log-probabilities as close to ``reference``'s float64 ones as ``reference``'s fp32 ones are (the
+    upscaled model sums over a wider hidden state: rounds differently, the same function)."""
+    exact = _log_probs(copy.deepcopy(reference).double())
+    assert_exact_to_rounding(_log_probs(model), exact, stock=_log_probs(reference), what=what)
+
+
 @pytest.mark.slow
 def test_sft_trains_the_new_weights_and_keeps_the_base_exact(stage1, workspace, tmp_path):
     _sft(stage1, tmp_path / "sft")
@@ -68,8 +78,7 @@ def test_sft_trains_the_new_weights_and_keeps_the_base_exact(stage1, workspace, 
             assert torch.equal(param, base[name]), name
     with torch.no_grad():  # Theorem 3.1 in stage 2: SCALE-Preserve's Z is still the base's logits
         sft.set_up_logit_scale(0.0)  # (read by the likelihood router, as `scale-cl train` saves it: log-probabilities)
-        reference = LlamaForCausalLM.from_pretrained(workspace / "base").eval()
-        torch.testing.assert_close(_log_probs(sft), _log_probs(reference), rtol=1e-5, atol=1e-5)
+        _assert_computes(sft, LlamaForCausalLM.from_pretrained(workspace / "base").eval(), "the base's log-probs")
 
 
 @pytest.mark.slow
@@ -84,4 +93,4 @@ def test_sft_on_a_grown_model_keeps_stage_1_bitwise(stage1, tmp_path):
     with torch.no_grad():  # stage 2 trained: the grown model no longer computes stage 1's
         assert not torch.allclose(_log_probs(grown), _log_probs(cpt), atol=1e-4)
         grown.set_up_logit_scale(0.0)  # its own new columns off: stage 1's model exactly (its weights unchanged)
-        torch.testing.assert_close(_log_probs(grown), _log_probs(cpt), rtol=1e-5, atol=1e-5)
+        _assert_computes(grown, cpt, "stage 1's log-probs")

@@ -17,6 +17,7 @@ from safetensors.torch import load_file
 from transformers import LlamaForCausalLM, Trainer, TrainerCallback, TrainingArguments, default_data_collator
 
 from conftest import VOCAB, hidden_up_for, make_model, tiny_llama_config
+from exactness import assert_exact_to_rounding
 from scale_cl import ScaleConfig, load, upscale
 from scale_cl.data.corpus import PackedDataset
 from scale_cl.tuner.io import CONFIG_NAME, V1_WEIGHTS_NAME, WEIGHTS_NAME
@@ -231,9 +232,11 @@ def test_sft_trainer_resumes_an_upscaled_model_bitwise(method, chat, tmp_path):
     )
 
 
+@pytest.mark.exactness
 def test_sft_loss_is_on_the_answers_only_and_is_the_models_own(chat, tmp_path):
     """The labels mask the question and the chat markup before the answer; the loss is the model's cross-entropy
-    on the answer tokens (SCALE's head: ``Z + Z_up``), which the stock SFTTrainer's fused head cannot compute."""
+    on the answer tokens (SCALE's head: ``Z + Z_up``), which the stock SFTTrainer's fused head cannot compute: as close
+    to the float64 cross-entropy as the fp32 cross-entropy of the whole logits is."""
     tokenizer, _, base = chat
     model = upscale(copy.deepcopy(base), ScaleConfig(method="adapt", hidden_up=32, ffn_up=16, preserve_layers=1))
     with torch.no_grad():
@@ -246,6 +249,11 @@ def test_sft_loss_is_on_the_answers_only_and_is_the_models_own(chat, tmp_path):
     assert "User:" not in answer and "?" not in answer
     model.eval()
     loss = trainer.compute_loss(model, dict(batch))
-    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-    expected = torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), batch["labels"][:, 1:].flatten())
-    torch.testing.assert_close(loss, expected, rtol=1e-6, atol=1e-6)
+
+    def cross_entropy(model):
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+        return torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), batch["labels"][:, 1:].flatten())
+
+    with torch.no_grad():
+        exact = cross_entropy(copy.deepcopy(model).double())
+    assert_exact_to_rounding(loss, exact, stock=cross_entropy(model), what="SFT loss")

@@ -5,6 +5,7 @@ settings, and bad input refused before anything is written."""
 from __future__ import annotations
 
 import contextlib
+import copy
 import gzip
 import io
 import json
@@ -19,6 +20,7 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
+from exactness import assert_exact_to_rounding
 from scale_cl.cli import build_parser, main, parse_settings
 from scale_cl.experiments.cpt.config import CptDataConfig, CptTrainConfig, EvalConfig
 from scale_cl.experiments.settings import MethodSettings
@@ -439,10 +441,13 @@ def test_a_resume_with_other_settings_is_refused(workspace, tmp_path):
 # Document masking
 
 
+@pytest.mark.exactness
 @pytest.mark.parametrize("method", ["preserve", "adapt", "route"])
 def test_document_masking_keeps_each_document_alone_in_every_scale_method(method):
     """A block of several documents, masked by position_ids (`DocumentMaskCollator`), gives each document the logits it
-    has alone, SCALE's paths included (Route stacks both paths from its first collaborative layer)."""
+    has alone, SCALE's paths included (Route stacks both paths from its first collaborative layer): as close to the
+    document's float64 logits alone as its fp32 logits alone are (the off-by-one boundary this bound refuses:
+    tests/test_corpus.py, `test_a_document_boundary_one_token_off_is_outside_the_bound`)."""
     from transformers import LlamaForCausalLM
 
     from conftest import tiny_llama_config, upscaled_copy
@@ -458,10 +463,13 @@ def test_document_masking_keeps_each_document_alone_in_every_scale_method(method
     eos = 5
     row = torch.tensor([7, 8, 9, eos, 10, 11, 12, 13, eos, 14, 15, 16])
     batch = DocumentMaskCollator(eos)([{"input_ids": row, "labels": row}, {"input_ids": row.roll(4), "labels": row}])
+    exact_model = copy.deepcopy(model).double()
     with torch.no_grad():
         logits = model(**{k: v for k, v in batch.items() if k != "labels"}).logits
         for b, ids in enumerate(batch["input_ids"]):
             ends = [i + 1 for i, t in enumerate(ids.tolist()) if t == eos and i + 1 < len(ids)]
             for start, end in zip([0, *ends], [*ends, len(ids)], strict=True):
-                alone = model(input_ids=ids[start:end].unsqueeze(0), use_cache=False).logits[0]
-                torch.testing.assert_close(logits[b, start:end], alone, atol=2e-5, rtol=2e-5)
+                alone = ids[start:end].unsqueeze(0)
+                stock = model(input_ids=alone, use_cache=False).logits[0]
+                exact = exact_model(input_ids=alone, use_cache=False).logits[0]
+                assert_exact_to_rounding(logits[b, start:end], exact, stock=stock, what=f"row {b} [{start}:{end}]")
