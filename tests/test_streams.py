@@ -17,9 +17,12 @@ import pytest
 import torch
 
 from conftest import ARCHS, greedy, make_model, randomize_new_weights, token_batch, upscaled_copy
+from exactness import assert_exact_to_rounding
 from scale_cl.tuner import streams
 from scale_cl.tuner.layers import ScaleLinear, merged_inference
 from scale_cl.tuner.scale_state import decoder_layers
+
+pytestmark = pytest.mark.exactness
 
 METHODS = ("preserve", "adapt", "route")
 
@@ -93,6 +96,8 @@ def test_the_gradients_are_the_stock_layers_up_to_the_order_of_summing(name, met
     apart64, stock64 = _pair(name, method, torch.float64)
     loss, exact = _loss_and_grads(stock64, ids, mask)
     loss_apart, grads = _loss_and_grads(apart64, ids, mask)
+    # float64: another order of the same sums moves a value by a few eps (2.2e-16) of its size; 1e-12 relative is
+    # ~4e3 eps, far below a missing term (and the fp32 check below bounds the same gradients by their rounding)
     torch.testing.assert_close(loss_apart, loss, rtol=1e-12, atol=0)
     assert grads.keys() == exact.keys()
     for key, grad in grads.items():
@@ -103,12 +108,31 @@ def test_the_gradients_are_the_stock_layers_up_to_the_order_of_summing(name, met
     loss_stock, theirs = _loss_and_grads(stock, ids, mask)
     assert torch.equal(loss_apart, loss_stock)  # the forward is bitwise the stock layer's
     assert ours.keys() == theirs.keys() == exact.keys()
-    eps = torch.finfo(torch.float32).eps
     for key, reference in exact.items():
-        stock_error = (theirs[key].double() - reference).abs().max().item()
-        apart_error = (ours[key].double() - reference).abs().max().item()
         # as close to the exact gradient as the stock layer's: fp32 rounding in another order, nothing more
-        assert apart_error <= 2 * stock_error + 8 * eps * reference.abs().max().item(), key
+        assert_exact_to_rounding(ours[key], reference, stock=theirs[key], what=key)
+
+
+def test_a_detached_part_is_outside_the_bound(monkeypatch):
+    """Mutation: the last layer's value projection reads ``x_up`` detached in the pair (one consumer's gradient lost
+    from the sum), which the fp32 check above must refuse."""
+    ids, mask = token_batch()
+    _, stock64 = _pair("llama-gqa2-tied", "adapt", torch.float64)
+    _, exact = _loss_and_grads(stock64, ids, mask)
+    apart, stock = _pair("llama-gqa2-tied", "adapt")
+    _, theirs = _loss_and_grads(stock, ids, mask)
+    target, project = decoder_layers(apart)[-1].self_attn.v_proj, ScaleLinear.project
+    monkeypatch.setattr(
+        ScaleLinear, "project", lambda self, x, x_up: project(self, x, x_up.detach() if self is target else x_up)
+    )
+    _, ours = _loss_and_grads(apart, ids, mask)
+    outside = []
+    for key, reference in exact.items():
+        try:
+            assert_exact_to_rounding(ours[key], reference, stock=theirs[key], what=key)
+        except AssertionError:
+            outside.append(key)
+    assert outside, "the lost gradient term went unnoticed"
 
 
 def test_a_trained_models_frozen_weights_stay_bitwise():
@@ -204,6 +228,7 @@ def test_the_new_norm_by_another_statistic_is_the_stock_layers(name, up_norm, ca
     loss, exact = _loss_and_grads(stock, ids, mask)
     loss_apart, grads = _loss_and_grads(apart, ids, mask)
     assert len(calls) == len(decoder_layers(apart))
+    # float64, as in the gradient test above: 1e-12 relative is ~4e3 eps of another order's rounding
     torch.testing.assert_close(loss_apart, loss, rtol=1e-12, atol=0)
     assert grads.keys() == exact.keys()
     for key, grad in grads.items():
