@@ -110,6 +110,35 @@ def assert_within_noise(
     )
 
 
+def weight_floor(
+    exact_logits: torch.Tensor,
+    ids: torch.Tensor,
+    real: torch.Tensor,
+    prior: float,
+    decay: float,
+    prefix: bool = True,
+    confidence: float = 0.0,
+) -> float:
+    """The floor, in eps, of a mixing router's weights' rounding (`assert_exact_to_rounding`'s ``ulps``).
+
+    A weight is a softmax of scores, each expert's prior plus (``prefix``) its running sum of the log-probabilities of
+    the tokens read, decayed, plus (the confidence routers) its confidence over the temperature, up to ``confidence``:
+    s <= |prior| + max |log p| (1 - decay^T) / (1 - decay) + confidence in size (~56 for the nested experts of
+    tests/test_nested_router.py). The scores round at that size, not at the weight's (<= 1): a difference of two by up
+    to ~2 eps s, of which w_j moves by w_j (1 - w_j) <= 1/4. So the floor is s / 2 eps, not 8 eps of 1 (measured on
+    the nested experts: the one pass's weights lay up to 6.8 eps from float64, the control's, a stock that happened
+    to round luckily, 1.2 eps). ``exact_logits``: the mixture's float64 log-probabilities (each expert's are near
+    them); ``ids`` the tokens, ``real`` the positions that are not padding (B, T)."""
+    size = abs(prior) + confidence
+    if prefix:
+        read = real[:, :-1] & real[:, 1:]  # a real token read at a real position
+        log_p = exact_logits[:, :-1].gather(-1, ids[:, 1:, None]).squeeze(-1)[read]
+        length = ids.shape[1]
+        decayed = length if decay == 1 else (1 - decay**length) / (1 - decay)  # sum of decay^k over the positions
+        size += log_p.abs().max().item() * decayed
+    return max(ULPS, size / 2)
+
+
 def _log(what: str, error: float, stock_error: float, bound: float, margin: float, ulps: float) -> None:
     path = os.environ.get("SCALE_CL_EXACTNESS_LOG")
     if not path:

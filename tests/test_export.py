@@ -17,6 +17,7 @@ import ast
 import contextlib
 import copy
 import json
+import math
 import os
 import subprocess
 import sys
@@ -30,7 +31,7 @@ from safetensors.torch import load_file
 import scale_cl
 from conftest import ARCHS, VOCAB, hidden_up_for, make_model, randomize_new_weights, upscaled_copy
 from conftest import greedy as generate_greedy
-from exactness import assert_exact_to_rounding
+from exactness import assert_exact_to_rounding, weight_floor
 from scale_cl import ScaleConfig, set_method, upscale
 from scale_cl.cli import main
 from scale_cl.eval.route_separation import mixes_experts
@@ -177,6 +178,18 @@ def forward_readings(model, ids: torch.Tensor, mask: torch.Tensor) -> dict[str, 
     return out
 
 
+def mixing_weight_ulps(model, exact_logits: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor) -> float:
+    """The floor of a mixing router's weights' rounding (`exactness.weight_floor`) from the model's settings: its
+    prior, decay, whether it reads the prefix, and its confidence over the temperature (|-H| and |ln max p| are at most
+    ln V)."""
+    config = scale_cl.scale_config_of(model)
+    prefix = config.router in ("likelihood", "nested", "hybrid")
+    confident = config.router in ("confidence", "hybrid")
+    confidence = math.log(exact_logits.shape[-1]) / config.router_temperature if confident else 0.0
+    prior, decay = config.router_prior, config.router_decay
+    return weight_floor(exact_logits, ids, mask.bool(), prior, decay, prefix=prefix, confidence=confidence)
+
+
 def reference(model, ids: torch.Tensor, mask: torch.Tensor, beams: bool = False) -> dict[str, torch.Tensor]:
     """What the in-library model computes: logits on the padded batch, greedy tokens (and beam search); and, as
     ``exact``, the same model's logits (and base weight) in float64, which every comparison measures rounding from.
@@ -189,6 +202,8 @@ def reference(model, ids: torch.Tensor, mask: torch.Tensor, beams: bool = False)
         if "routed" in out:  # the float64 model takes Eq. 5's branches the fp32 one takes, or it is no reference
             assert torch.equal(exact.pop("routed"), out["routed"]), "a cosine this close to tau flips with rounding"
         out.update({f"exact_{key}": value for key, value in exact.items()})
+        if "weight" in out:
+            out["weight_ulps"] = torch.tensor(mixing_weight_ulps(model, exact["logits"], ids, mask))
         out["greedy"] = generate_greedy(model, ids, mask, NEW_TOKENS)
         if beams:
             kwargs = {"attention_mask": mask, "do_sample": False, "pad_token_id": 0}
@@ -243,9 +258,9 @@ def assert_matches(
     if "routed" in want:
         assert torch.equal(got["routed"], want["routed"])
     if "weight" in want:
-        assert_exact_to_rounding(
-            got["weight"][real], want["exact_weight"][real], stock=want["weight"][real], what="base weight"
-        )
+        ulps = float(want["weight_ulps"])
+        exact, stock = want["exact_weight"][real], want["weight"][real]
+        assert_exact_to_rounding(got["weight"][real], exact, stock=stock, ulps=ulps, what="base weight")
     if "beams" in want:
         assert torch.equal(got["beams"], want["beams"])
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from conftest import make_model, randomize_new_weights, token_batch, upscaled_copy
-from exactness import assert_exact_to_rounding
+from exactness import assert_exact_to_rounding, weight_floor
 from scale_cl import ScaleConfig, load, upscale
 from scale_cl.eval.mixture import ModelMixture
 from scale_cl.tuner.modes import set_live_settings
@@ -41,24 +41,6 @@ def _controls(models) -> tuple[ModelMixture, ModelMixture]:
     """The control of ``models`` (the stock computation: the models run apart, mixed) and that of float64 copies."""
     copies = [copy.deepcopy(m).double() for m in models]
     return ModelMixture(models, prior=PRIOR, decay=DECAY), ModelMixture(copies, prior=PRIOR, decay=DECAY)
-
-
-def weight_floor(exact_logits, ids, real, prior: float, decay: float, prefix: bool = True, confidence: float = 0.0):
-    """The floor, in eps, of a mixing router's weights' rounding (`exactness.assert_exact_to_rounding`'s ``ulps``).
-
-    A weight is a softmax of scores, each expert's prior plus (``prefix``) its running sum of the log-probabilities of
-    the tokens read, decayed, plus (the confidence routers) its confidence over the temperature, up to ``confidence``:
-    s <= |prior| + max |log p| / (1 - decay) + confidence in size (~56 for the nested experts here). The scores round
-    at that size, not at the weight's (<= 1): a difference of two by up to ~2 eps s, of which w_j moves by
-    w_j (1 - w_j) <= 1/4. So the floor is s / 2 eps, not 8 eps of 1 (measured on the nested experts: the one pass's
-    weights lay up to 6.8 eps from float64, the control's, a stock that happened to round luckily, 1.2 eps).
-    ``exact_logits``: the mixture's float64 log-probabilities (each expert's are near them)."""
-    size = abs(prior) + confidence
-    if prefix:
-        read = real[:, :-1] & real[:, 1:]  # a real token read at a real position
-        log_p = exact_logits[:, :-1].gather(-1, ids[:, 1:, None]).squeeze(-1)[read]
-        size += log_p.abs().max().item() / (1 - decay)
-    return max(8.0, size / 2)
 
 
 def _assert_as_the_control(routed, weights, control, exact, ids, mask) -> None:

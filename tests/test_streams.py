@@ -25,6 +25,11 @@ from scale_cl.tuner.scale_state import decoder_layers
 pytestmark = pytest.mark.exactness
 
 METHODS = ("preserve", "adapt", "route")
+# The fp32 gradients' margin over the stock layer's distance from float64: x_up's gradient is summed from its
+# consumers (q, k and v read the same normed input) in another order, and each layer below takes both orders'
+# rounding on. Measured over 6,668 gradients under the four kernel settings of scripts/test_kernels.sh (2026-12-03):
+# up to 2.8x the stock layer's distance (llama-biases' bias_up under ATen's AVX2 code), so 3, not the default 2.
+GRADIENT_MARGIN = 3.0
 
 
 def _pair(name: str, method: str, dtype: torch.dtype = torch.float32):
@@ -110,7 +115,7 @@ def test_the_gradients_are_the_stock_layers_up_to_the_order_of_summing(name, met
     assert ours.keys() == theirs.keys() == exact.keys()
     for key, reference in exact.items():
         # as close to the exact gradient as the stock layer's: fp32 rounding in another order, nothing more
-        assert_exact_to_rounding(ours[key], reference, stock=theirs[key], what=key)
+        assert_exact_to_rounding(ours[key], reference, stock=theirs[key], margin=GRADIENT_MARGIN, what=key)
 
 
 def test_a_detached_part_is_outside_the_bound(monkeypatch):
@@ -129,7 +134,7 @@ def test_a_detached_part_is_outside_the_bound(monkeypatch):
     outside = []
     for key, reference in exact.items():
         try:
-            assert_exact_to_rounding(ours[key], reference, stock=theirs[key], what=key)
+            assert_exact_to_rounding(ours[key], reference, stock=theirs[key], margin=GRADIENT_MARGIN, what=key)
         except AssertionError:
             outside.append(key)
     assert outside, "the lost gradient term went unnoticed"
