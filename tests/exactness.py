@@ -18,7 +18,7 @@ Where no float64 computation exists (a training run: the commands train in fp32 
 takes the stock run's own rounding noise instead: how far it moves with its sums in another valid order (one
 micro-batch instead of two accumulated). transformers' RMSNorm (and ours, to stay bitwise with it) normalises in fp32
 whatever the dtype, so a Llama's float64 copy rounds at fp32 there: its reference is exact to that, and the stock
-computation's distance includes it (the bound loosens by that much, it never tightens).
+computation's distance includes it (the bound loosens by about that much).
 """
 
 from __future__ import annotations
