@@ -20,8 +20,8 @@ compute the upscaled model once two things are swapped in:
   there (`stack_paths`, so the KV cache holds both paths in those layers) and each linear of those layers applies
   W12 to the adapt half only (`TwoPathLinear`); the causal LM's head combines the halves per token (`RouteHead`).
   Hidden states asked for with ``output_hidden_states`` hold both paths (2B rows) from that layer on.
-  With a mixing router (``scale_mixture``: scale-cl's likelihood, nested, confidence or hybrid router, or any other
-  that declares its evidence) the head mixes experts' distributions by the posterior over experts instead
+  With a mixing router (``scale_mixture``: scale-cl's likelihood, nested, confidence, hybrid or calibrated router,
+  or any other that declares its evidence) the head mixes experts' distributions by the posterior over experts instead
   (`posterior_mix`): Route's two paths; SCALE-Preserve's one path's ``Z`` (the base's logits) and ``Z + Z_up``
   (`RouteHead` with ``stacked=False``), or on a model grown per task the base's logits, the model's after each
   earlier stage (the cumulative sums of the head's stage columns) and its own. The posterior reads the document so
@@ -380,11 +380,15 @@ def posterior_mix(
     temperature: float = 1.0,
     prefix: bool = True,
     keep: int = 0,
+    prefix_weight: float = 1.0,
+    entropy_weight: float = 0.0,
+    top_weight: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor, ExpertMemory | None]:
     """``p = sum_j w_j p_j`` over the experts (the base's logits first) as log-probabilities, with ``w_t =
     softmax_j(prior_j + r_j,t + c_j,t / temperature)`` (``prior_0 = prior``, the others 0), ``r_j,t = decay
     r_j,t-1 + ln p_j(x_t)`` (0 at a sequence start and at EOS; no evidence from padding; 0 throughout without
-    ``prefix``) and ``c`` each expert's ``confidence`` at the position (none when None); returns it, every expert's
+    ``prefix``) and ``c`` each expert's ``confidence`` at the position (none when None), or a fitted gate's
+    ``prefix_weight r_j,t - entropy_weight H_j,t + top_weight ln max p_j,t``; returns it, every expert's
     weight (E, B, T) and the memory for the next call (None without ``prefix``). ``increments``: each tensor after
     the first is what its expert adds to the one before. ``keep`` > 0: the mixture of the last ``keep`` positions
     alone (what ``logits_to_keep`` asked for)."""
@@ -411,9 +415,12 @@ def posterior_mix(
             initial = None if memory is None else memory.ratio.reshape(-1)
             ratio = running_ratio(evidence.reshape(-1, length), starts.repeat(experts, 1), decay, initial)
             ratio = ratio.view(experts, rows, length)
-            score = score + ratio
+            score = score + prefix_weight * ratio  # x 1 is exact: the posterior's r as it is
         if confidence is not None:
             score = score + expert_confidence(expert_logits, norms, confidence, increments) / temperature
+        for kind, weight in (("entropy", entropy_weight), ("top", top_weight)):
+            if weight != 0:
+                score = score + weight * expert_confidence(expert_logits, norms, kind, increments)
         log_w = torch.log_softmax(score, dim=0)
     mixed, shifts = expert_logits, list(log_w - norms)
     if keep:  # the caller reads the last positions alone: the others' normalisers were all their evidence needed
@@ -595,7 +602,7 @@ class ScaleFields:
     scale_up_norm: str = "own"  # x_up normalised by its own statistic, the original stream's or the whole width's
     scale_norm_groups: list | None = None  # a grown model: [width, up_norm] of each earlier stage's group
     scale_router: str = "cosine"  # the router's name in scale-cl: Eq. 5's "cosine", or a mixing router
-    scale_mixture: dict | None = None  # a mixing router: posterior_mix's prefix, prior, decay, confidence, temperature
+    scale_mixture: dict | None = None  # a mixing router: posterior_mix's settings (prefix, prior, decay, ...)
     scale_vllm_servable: bool = True  # not `mixes_logits`: vLLM's Transformers backend can serve it (module doc)
 
 

@@ -63,7 +63,9 @@ class ScaleConfig:
             (`scale_cl.tuner.routing.nested`). ``"confidence"``: the experts (those of ``"likelihood"``, or of
             ``"nested"`` on a grown model) weighed by each one's confidence at the position; ``"hybrid"``: the
             likelihood routers' prefix posterior with that confidence as the next token's expected evidence
-            (`scale_cl.tuner.routing.confidence`, where the rule is derived).
+            (`scale_cl.tuner.routing.confidence`, where the rule is derived). ``"calibrated"``: the same evidence
+            weighed by a gate fitted to the model and its data (``router_prior``, ``router_decay`` and the three
+            ``router_*_weight`` below; `scale_cl.tuner.routing.calibrated`).
         router_prior: the likelihood router's prior log-odds for the base path (``w = sigmoid(prior)`` at a
             document start).
         router_decay: the likelihood router's decay of past evidence per token, in (0, 1] (1: the whole document
@@ -72,6 +74,11 @@ class ScaleConfig:
             (its distribution's negative entropy) or ``"top"`` (the log of its top probability).
         router_temperature: ``T`` in their ``w ~ exp(confidence / T)``: 1 counts the confidence as one token's
             evidence; smaller trusts it more.
+        router_prefix_weight: the calibrated router's weight on the prefix's running log-likelihood ratio (1: the
+            posterior's, as the likelihood and hybrid routers count it).
+        router_entropy_weight: the calibrated router's weight on each expert's negative entropy at the position
+            (the hybrid's ``1 / T`` for ``"entropy"``).
+        router_top_weight: the calibrated router's weight on each expert's log top probability at the position.
     """
 
     hidden_up: int = field(
@@ -122,8 +129,9 @@ class ScaleConfig:
         metadata={
             "help": f"SCALE-Route's router, one of {tuple(ROUTERS)}: Eq. 5's cosine, or p = w p_base + (1 - w) "
             "p_new with w from the document's running log-likelihood ratio under the two paths (likelihood), "
-            "from each path's confidence at the position (confidence), or both (hybrid); SCALE-Preserve reads "
-            "every router but cosine (its base logits are exact)"
+            "from each path's confidence at the position (confidence), both (hybrid), or both weighed by a gate "
+            "fitted to the model (calibrated); SCALE-Preserve reads every router but cosine (its base logits are "
+            "exact)"
         },
     )
     router_prior: float = field(
@@ -151,6 +159,31 @@ class ScaleConfig:
             "le": 100,
             "help": "confidence and hybrid routers: w ~ exp(confidence / T); 1 counts it as one token's evidence, "
             "1/3 (the default) is the biography probe's exp(-3 x entropy)",
+        },
+    )
+    router_prefix_weight: float = field(
+        default=1.0,
+        metadata={
+            "ge": 0,
+            "le": 10,
+            "help": "calibrated router: weight on the prefix's running log-likelihood ratio (1: the posterior's)",
+        },
+    )
+    router_entropy_weight: float = field(
+        default=3.0,
+        metadata={
+            "ge": -100,
+            "le": 100,
+            "help": "calibrated router: weight on each expert's negative entropy at the position (3: the hybrid's "
+            "default 1 / T)",
+        },
+    )
+    router_top_weight: float = field(
+        default=0.0,
+        metadata={
+            "ge": -100,
+            "le": 100,
+            "help": "calibrated router: weight on each expert's log top probability at the position",
         },
     )
 

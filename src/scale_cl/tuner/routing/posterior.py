@@ -126,6 +126,9 @@ def posterior_mix(
     temperature: float = 1.0,
     prefix: bool = True,
     keep: int = 0,
+    prefix_weight: float = 1.0,
+    entropy_weight: float = 0.0,
+    top_weight: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor, ExpertMemory | None]:
     """The mixture's log-probabilities (as logits), each expert's weight (E, B, T) and the memory for the next call.
 
@@ -133,7 +136,9 @@ def posterior_mix(
     ``increments``: each tensor after the first is what its expert adds to the one before (SCALE-Preserve's ``alpha
     Z_up``, a grown model's stages), never summed as a whole tensor. ``confidence`` (``"entropy"`` or ``"top"``):
     each expert's confidence at the position, over ``temperature``, joins its log-weight. ``prefix`` False: no
-    running ratio (``r = 0``; the ids are not read and no memory is returned). ``keep`` > 0: the mixture of the last
+    running ratio (``r = 0``; the ids are not read and no memory is returned). A fitted gate (the calibrated router)
+    weighs its evidence instead: the running ratio by ``prefix_weight`` (1: the posterior's), the negative entropy
+    by ``entropy_weight`` and the log top probability by ``top_weight``. ``keep`` > 0: the mixture of the last
     ``keep`` positions alone (B, keep, V), for a caller that reads those (``generate()``'s prefill asks for the last
     position's logits): every position's evidence takes its expert's normaliser, not its whole mixed distribution.
     """
@@ -160,9 +165,12 @@ def posterior_mix(
             initial = None if memory is None else memory.ratio.reshape(-1)
             ratio = running_ratio(evidence.reshape(-1, length), starts.repeat(experts, 1), decay, initial)
             ratio = ratio.view(experts, rows, length)
-            score = score + ratio
+            score = score + prefix_weight * ratio  # x 1 is exact: the posterior's r as it is
         if confidence is not None:
             score = score + expert_confidence(expert_logits, norms, confidence, increments) / temperature
+        for kind, weight in (("entropy", entropy_weight), ("top", top_weight)):
+            if weight != 0:
+                score = score + weight * expert_confidence(expert_logits, norms, kind, increments)
         log_w = torch.log_softmax(score, dim=0)
     mixed, shifts = expert_logits, list(log_w - norms)
     if keep:  # the caller reads the last positions alone: the others' normalisers were all their evidence needed
