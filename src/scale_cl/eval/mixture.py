@@ -9,7 +9,9 @@ router compute the same mixture of their base logits and their own in one model 
 SCALE-Preserve model with the nested router that of the base and each stage's model; this control is what the
 routers' reading of any other method (FFT, Freeze, LoRA, ...) gives with its base (and its earlier models) beside
 it, at the cost of every model's forward pass. The confidence and hybrid routers weigh the
-same experts by each one's confidence at the position too (`scale_cl.tuner.routing.confidence`).
+same experts by each one's confidence at the position too (`scale_cl.tuner.routing.confidence`), the calibrated router
+by a fitted gate over both (`scale_cl.tuner.routing.calibrated`): each mixes as its declaration says
+(`MixtureRouter.mixture`), as in the one-pass model.
 """
 
 from __future__ import annotations
@@ -24,11 +26,19 @@ from torch import nn
 from transformers.modeling_outputs import CausalLMOutputWithPast
 from transformers.utils import ModelOutput
 
+from scale_cl.tuner.config import ScaleConfig
 from scale_cl.tuner.routing import router_named
 from scale_cl.tuner.routing.posterior import ExpertMemory, posterior_mix, with_missing_rows
 
-# The routers a mixture of separate models is read by: those of `scale_cl.tuner.routing` that mix whole models.
-MIXTURE_ROUTERS = ("likelihood", "confidence", "hybrid")
+# The routers a mixture of separate models is read by: those of `scale_cl.tuner.routing` that mix whole models, the
+# ones read with their settings as given, and the calibrated router, whose gate is fitted to the model.
+FIXED_MIXTURE_ROUTERS = ("likelihood", "confidence", "hybrid")
+MIXTURE_ROUTERS = (*FIXED_MIXTURE_ROUTERS, "calibrated")
+# The calibrated router's gate weights and their unfitted defaults (ScaleConfig's router_<name> fields).
+GATE_DEFAULTS = {
+    name: ScaleConfig.__dataclass_fields__[f"router_{name}"].default
+    for name in ("prefix_weight", "entropy_weight", "top_weight")
+}
 
 
 def _eos_ids(config: Any) -> tuple[int, ...]:
@@ -48,11 +58,13 @@ def _returned_cache(output: ModelOutput) -> Any:
 class ModelMixture(nn.Module):
     """``experts`` (the base first, then each model trained from it, the last the newest) read together by the
     likelihood routers' posterior (module doc), or by the confidence routers' (``router`` ``"confidence"`` or
-    ``"hybrid"``, `scale_cl.tuner.routing.confidence`); ``prior`` (the base's prior log-odds), ``decay``,
-    ``confidence`` and ``temperature`` as in `ScaleConfig.router_prior` / ``router_decay`` / ``router_confidence``
-    / ``router_temperature`` (`mixture_read_as` takes them from one). Called as a causal LM (``input_ids``,
-    ``attention_mask``, ``labels``, ``output_hidden_states``: the newest model's); its logits are the mixture's
-    log-probabilities. A document starts at each of the newest model's EOS tokens (its config's ``eos_token_id``)."""
+    ``"hybrid"``, `scale_cl.tuner.routing.confidence`), or the calibrated router's gate; ``prior`` (the base's prior
+    log-odds), ``decay``, ``confidence``, ``temperature`` and ``gate`` (the calibrated router's ``prefix_weight``,
+    ``entropy_weight``, ``top_weight``) as in `ScaleConfig.router_prior` / ``router_decay`` / ``router_confidence`` /
+    ``router_temperature`` / ``router_*_weight`` (`mixture_read_as` takes them from one). Called as a causal LM
+    (``input_ids``, ``attention_mask``, ``labels``, ``output_hidden_states``: the newest model's); its logits are
+    the mixture's log-probabilities. A document starts at each of the newest model's EOS tokens (its config's
+    ``eos_token_id``)."""
 
     def __init__(
         self,
@@ -62,15 +74,20 @@ class ModelMixture(nn.Module):
         router: str = "likelihood",
         confidence: str = "entropy",
         temperature: float = 1 / 3,
+        gate: dict[str, float] | None = None,
     ) -> None:
         super().__init__()
         if len(experts) < 2:
             raise ValueError(f"a mixture needs the base and at least one trained model, got {len(experts)} model(s)")
         if router not in MIXTURE_ROUTERS:
             raise ValueError(f"a mixture of models is read by one of {MIXTURE_ROUTERS}, got {router!r}")
+        unknown = sorted(set(gate or {}) - set(GATE_DEFAULTS))
+        if unknown:
+            raise ValueError(f"a mixture's gate has the weights {tuple(GATE_DEFAULTS)}, got {unknown}")
         self.experts = nn.ModuleList(experts)
         self.prior, self.decay = prior, decay
         self.router, self.confidence, self.temperature = router, confidence, temperature
+        self.gate = {**GATE_DEFAULTS, **(gate or {})}
         self.eos_ids = _eos_ids(getattr(experts[-1], "config", None))
         self.last_weights: torch.Tensor | None = None  # every expert's weight per position of the last call (E, B, T)
 
@@ -87,18 +104,21 @@ class ModelMixture(nn.Module):
         memory: ExpertMemory | None = None,
     ) -> tuple[torch.Tensor, ExpertMemory]:
         vocab = max(z.shape[-1] for z in expert_logits)
-        router = router_named(self.router)  # which evidence it reads: its declaration
+        settings = {
+            "router_prior": self.prior,
+            "router_decay": self.decay,
+            "router_confidence": self.confidence,
+            "router_temperature": self.temperature,
+            **{f"router_{name}": value for name, value in self.gate.items()},
+        }
+        mixture = router_named(self.router).mixture(settings.__getitem__)  # what it reads: its declaration
         logits, self.last_weights, memory = posterior_mix(
             [with_missing_rows(z, vocab) for z in expert_logits],  # an extended vocabulary: rows a model lacks
             input_ids,
-            prior=self.prior,
-            decay=self.decay,
             eos_ids=self.eos_ids,
             attention_mask=attention_mask,
             memory=memory,
-            confidence=self.confidence if router.confident else None,
-            temperature=self.temperature,
-            prefix=router.prefix,
+            **mixture,
         )
         return logits, memory
 
@@ -175,7 +195,8 @@ def mixture_read_as(experts: Sequence[nn.Module], router: str, settings: Any) ->
         router=router,
         confidence=settings.router_confidence,
         temperature=settings.router_temperature,
+        gate={name: getattr(settings, f"router_{name}") for name in GATE_DEFAULTS},
     )
 
 
-__all__ = ["MIXTURE_ROUTERS", "ModelMixture", "mixture_read_as"]
+__all__ = ["FIXED_MIXTURE_ROUTERS", "MIXTURE_ROUTERS", "ModelMixture", "mixture_read_as"]
