@@ -118,11 +118,13 @@ def weight_floor(
     decay: float,
     prefix: bool = True,
     confidence: float = 0.0,
+    prefix_weight: float = 1.0,
 ) -> float:
     """The floor, in eps, of a mixing router's weights' rounding (`assert_exact_to_rounding`'s ``ulps``).
 
     A weight is a softmax of scores, each expert's prior plus (``prefix``) its running sum of the log-probabilities of
-    the tokens read, decayed, plus (the confidence routers) its confidence over the temperature, up to ``confidence``:
+    the tokens read, decayed (times ``prefix_weight``, the calibrated router's), plus (the confidence routers) its
+    confidence over the temperature, up to ``confidence``:
     s <= |prior| + max |log p| (1 - decay^T) / (1 - decay) + confidence in size (~56 for the nested experts of
     tests/test_nested_router.py). The scores round at that size, not at the weight's (<= 1): a difference of two by up
     to ~2 eps s, of which w_j moves by w_j (1 - w_j) <= 1/4. So the floor is s / 2 eps, not 8 eps of 1 (measured on
@@ -135,7 +137,7 @@ def weight_floor(
         log_p = exact_logits[:, :-1].gather(-1, ids[:, 1:, None]).squeeze(-1)[read]
         length = ids.shape[1]
         decayed = length if decay == 1 else (1 - decay**length) / (1 - decay)  # sum of decay^k over the positions
-        size += log_p.abs().max().item() * decayed
+        size += abs(prefix_weight) * log_p.abs().max().item() * decayed
     return max(ULPS, size / 2)
 
 

@@ -102,6 +102,20 @@ CONFIDENCE_CASES = {
     "confidence-preserve": ("llama-gqa4-untied", "preserve", False, {"router": "confidence"}),
     "hybrid-preserve-grown-twice": ("llama-gqa4-untied", "preserve", True, {"router": "hybrid"}),
 }
+# The calibrated router (issue 63): a fitted gate over the same evidence. name: (architecture, method, grown)
+CALIBRATED = {
+    "router": "calibrated",
+    "router_prior": 0.3,
+    "router_decay": 0.8,
+    "router_prefix_weight": 0.6,
+    "router_entropy_weight": 8.0,
+    "router_top_weight": -3.0,
+}
+CALIBRATED_CASES = {
+    "calibrated-route-neox": ("neox-parallel-rot0.25", "route", False),
+    "calibrated-preserve": ("llama-gqa4-untied", "preserve", False),
+    "calibrated-preserve-grown-twice": ("llama-gqa2-tied", "preserve", True),
+}
 NEW_TOKENS = 8
 SRC = Path(scale_cl.__file__).resolve().parents[1]
 
@@ -183,10 +197,16 @@ def mixing_weight_ulps(model, exact_logits: torch.Tensor, ids: torch.Tensor, mas
     prior, decay, whether it reads the prefix, and its confidence over the temperature (|-H| and |ln max p| are at most
     ln V)."""
     config = scale_cl.scale_config_of(model)
+    prior, decay, log_v = config.router_prior, config.router_decay, math.log(exact_logits.shape[-1])
+    if config.router == "calibrated":  # the gate's weights on the prefix and the two confidences
+        confidence = (abs(config.router_entropy_weight) + abs(config.router_top_weight)) * log_v
+        prefix_weight = config.router_prefix_weight
+        return weight_floor(
+            exact_logits, ids, mask.bool(), prior, decay, confidence=confidence, prefix_weight=prefix_weight
+        )
     prefix = config.router in ("likelihood", "nested", "hybrid")
     confident = config.router in ("confidence", "hybrid")
-    confidence = math.log(exact_logits.shape[-1]) / config.router_temperature if confident else 0.0
-    prior, decay = config.router_prior, config.router_decay
+    confidence = log_v / config.router_temperature if confident else 0.0
     return weight_floor(exact_logits, ids, mask.bool(), prior, decay, prefix=prefix, confidence=confidence)
 
 
@@ -364,6 +384,14 @@ def scale_exports(tmp_path_factory):
         expected[name] = reference(model, ids, mask, beams=True)
         export_model(model, root / name)
         jobs.append(job(name, root / name, True, ids, mask, beams=True))
+    for name, (arch, method, grown) in CALIBRATED_CASES.items():
+        if grown:
+            model = grown_scale_model(arch, [(method, {}), (method, {}), (method, CALIBRATED)])
+        else:
+            model = lively_scale_model(arch, method, **CALIBRATED)
+        expected[name] = reference(model, ids, mask, beams=True)
+        export_model(model, root / name)
+        jobs.append(job(name, root / name, True, ids, mask, beams=True))
     model = tau_saved_and_reloaded(root / "tau-checkpoint")  # set, saved, loaded, then exported
     expected[TAU_CASE] = reference(model, ids, mask)
     export_model(model, root / TAU_CASE)
@@ -538,6 +566,20 @@ def test_the_confidence_routers_are_exported(scale_exports, name):
     assert config["scale_mixture"]["prefix"] is (settings["router"] == "hybrid")
     assert_matches(got[name], expected[name], mask)
     assert "weight" in got[name], "the exported head keeps the base's weight per token"
+
+
+@pytest.mark.parametrize("name", sorted(CALIBRATED_CASES))
+def test_the_calibrated_router_is_exported(scale_exports, name):
+    """Its gate (the mixture's settings in the config), the base's weight per token, greedy generation with a KV cache
+    and beam search equal the in-library model's."""
+    root, expected, got, _, mask = scale_exports
+    config = json.loads((root / name / "config.json").read_text())
+    assert config["scale_router"] == "calibrated"
+    gate = {name: value for name, value in CALIBRATED.items() if name != "router"}
+    assert {f"router_{key}": value for key, value in config["scale_mixture"].items()}.items() >= gate.items()
+    assert_matches(got[name], expected[name], mask)
+    weight = expected[name]["weight"][mask.bool()]
+    assert float(weight.max() - weight.min()) > 0.2, "the gate moves the base's weight"
 
 
 @pytest.mark.parametrize("name", sorted(GROWN_CASES))

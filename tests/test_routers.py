@@ -16,6 +16,7 @@ from scale_cl import scale_config_of, set_method
 from scale_cl.tuner.config import ScaleConfig
 from scale_cl.tuner.modes import live_settings, set_live_settings
 from scale_cl.tuner.routing import ROUTERS, HeadPaths, Router, register_router, route_settings
+from scale_cl.tuner.routing.calibrated import CalibratedRouter
 from scale_cl.tuner.routing.confidence import ConfidenceRouter, HybridRouter
 from scale_cl.tuner.routing.cosine import CosineRouter
 from scale_cl.tuner.routing.likelihood import LikelihoodRouter
@@ -56,6 +57,7 @@ def test_the_built_in_routers_are_registered_and_declare_the_route_settings():
     assert isinstance(ROUTERS["cosine"], CosineRouter) and isinstance(ROUTERS["likelihood"], LikelihoodRouter)
     assert isinstance(ROUTERS["nested"], NestedRouter)
     assert isinstance(ROUTERS["confidence"], ConfidenceRouter) and isinstance(ROUTERS["hybrid"], HybridRouter)
+    assert isinstance(ROUTERS["calibrated"], CalibratedRouter)
     assert route_settings() == (
         "router",
         "route_tau",
@@ -64,6 +66,9 @@ def test_the_built_in_routers_are_registered_and_declare_the_route_settings():
         "router_decay",
         "router_confidence",
         "router_temperature",
+        "router_prefix_weight",
+        "router_entropy_weight",
+        "router_top_weight",
     )
     assert set(route_settings()) <= set(live_settings())
 
@@ -91,7 +96,7 @@ def test_a_registered_router_is_one_class_and_selects_like_the_built_in_ones(ada
 
 
 def test_an_unregistered_router_is_refused_with_the_registered_ones():
-    registered = r"\('cosine', 'likelihood', 'nested', 'confidence', 'hybrid'\)"
+    registered = r"\('cosine', 'likelihood', 'nested', 'confidence', 'hybrid', 'calibrated'\)"
     with pytest.raises(ValueError, match=rf"router must be one of {registered}"):
         ScaleConfig(hidden_up=32, ffn_up=8, router="adapt_path")
 

@@ -53,7 +53,7 @@ def test_a_refusal_names_the_option_as_it_was_given(capsys):
     """ScaleConfig is used in several places and names itself; given as options.scale.*, the message says so."""
     assert main(["cpt", "--options.scale.router", "likelyhood", "--out", "unused"]) == 2
     err = capsys.readouterr().err
-    registered = "('cosine', 'likelihood', 'nested', 'confidence', 'hybrid')"
+    registered = "('cosine', 'likelihood', 'nested', 'confidence', 'hybrid', 'calibrated')"
     assert f"options.scale.router must be one of {registered}, got 'likelyhood'" in err
     assert "ScaleConfig" not in err
 
