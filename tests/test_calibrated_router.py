@@ -20,7 +20,8 @@ from scale_cl import ScaleConfig, load, set_method, upscale
 from scale_cl.eval.mixture import ModelMixture, mixture_read_as
 from scale_cl.tuner.modes import set_live_settings
 from scale_cl.tuner.routing import ROUTERS
-from scale_cl.tuner.routing.posterior import posterior_mix
+from scale_cl.tuner.routing.calibrated import DECAYS, OBJECTIVES, Gate, fit_gate, gate_log_weights
+from scale_cl.tuner.routing.posterior import expert_evidence, posterior_mix
 
 pytestmark = pytest.mark.exactness
 
@@ -224,3 +225,64 @@ def test_the_gate_s_settings_are_checked_and_declared():
         ModelMixture([make_model("llama-gqa2-tied")] * 2, router="calibrated", gate={"margin_weight": 1.0})
     unfitted = ScaleConfig(hidden_up=32, ffn_up=8, router="calibrated")  # the hybrid's defaults: entropy at T = 1/3
     assert (unfitted.router_prefix_weight, unfitted.router_entropy_weight, unfitted.router_top_weight) == (1, 3, 0)
+
+
+# ------------------------------------------------------------------------------- the gate's fit on evidence
+def test_the_evidence_a_pass_gives_its_router_reproduces_the_gate_s_weights():
+    """While ``RouteState.evidence`` is a list, the router hands it each pass's `Evidence`; the gate computed from it
+    alone (`gate_log_weights`, what the fit reads) is the model's own weighting."""
+    _, _, model = _preserve_model()
+    ids, mask = token_batch()
+    ids[0, 5] = EOS
+    exact_model = copy.deepcopy(model).double()
+    for m in (model, exact_model):
+        m.scale_route.evidence = []
+        with torch.no_grad():
+            m(input_ids=ids, attention_mask=mask)
+    (evidence,), (exact_evidence,) = model.scale_route.evidence, exact_model.scale_route.evidence
+    assert evidence.next_log_probs.shape == (2, *ids.shape) and evidence.predicted().sum() < mask.sum()
+    gate = Gate(**GATE)
+    weights = gate_log_weights(evidence, gate, (EOS,)).exp()
+    exact = gate_log_weights(exact_evidence, gate, (EOS,)).exp()
+    real = mask.bool()
+    floor = 32.0  # the scores' size (~|prior| + 0.6 x the prefix's sum + 2.7 x ln V) over 2, as weight_floor has it
+    stock = model.scale_route.last.weights
+    assert_exact_to_rounding(weights[:, real], exact[:, real], stock=stock[:, real], ulps=floor, what="weights")
+
+
+def _sampled_sides(seed: int = 0, rows: int = 48, length: int = 32, vocab: int = 12):
+    """Two experts' fixed logits at every position, and tokens drawn from each: the old side from the base's
+    distribution (expert 0), the new side from the new model's (expert 1)."""
+    gen = torch.Generator().manual_seed(seed)
+    experts = [2.0 * torch.randn(rows, length, vocab, generator=gen) for _ in range(2)]
+    sides = []
+    for expert in experts:  # position t's distribution predicts token t + 1
+        ids = torch.randint(3, vocab, (rows, length), generator=gen)
+        drawn = torch.multinomial(expert[:, :-1].softmax(-1).reshape(-1, vocab), 1, generator=gen)
+        ids[:, 1:] = drawn.view(rows, length - 1)
+        sides.append([expert_evidence(experts, ids)])
+    return sides
+
+
+@pytest.mark.parametrize("objective", OBJECTIVES)
+def test_a_gate_fitted_on_text_each_expert_wrote_tells_the_two_apart(objective):
+    """The fit's own check on a known answer: text drawn from the base is read by the base, text drawn from the new
+    model by the new model, so the mixture reads each side almost as well as its own expert does, far better than
+    the unfitted gate (the hybrid's defaults, which the random experts' confidences mislead)."""
+    old, new = _sampled_sides()
+    fit = fit_gate(old, new, (EOS,), objective=objective)
+    assert fit.old_base_weight > 0.8 and fit.new_base_weight < 0.2, fit
+    own = [float(side[0].next_log_probs[j][side[0].predicted()].mean()) for j, side in enumerate((old, new))]
+    assert fit.old_log_likelihood > own[0] - 0.15 and fit.new_log_likelihood > own[1] - 0.15, (fit, own)
+    assert fit.gate.prefix_weight > 0.5, "the prefix tells the sides apart, the random confidences do not"
+    assert set(fit.by_decay) == set(DECAYS) and fit.value == max(fit.by_decay.values())
+    unfitted = fit_gate(old, new, (EOS,), objective=objective, decays=(Gate().decay,), steps=0)
+    assert fit.value > unfitted.value
+
+
+def test_a_fit_needs_both_sides_and_a_known_objective():
+    old, new = _sampled_sides(rows=4, length=8)
+    with pytest.raises(ValueError, match="both sides"):
+        fit_gate(old, [], (EOS,))
+    with pytest.raises(ValueError, match="one of \\('likelihood', 'classification'\\)"):
+        fit_gate(old, new, (EOS,), objective="accuracy")

@@ -184,6 +184,62 @@ def posterior_mix(
     return mixed.to(expert_logits[-1].dtype), log_w.exp(), next_memory
 
 
+@dataclass(frozen=True)
+class Evidence:
+    """What the experts tell a mixing router at every position of a batch (E experts, the base first), in float32
+    (float64 for float64 logits), without their whole distributions: what the calibrated router's gate is fitted on
+    (`scale_cl.tuner.routing.calibrated`).
+
+    ``next_log_probs`` (E, B, T): ``ln p_j,t(x_t+1)``, each expert's log-probability of the token that follows
+    position t (0 at the last position, which predicts no token of the batch); ``neg_entropy`` and ``top`` (E, B, T):
+    ``-H(p_j,t)`` and ``ln max p_j,t``; ``ids`` (B, T) the tokens; ``attention_mask`` (B, T) or None."""
+
+    next_log_probs: torch.Tensor
+    neg_entropy: torch.Tensor
+    top: torch.Tensor
+    ids: torch.Tensor
+    attention_mask: torch.Tensor | None
+
+    def prefix_evidence(self) -> torch.Tensor:
+        """(E, B, T) ``ln p_j,t-1(x_t)``: what `posterior_mix` adds to each expert's running sum at position t (0 at
+        the first position, none from padding)."""
+        evidence = torch.zeros_like(self.next_log_probs)
+        evidence[:, :, 1:] = self.next_log_probs[:, :, :-1]
+        return padding_free(evidence, self.attention_mask)
+
+    def predicted(self) -> torch.Tensor:
+        """(B, T) the positions whose next token is in the batch and real: where a mixture's likelihood is read."""
+        mask = self.attention_mask
+        real = torch.ones_like(self.ids, dtype=torch.bool) if mask is None else mask.bool()
+        predicted = torch.zeros_like(real)
+        predicted[:, :-1] = real[:, :-1] & real[:, 1:]
+        return predicted
+
+
+def expert_evidence(
+    expert_logits: Sequence[torch.Tensor],
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+    increments: bool = False,
+) -> Evidence:
+    """The `Evidence` of ``expert_logits`` (as `posterior_mix` takes them) on ``input_ids``."""
+    with torch.no_grad():
+        experts = [z.detach() for z in expert_logits]
+        norms = log_normalisers(experts, increments)
+        ids = input_ids.to(norms.device)
+        next_log_probs = torch.zeros_like(norms)
+        if ids.shape[1] > 1:
+            chosen = torch.stack([z[:, :-1].gather(-1, ids[:, 1:, None]).squeeze(-1).to(norms.dtype) for z in experts])
+            next_log_probs[:, :, :-1] = (chosen.cumsum(0) if increments else chosen) - norms[:, :, :-1]
+        return Evidence(
+            next_log_probs,
+            expert_confidence(experts, norms, "entropy", increments),
+            expert_confidence(experts, norms, "top", increments),
+            ids,
+            None if attention_mask is None else attention_mask.to(norms.device),
+        )
+
+
 # Copied to export/modeling_scale.py (RouteHead.experts): change both (tests/test_export.py).
 def nested_logits(paths: HeadPaths, widths: Sequence[int]) -> list[torch.Tensor]:
     """A grown model's experts as increments: the base's ``Z_0``, then each stage's columns' product ``Z_j`` (the
@@ -247,6 +303,8 @@ class MixtureRouter(Router):
         if paths.weight_new is not None:  # the base has no row for an extended vocabulary's new tokens
             experts[0] = with_missing_rows(experts[0][..., : paths.weight.shape[0]], experts[0].shape[-1])
         ids = state.inputs.get("input_ids")
+        if state.evidence is not None:  # what the calibrated router's gate is fitted on
+            state.evidence.append(expert_evidence(experts, ids, state.inputs.get("attention_mask"), increments))
         if self.prefix and ids is None:
             raise ValueError(
                 f"the {self.name} router reads the input token ids (it weighs the experts by how well each predicted "
@@ -277,10 +335,12 @@ class MixtureRouter(Router):
 
 __all__ = [
     "MISSING_ROW_LOGIT_GAP",
+    "Evidence",
     "ExpertMemory",
     "MixtureReading",
     "MixtureRouter",
     "document_starts",
+    "expert_evidence",
     "nested_logits",
     "padding_free",
     "path_experts",

@@ -75,6 +75,8 @@ class RouteState:
         capture_base: while set, the head keeps the base model's logits of each forward pass in
             ``base_logits`` (SCALE-Preserve's ``Z``, SCALE-Route's ``Z_p``; the free teacher of
             `scale_cl.train.distill`, which sets and clears it).
+        evidence: while a list, a mixing router appends what each forward pass gave it to weigh (the experts'
+            `scale_cl.tuner.routing.calibrated.Evidence`; what the calibrated router's gate is fitted on).
         handles: the hooks `upscale` registered for route mode (removed when a stage is frozen,
             `scale_cl.tuner.stages.freeze_stage`).
     """
@@ -87,6 +89,7 @@ class RouteState:
         self.last: Reading | None = None
         self.capture_base = False
         self.base_logits: torch.Tensor | None = None
+        self.evidence: list | None = None
         # a router's view of the call and its memory across calls (the likelihood router's: this call's tokens and
         # a `scale_cl.tuner.routing.posterior.ExpertMemory`, which has ``reorder(beam_idx)`` for beam search)
         self.inputs: dict[str, Any] = {}
