@@ -25,7 +25,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from conftest import cpt_argv, tiny_config
 from exactness import assert_exact_to_rounding, assert_within_noise, max_error
 from scale_cl.experiments.cpt.config import CptConfig
-from scale_cl.experiments.cpt.pipeline import run_cpt
+from scale_cl.experiments.cpt.pipeline import load_run_corpus, run_cpt
 from scale_cl.models import load_trained
 from scale_cl.train.trainer import CHECKPOINT_META, TRAINABLE_WEIGHTS
 
@@ -51,8 +51,6 @@ def base_readings(model: str, sets: list[torch.Tensor], batch_size: int) -> tupl
 
 def _base_readings(cfg: CptConfig) -> tuple[torch.Tensor, torch.Tensor]:
     """`base_readings` on the run's evaluation data (learning, forgetting)."""
-    from scale_cl.experiments.cpt.pipeline import load_run_corpus
-
     corpus = load_run_corpus(cfg, AutoTokenizer.from_pretrained(cfg.model))
     return base_readings(cfg.model, [corpus.heldout.blocks, corpus.old_eval["toy"].blocks], cfg.eval.batch_size)
 
@@ -326,18 +324,42 @@ def test_up_logit_frontier_reevaluates_the_trained_model_at_each_alpha(workspace
 
 
 @pytest.mark.slow
-def test_the_two_model_control_reads_fft_with_its_base(workspace, tmp_path):
+def test_the_two_model_control_reads_fft_with_its_base(workspace, tmp_path, monkeypatch):
     """--eval.likelihood_control: FFT's trained model mixed with the base by the likelihood router, evaluated as
-    one model (scale_cl.eval.mixture) and shown in results.md; a routing method reads its own router instead."""
+    one model (scale_cl.eval.mixture) and shown in results.md; a routing method reads its own router instead. The
+    calibrated router's gate is fitted on both (the same recipe) from the training text and the base's samples: no
+    held-out or old-domain evaluation text is read by the fit."""
+    from scale_cl.train import router_fit
+
+    read: list[torch.Tensor] = []  # every sequence the fits read
+    collect = router_fit.collect_evidence
+
+    def collect_and_record(model, text, batch_size=8):
+        read.extend(text.unbind() if isinstance(text, torch.Tensor) else [r for b in text for r in b["input_ids"]])
+        return collect(model, text, batch_size)
+
+    monkeypatch.setattr(router_fit, "collect_evidence", collect_and_record)
     cfg = tiny_config(workspace, ["fft", "scale_route"])
-    routers = ("likelihood", "confidence")
+    routers = ("likelihood", "confidence", "calibrated")
     evaluation = replace(cfg.eval, likelihood_control=True, mixed_documents=2, up_logit_scales=(1.0,), routers=routers)
     results = run_cpt(replace(cfg, eval=evaluation), tmp_path / "run")
     fft = results["methods"]["fft"]
-    control, confident = fft["likelihood_control"]  # eval.routers: each reads the pair
-    assert (control["router"], confident["router"]) == routers and "separation" in confident
+    control, confident, calibrated = fft["likelihood_control"]  # eval.routers: each reads the pair
+    assert (control["router"], confident["router"], calibrated["router"]) == routers and "separation" in confident
     frontier = results["methods"]["scale_route"]["up_logit_frontier"]
     assert [r.get("router") for r in frontier if r.get("router")] == list(routers)
+    for record in (calibrated, frontier[-1]):
+        fit = record["gate_fit"]
+        assert fit["objective"] == "likelihood" and fit["old_base_weight"] > fit["new_base_weight"], fit
+        assert str(record["router_decay"]) in fit["by_decay"]
+    corpus = load_run_corpus(cfg, AutoTokenizer.from_pretrained(cfg.model))
+    train = {tuple(corpus.train[i]["input_ids"].tolist()) for i in range(len(corpus.train))}
+    evaluated = {tuple(row.tolist()) for data in (corpus.heldout, *corpus.old_eval.values()) for row in data.blocks}
+    rows = {tuple(row.tolist()) for row in read}
+    eos = AutoTokenizer.from_pretrained(cfg.model).eos_token_id
+    new_side = {row for row in rows if row in train}
+    assert new_side and not rows & evaluated  # the training text is read, no evaluation text
+    assert all(row[0] == eos for row in rows - new_side)  # the rest: the base's samples from a document start
     # every reading by token likelihoods records the router's separation; a model alone records none
     route_read = next(r for r in results["methods"]["scale_route"]["up_logit_frontier"] if r.get("router"))
     for record in (control["separation"], route_read["separation"]):

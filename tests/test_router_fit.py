@@ -13,7 +13,8 @@ from conftest import VOCAB, make_model, randomize_new_weights, upscaled_copy
 from exactness import assert_exact_to_rounding
 from scale_cl import ScaleConfig, upscale
 from scale_cl.data.pseudo_replay import generate_blocks
-from scale_cl.train.router_fit import base_view, collect_evidence, fit_router
+from scale_cl.eval.mixture import mixture_read_as
+from scale_cl.train.router_fit import GateRecipe, as_batches, base_view, collect_evidence, fit_router, spread_sample
 from scale_cl.tuner.modes import set_live_settings
 from scale_cl.tuner.routing.calibrated import Gate, gate_log_weights
 from scale_cl.tuner.scale_state import scale_config_of
@@ -65,7 +66,7 @@ def test_fitting_sets_the_fitted_gate_and_reads_only_the_training_text(objective
     _, model = _model("preserve")
     before = {name: tensor.clone() for name, tensor in model.state_dict().items()}
     new = generate_blocks(model, EOS, 16, 16, seed=7)
-    result = fit_router(model, new, EOS, seed=0, objective=objective, batch_size=8)
+    result = fit_router(model, new, EOS, seed=0, recipe=GateRecipe(objective, sequences=16, batch_size=8))
     config = scale_config_of(model)
     assert config.router == "calibrated" and result.fit.objective == objective
     gate = result.fit.gate
@@ -76,7 +77,8 @@ def test_fitting_sets_the_fitted_gate_and_reads_only_the_training_text(objective
     )
     assert (config.router_entropy_weight, config.router_top_weight) == (gate.entropy_weight, gate.top_weight)
     ScaleConfig(hidden_up=32, ffn_up=8, **gate.settings())  # within every range
-    assert (result.old_blocks, result.new_blocks, result.block_length) == (16, 16, 16)
+    assert (result.old_sequences, result.new_sequences, result.length) == (16, 16, 16)
+    assert result.summary()["objective"] == objective and result.summary()["seconds"] > 0
     assert all(torch.equal(before[name], tensor) for name, tensor in model.state_dict().items())
     assert result.fit.old_base_weight > 0.5 > result.fit.new_base_weight, result.fit
 
@@ -89,3 +91,34 @@ def test_what_cannot_be_fitted_here_is_refused():
     grown = upscale(model, ScaleConfig(hidden_up=32, ffn_up=8, method="preserve", w21_init="random", seed=3))
     with pytest.raises(ValueError, match="grown more than once"):
         fit_router(grown, torch.ones(2, 4, dtype=torch.long), EOS)
+
+
+def test_the_two_model_control_is_fitted_the_same_way():
+    """A control (the base beside a trained model) is fitted on its first model's samples and the training text; its
+    gate is set on the mixture and reads as the same gate set on the one-pass model (Preserve's control identity)."""
+    base, model = _model("preserve")
+    new = generate_blocks(model, EOS, 16, 16, seed=7)
+    control = mixture_read_as([base, copy.deepcopy(model)], "likelihood", scale_config_of(model))
+    fitted = fit_router(control, new, EOS, seed=0, recipe=GateRecipe(sequences=16))
+    assert control.router == "calibrated" and (control.prior, control.decay) == (
+        fitted.fit.gate.prior,
+        fitted.fit.gate.decay,
+    )
+    assert control.gate["entropy_weight"] == fitted.fit.gate.entropy_weight
+    assert fitted.fit.old_base_weight > 0.5 > fitted.fit.new_base_weight, fitted.fit
+    one_pass = fit_router(model, new, EOS, seed=0, recipe=GateRecipe(sequences=16))
+    assert one_pass.fit.gate.decay == fitted.fit.gate.decay  # the same evidence to rounding: the same grid point
+    assert abs(one_pass.fit.value - fitted.fit.value) < 1e-4
+
+
+def test_the_training_text_is_read_spread_and_padded_batches_keep_their_masks():
+    data = [{"input_ids": torch.tensor([i, i])} for i in range(10)]
+    assert [int(item["input_ids"][0]) for item in spread_sample(data, 4)] == [0, 3, 6, 9]
+    assert len(spread_sample(data, 99)) == 10
+    assert [int(item["input_ids"][0]) for item in spread_sample(iter(data), 3)] == [0, 1, 2]  # a stream: its first
+    padded = {"input_ids": torch.tensor([[5, 6, 0], [7, 0, 0]]), "attention_mask": torch.tensor([[1, 1, 0], [1, 0, 0]])}
+    batches = as_batches([padded, padded], sequences=3, batch_size=8)
+    assert [b["input_ids"].shape[0] for b in batches] == [2, 1]
+    assert torch.equal(batches[1]["attention_mask"], padded["attention_mask"][:1])
+    with pytest.raises(ValueError, match="fitted by one of"):
+        GateRecipe(objective="accuracy")

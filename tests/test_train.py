@@ -235,6 +235,43 @@ def test_the_saved_model_is_read_as_asked_and_eval_and_export_take_it(finished, 
 
 
 @pytest.mark.slow
+def test_the_calibrated_reading_is_fitted_at_the_end_and_calibrate_refits_the_same(
+    workspace, sources, tmp_path, capsys
+):
+    """--reading calibrated: the gate is fitted once training ends (the training text against the base's samples),
+    the model evaluated with it (the last record) and saved with it; `scale-cl calibrate` on the finished run fits
+    the same gate from the saved model (one recipe, the same seed) and swaps the model folder; a run of a method
+    the router cannot read is refused with nothing written."""
+    from scale_cl.models import load_trained
+
+    cfg = replace(config(workspace, sources), reading="calibrated")
+    out = tmp_path / "run"
+    summary = run_train(cfg, out)
+    fit = summary["gate_fit"]
+    assert fit["objective"] == "likelihood" and fit["sequences"] == [fit["sequences"][0]] * 2
+    assert fit["old_base_weight"] > fit["new_base_weight"] and fit["share_of_training"] > 0
+    metrics = lines(out / "metrics.jsonl")
+    assert [r["step"] for r in metrics] == [0, 3, 6, 6] and metrics[-1]["gate"] == "fitted"
+    assert metrics[-1]["learning_ppl"] != metrics[-2]["learning_ppl"]  # read with the fitted gate, not the default
+    model, _, _ = load_trained(out / "model")
+    saved = model.scale_config
+    assert saved.router == "calibrated"
+    gate = (saved.router_prior, saved.router_decay, saved.router_prefix_weight, saved.router_entropy_weight)
+    assert main(["calibrate", str(out)]) == 0
+    again = load_trained(out / "model")[0].scale_config
+    assert again.router == "calibrated" and not (out / "model.calibrating").exists()
+    refit = (again.router_prior, again.router_decay, again.router_prefix_weight, again.router_entropy_weight)
+    assert refit == pytest.approx(gate, rel=1e-5, abs=1e-6)
+    assert json.loads((out / "result.json").read_text())["gate_fit"]["sequences"] == fit["sequences"]
+    fft = tmp_path / "fft"
+    run_train(replace(config(workspace, sources), method="fft"), fft)
+    before = sorted(p.name for p in (fft / "model").iterdir())
+    assert main(["calibrate", str(fft)]) == 2
+    assert "reads SCALE-Route and SCALE-Preserve" in capsys.readouterr().err
+    assert sorted(p.name for p in (fft / "model").iterdir()) == before
+
+
+@pytest.mark.slow
 def test_a_killed_run_resumes_where_it_stopped_bitwise(workspace, sources, tmp_path, monkeypatch):
     cfg = config(workspace, sources, weights=[0.5, 0.25, 0.25], method="scale_route")
     straight = record_batches(monkeypatch)

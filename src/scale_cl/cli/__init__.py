@@ -1,9 +1,9 @@
 """The ``scale-cl`` command: every subcommand is a `Command` (a settings dataclass and a run function).
 
 Subcommands, one module each: ``demo`` (`scale_cl.cli.demo`), ``bio``, ``cpt``, ``base`` and ``train``
-(`scale_cl.cli.experiments`), ``eval`` (`scale_cl.cli.eval`), ``export`` (`scale_cl.cli.export`),
-``bench`` (`scale_cl.cli.bench`), ``sweep bio|cpt`` (`scale_cl.cli.sweep`). Their options are built from
-the settings dataclasses by `scale_cl.cli.options`, and registered and run by `scale_cl.cli.command`.
+(`scale_cl.cli.experiments`), ``calibrate`` (`scale_cl.cli.calibrate`), ``eval`` (`scale_cl.cli.eval`), ``export``
+(`scale_cl.cli.export`), ``bench`` (`scale_cl.cli.bench`), ``sweep bio|cpt`` (`scale_cl.cli.sweep`). Their options
+are built from the settings dataclasses by `scale_cl.cli.options`, and registered and run by `scale_cl.cli.command`.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from scale_cl.cli.options import HelpFormatter
 
 def commands() -> tuple[Command, ...]:
     """Every subcommand, in the order ``scale-cl --help`` lists them."""
-    from scale_cl.cli import bench, demo, eval, experiments, export, sweep
+    from scale_cl.cli import bench, calibrate, demo, eval, experiments, export, sweep
 
     return (
         demo.COMMAND,
@@ -28,6 +28,7 @@ def commands() -> tuple[Command, ...]:
         experiments.CPT,
         experiments.BASE,
         experiments.TRAIN,
+        calibrate.COMMAND,
         eval.COMMAND,
         export.COMMAND,
         bench.COMMAND,

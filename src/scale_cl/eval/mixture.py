@@ -28,7 +28,7 @@ from transformers.utils import ModelOutput
 
 from scale_cl.tuner.config import ScaleConfig
 from scale_cl.tuner.routing import router_named
-from scale_cl.tuner.routing.posterior import ExpertMemory, posterior_mix, with_missing_rows
+from scale_cl.tuner.routing.posterior import Evidence, ExpertMemory, expert_evidence, posterior_mix, with_missing_rows
 
 # The routers a mixture of separate models is read by: those of `scale_cl.tuner.routing` that mix whole models, the
 # ones read with their settings as given, and the calibrated router, whose gate is fitted to the model.
@@ -90,6 +90,7 @@ class ModelMixture(nn.Module):
         self.gate = {**GATE_DEFAULTS, **(gate or {})}
         self.eos_ids = _eos_ids(getattr(experts[-1], "config", None))
         self.last_weights: torch.Tensor | None = None  # every expert's weight per position of the last call (E, B, T)
+        self.evidence: list[Evidence] | None = None  # a list: each call's `Evidence` appended (the gate's fit)
 
     @property
     def last_base_weight(self) -> torch.Tensor | None:
@@ -104,6 +105,9 @@ class ModelMixture(nn.Module):
         memory: ExpertMemory | None = None,
     ) -> tuple[torch.Tensor, ExpertMemory]:
         vocab = max(z.shape[-1] for z in expert_logits)
+        if self.evidence is not None:
+            full = [with_missing_rows(z, vocab) for z in expert_logits]
+            self.evidence.append(expert_evidence(full, input_ids, attention_mask))
         settings = {
             "router_prior": self.prior,
             "router_decay": self.decay,

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 TRAINED = "trained"  # the reading of a model as it trained: no router changed
+Calibrate = Callable[[torch.nn.Module], Any]  # fits the calibrated router's gate on a model, sets it, returns the fit
 
 
 @contextmanager
@@ -46,7 +47,11 @@ def read_as(evaluate: Callable[[Any], dict], reading: str | None) -> Callable[[A
 
 
 def up_logit_frontier(
-    model: torch.nn.Module, evaluate: Any, scales: tuple[float, ...], routers: tuple[str, ...] = ("likelihood",)
+    model: torch.nn.Module,
+    evaluate: Any,
+    scales: tuple[float, ...],
+    routers: tuple[str, ...] = ("likelihood",),
+    calibrate: Calibrate | None = None,
 ) -> list[dict[str, Any]]:
     """The trained SCALE model evaluated with its new stream's logits weighted by each alpha (``Z + alpha Z_up``,
     `scale_cl.set_up_logit_scale`), then given back its own settings: one record per alpha (docs/design.md §2).
@@ -56,10 +61,13 @@ def up_logit_frontier(
     agree, every token routes to the exact base logits, and no gradient flows), so it is an evaluation option;
     and with each mixing router of ``routers`` (``"router": "likelihood"``, ..., their settings as the model holds
     them). SCALE-Preserve trained without a router is read with those routers too (its ``Z`` is the base's logits
-    exactly, `ScaleConfig.routed`).
+    exactly, `ScaleConfig.routed`). The calibrated router's gate is fitted at each alpha by ``calibrate`` (which
+    sets it on the model; `scale_cl.train.router_fit.fit_router`) where given; its record holds the gate and the
+    fit (``"gate_fit"``).
     """
     from scale_cl import scale_config_of
     from scale_cl.tuner.modes import set_live_settings
+    from scale_cl.tuner.routing.calibrated import GATE_SETTINGS
 
     own = scale_config_of(model)
     variants = [{}]  # the model's own settings, then the readings it was not trained with
@@ -72,8 +80,14 @@ def up_logit_frontier(
         for changes in variants:
             for alpha in scales:
                 set_live_settings(model, up_logit_scale=alpha, **changes)
-                frontier.append({"alpha": alpha, **changes, **evaluate(model)})
+                fitted = {}
+                if changes.get("router") == "calibrated" and calibrate is not None:
+                    fit = calibrate(model)
+                    fitted = {**fit.fit.gate.settings(), "gate_fit": fit.summary()}
+                frontier.append({"alpha": alpha, **changes, **fitted, **evaluate(model)})
                 set_live_settings(model, **{name: getattr(own, name) for name in changes})
+                if fitted:
+                    set_live_settings(model, **{name: getattr(own, name) for name in GATE_SETTINGS})
     finally:
         set_live_settings(model, up_logit_scale=own.up_logit_scale, route_exact=own.route_exact, router=own.router)
     return frontier

@@ -24,7 +24,7 @@ import torch
 from transformers import Trainer, TrainerCallback, TrainingArguments
 
 from scale_cl.eval.mixture import mixture_read_as
-from scale_cl.eval.readings import up_logit_frontier, wise_ft_frontier
+from scale_cl.eval.readings import Calibrate, up_logit_frontier, wise_ft_frontier
 from scale_cl.experiments.settings import MethodSettings
 from scale_cl.files import write_json
 from scale_cl.methods import method_spec, prepare, trainable_parameter_count
@@ -32,8 +32,11 @@ from scale_cl.train.callbacks import PeriodicEval
 from scale_cl.train.distill import Distillation, teacher_for
 from scale_cl.train.recipe import train_model
 from scale_cl.train.route_calibration import Batch, RouteCalibration
+from scale_cl.train.router_fit import GateRecipe, RouterFit, fit_router
 from scale_cl.train.sharding import is_sharded
 from scale_cl.tuner.config import ScaleConfig
+
+GATE_RECIPE = GateRecipe()  # the calibrated router's fit: one recipe for every experiment (no per-benchmark settings)
 
 
 @dataclass(frozen=True)
@@ -61,22 +64,26 @@ class Training:
 
 
 def likelihood_control(
-    trained: torch.nn.Module, start: torch.nn.Module, evaluate: Any, routers: tuple[str, ...], scale: ScaleConfig
+    trained: torch.nn.Module,
+    start: torch.nn.Module,
+    evaluate: Any,
+    routers: tuple[str, ...],
+    scale: ScaleConfig,
+    calibrate: Calibrate | None = None,
 ) -> list[dict[str, Any]]:
     """The trained model and the model it started from (``start``: the Task-0 model, the base) mixed by each router
     of ``routers`` (their settings from ``scale``), evaluated as one model: the two-model control of SCALE's router
-    readings (`scale_cl.eval.mixture`)."""
+    readings (`scale_cl.eval.mixture`); the calibrated router's gate fitted on the mixture by ``calibrate``."""
     device = next(trained.parameters()).device
     start = start.to(device).requires_grad_(False)
-    return [
-        {
-            "alpha": 1.0,
-            "router": router,
-            "control": "two models",
-            **evaluate(mixture_read_as([start, trained], router, scale)),
-        }
-        for router in routers
-    ]
+    records = []
+    for router in routers:
+        mixture, fitted = mixture_read_as([start, trained], router, scale), {}
+        if router == "calibrated" and calibrate is not None:
+            fit = calibrate(mixture)
+            fitted = {**fit.fit.gate.settings(), "gate_fit": fit.summary()}
+        records.append({"alpha": 1.0, "router": router, "control": "two models", **fitted, **evaluate(mixture)})
+    return records
 
 
 class MethodRun(ABC):
@@ -138,14 +145,29 @@ class MethodRun(ABC):
         """The `Readings` of the trained ``model`` that apply to its method: on the main process (the frontier on
         every process where the weights are sharded: a forward pass needs them all)."""
         r, spec, found = self.readings, method_spec(self.method), {}
+        calibrate = self.calibrator() if "calibrated" in r.routers else None
         if r.frontier is not None and (self.is_main or sharded):
-            found[r.frontier_key] = up_logit_frontier(model, evaluate, r.frontier, r.routers)
+            found[r.frontier_key] = up_logit_frontier(model, evaluate, r.frontier, r.routers, calibrate)
         if self.is_main and r.wise_ft and spec.wise_ft:
             found[r.wise_ft_key] = wise_ft_frontier(model, self.start_model(), evaluate, r.wise_ft)
         if self.is_main and r.control and not spec.two_paths:
             scale = self.options.scale
-            found["likelihood_control"] = likelihood_control(model, self.start_model(), evaluate, r.routers, scale)
+            control = likelihood_control(model, self.start_model(), evaluate, r.routers, scale, calibrate)
+            found["likelihood_control"] = control
         return found
+
+    def calibrator(self) -> Calibrate | None:
+        """Fits the calibrated router's gate on a model by the one recipe (`GATE_RECIPE`) on `gate_text`; None where
+        the experiment gives no text."""
+        found = self.gate_text()
+        if found is None:
+            return None
+        text, start_id = found
+
+        def calibrate(model: torch.nn.Module) -> RouterFit:
+            return fit_router(model, text, start_id, seed=self.seed, recipe=GATE_RECIPE, bf16=self.bf16)
+
+        return calibrate
 
     # The experiment's parts.
 
@@ -167,6 +189,11 @@ class MethodRun(ABC):
     def training(self, model: torch.nn.Module, mark: bool) -> Training:
         """How the prepared ``model`` trains; ``mark``: each example says whether it is (pseudo-)replayed (for the
         distillation term)."""
+
+    def gate_text(self) -> tuple[Any, int] | None:
+        """The calibrated router's new side, text the method trained on (blocks or batches, the first
+        ``GATE_RECIPE.sequences`` read), and the token its base's samples start from; None: no gate is fitted."""
+        return None
 
     def announce(self, trainable: int, distillation: Distillation | None, calibration: RouteCalibration | None) -> None:  # noqa: B027 (optional)
         """Say what is about to train."""

@@ -106,6 +106,13 @@ class PeriodicEval(TrainerCallback):
             self.report({f"eval_{key}": value for key, value in _flatten(record).items() if key != "step"})
         self._train_seconds, self._steps = 0.0, 0
 
+    def add(self, step: int, record: dict[str, Any]) -> None:
+        """A record measured after training (a reading fitted at the end), kept and written after the last."""
+        self.records.append({"step": step, **record})
+        if self.path is not None:
+            with open(self.path, "a") as handle:
+                handle.write(json.dumps(self.records[-1]) + "\n")
+
     def _evaluates(self, state) -> bool:
         return state.is_world_process_zero or self.every_process
 

@@ -2,27 +2,51 @@
 
 The gate is fitted on two sides of text. The new side is the new domain's training text, which the model trained on.
 The old side is text the base writes itself, sampled from a document start: a copy of the model read as SCALE-Preserve
-at ``alpha = 0`` is the base model (Theorem 3.1; SCALE-Route's preserve path too), so no second model is loaded.
-Nothing else is read: no held-out text, no old-domain evaluation set. The
-evidence of both sides comes from one forward pass per batch of the model as it is (`RouteState.evidence`); the
-fit itself reads only that evidence and takes no gradient into the model.
+at ``alpha = 0`` is the base model (Theorem 3.1; SCALE-Route's preserve path too), so no second model is loaded; the
+two-model control (`scale_cl.eval.mixture.ModelMixture`) samples its first model. Nothing else is read: no held-out
+text, no old-domain evaluation set. The evidence of both sides comes from one forward pass per batch of the model as
+it is (`RouteState.evidence`, ``ModelMixture.evidence``); the fit itself reads only that evidence and takes no
+gradient into the model. One recipe (`GateRecipe`) serves every benchmark and `scale-cl train`.
 """
 
 from __future__ import annotations
 
 import copy
+import itertools
 import time
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
 
 import torch
 from torch import nn
 
 from scale_cl.data.pseudo_replay import generate_blocks
+from scale_cl.eval.mixture import ModelMixture
 from scale_cl.tuner.config import ScaleConfig
 from scale_cl.tuner.modes import set_live_settings, set_method
-from scale_cl.tuner.routing.calibrated import GateFit, fit_gate
+from scale_cl.tuner.routing.calibrated import OBJECTIVES, GateFit, fit_gate
 from scale_cl.tuner.routing.posterior import Evidence
 from scale_cl.tuner.scale_state import scale_config_of, scale_state_of
+
+Batch = Mapping[str, torch.Tensor]  # input_ids (B, T), attention_mask where padded; other keys are not read
+
+
+@dataclass(frozen=True)
+class GateRecipe:
+    """How a gate is fitted, the same on every benchmark: ``sequences`` of the training text (the first ones) and as
+    many the base samples at ``temperature``, ``objective`` one of `OBJECTIVES`."""
+
+    objective: str = "likelihood"
+    sequences: int = 64
+    temperature: float = 1.0
+    batch_size: int = 8
+
+    def __post_init__(self) -> None:
+        if self.objective not in OBJECTIVES:
+            raise ValueError(f"a gate is fitted by one of {OBJECTIVES}, got {self.objective!r}")
+        if self.sequences < 1 or self.batch_size < 1 or self.temperature <= 0:
+            raise ValueError(f"a gate recipe needs sequences, batch_size >= 1 and temperature > 0, got {self}")
 
 
 @dataclass(frozen=True)
@@ -30,10 +54,21 @@ class RouterFit:
     """A fitted gate, the text it was fitted on (sizes) and what fitting cost."""
 
     fit: GateFit
-    old_blocks: int
-    new_blocks: int
-    block_length: int
+    old_sequences: int
+    new_sequences: int
+    length: int
     seconds: float
+
+    def summary(self) -> dict[str, Any]:
+        """As a run's result records it."""
+        fit = asdict(self.fit)
+        return {
+            **{key: value for key, value in fit.items() if key not in ("gate", "by_decay")},
+            "by_decay": {str(decay): value for decay, value in self.fit.by_decay.items()},
+            "sequences": [self.old_sequences, self.new_sequences],
+            "length": self.length,
+            "seconds": round(self.seconds, 3),
+        }
 
 
 def check_routed(model: nn.Module) -> ScaleConfig:
@@ -54,30 +89,79 @@ def check_routed(model: nn.Module) -> ScaleConfig:
 
 
 def base_view(model: nn.Module) -> nn.Module:
-    """A copy of ``model`` that is its base model: SCALE-Preserve at ``alpha = 0``, not routed (Theorem 3.1)."""
+    """A copy of ``model`` that is its base model: SCALE-Preserve at ``alpha = 0``, not routed (Theorem 3.1); the
+    first model of a two-model control."""
+    if isinstance(model, ModelMixture):
+        if len(model.experts) != 2:
+            count = len(model.experts)
+            raise ValueError(f"a control's gate is fitted on two models, the base and one trained; got {count}")
+        return model.experts[0]
     check_routed(model)
     view = set_method(copy.deepcopy(model).eval(), "preserve")
     return set_live_settings(view, up_logit_scale=0.0, router="cosine")
 
 
-def collect_evidence(model: nn.Module, blocks: torch.Tensor, batch_size: int = 8) -> list[Evidence]:
-    """The experts' `Evidence` on ``blocks`` (N, T), a batch at a time, from the model read by the calibrated router
-    (its evidence does not depend on the gate); the model's router and mode are restored after."""
-    config = check_routed(model)
-    state, was_training = model.scale_route, model.training
+def as_batches(text: torch.Tensor | Sequence[Batch], sequences: int, batch_size: int) -> list[dict[str, torch.Tensor]]:
+    """The first ``sequences`` rows of ``text`` (a (N, T) tensor of blocks, or batches as a collator gives them) in
+    batches of ``batch_size`` with their attention masks."""
+    if isinstance(text, torch.Tensor):
+        rows = text[:sequences]
+        return [{"input_ids": ids, "attention_mask": torch.ones_like(ids)} for ids in rows.split(batch_size)]
+    batches, taken = [], 0
+    for batch in text:
+        if taken >= sequences:
+            break
+        ids = batch["input_ids"][: sequences - taken]
+        mask = batch.get("attention_mask")
+        mask = torch.ones_like(ids) if mask is None else mask[: ids.shape[0]]
+        batches.append({"input_ids": ids, "attention_mask": mask})
+        taken += ids.shape[0]
+    if not batches:
+        raise ValueError("a gate is fitted on the training text: none was given")
+    return batches
+
+
+def spread_sample(data: Any, count: int) -> list[Any]:
+    """``count`` items of ``data`` spread evenly over it (a dataset with a length), or its first ``count`` (a
+    stream): the training text the gate is fitted on, not one document's first blocks."""
+    if hasattr(data, "__len__") and hasattr(data, "__getitem__"):
+        size = len(data)
+        if size == 0:
+            raise ValueError("a gate is fitted on the training text: the training set is empty")
+        indices = sorted({int(i) for i in torch.linspace(0, size - 1, min(count, size)).round().tolist()})
+        return [data[i] for i in indices]
+    return list(itertools.islice(iter(data), count))
+
+
+def gate_blocks(train: Any, count: int) -> torch.Tensor:
+    """``count`` blocks of a corpus's training set (`spread_sample`) as one (N, T) tensor: the fit's new side."""
+    return torch.stack([torch.as_tensor(block["input_ids"]) for block in spread_sample(train, count)])
+
+
+def collect_evidence(model: nn.Module, text: torch.Tensor | Sequence[Batch], batch_size: int = 8) -> list[Evidence]:
+    """The experts' `Evidence` on ``text`` (blocks or batches, `as_batches`), from the model read by the calibrated
+    router (its evidence does not depend on the gate) or a two-model control; the model's router and mode are restored
+    after."""
+    batches = as_batches(text, sequences=10**12, batch_size=batch_size) if isinstance(text, torch.Tensor) else text
+    mixture = isinstance(model, ModelMixture)
+    config = None if mixture else check_routed(model)
+    holder = model if mixture else model.scale_route
+    was_training = model.training
     device = next(model.parameters()).device
     model.eval()
-    set_live_settings(model, router="calibrated")
-    state.evidence = []
+    if not mixture:
+        set_live_settings(model, router="calibrated")
+    holder.evidence = []
     try:
         with torch.no_grad():
-            for first in range(0, blocks.shape[0], batch_size):
-                ids = blocks[first : first + batch_size].to(device)
-                model(input_ids=ids, attention_mask=torch.ones_like(ids))
-        return [_to_cpu(evidence) for evidence in state.evidence]
+            for batch in batches:
+                ids, mask = batch["input_ids"].to(device), batch.get("attention_mask")
+                model(input_ids=ids, attention_mask=torch.ones_like(ids) if mask is None else mask.to(device))
+        return [_to_cpu(evidence) for evidence in holder.evidence]
     finally:
-        state.evidence = None
-        set_live_settings(model, router=config.router)
+        holder.evidence = None
+        if config is not None:
+            set_live_settings(model, router=config.router)
         model.train(was_training)
 
 
@@ -88,24 +172,43 @@ def _to_cpu(evidence: Evidence) -> Evidence:
 
 def fit_router(
     model: nn.Module,
-    new_blocks: torch.Tensor,
+    new_text: torch.Tensor | Sequence[Batch],
     start_id: int,
     *,
     seed: int = 0,
-    objective: str = "likelihood",
-    old_blocks: int | None = None,
-    batch_size: int = 8,
-    temperature: float = 1.0,
+    recipe: GateRecipe = GateRecipe(),
+    bf16: bool = False,
 ) -> RouterFit:
-    """Fit the calibrated router's gate on ``new_blocks`` (the training text) and as many blocks of the same length
-    sampled from the model's base (``old_blocks``, default as many), starting at ``start_id`` (the tokenizer's EOS),
-    at ``temperature``; set it on ``model`` (its router becomes ``"calibrated"``) and return the fit."""
+    """Fit the calibrated router's gate (`GateRecipe`) on ``new_text`` (the training text: blocks or batches) and
+    as many sequences of its length sampled from the model's base from ``start_id`` (the tokenizer's EOS); set it on
+    ``model`` (a SCALE model: its router becomes ``"calibrated"``; a two-model control likewise) and return the fit.
+    ``bf16``: the base samples under bf16 autocast (the run's precision)."""
     began = time.perf_counter()
-    count, length = (old_blocks or new_blocks.shape[0]), new_blocks.shape[1]
-    sampled = generate_blocks(base_view(model), start_id, count, length, seed, temperature, batch_size)
-    old = collect_evidence(model, sampled, batch_size)
-    new = collect_evidence(model, new_blocks, batch_size)
-    eos_ids = model.scale_route.eos_ids or (start_id,)
-    fit = fit_gate(old, new, eos_ids, objective=objective)
-    set_live_settings(model, router="calibrated", **fit.gate.settings())
-    return RouterFit(fit, count, new_blocks.shape[0], length, time.perf_counter() - began)
+    new = as_batches(new_text, recipe.sequences, recipe.batch_size)
+    count = sum(batch["input_ids"].shape[0] for batch in new)
+    length = max(batch["input_ids"].shape[1] for batch in new)
+    if length < 2:
+        raise ValueError(f"a gate is fitted on sequences of two tokens or more, got {length}")
+    base, temperature = base_view(model), recipe.temperature
+    sampled = generate_blocks(base, start_id, count, length, seed, temperature, recipe.batch_size, bf16)
+    old = collect_evidence(model, sampled, recipe.batch_size)
+    new_evidence = collect_evidence(model, new, recipe.batch_size)
+    eos_ids = _eos_ids(model) or (start_id,)
+    fit = fit_gate(old, new_evidence, eos_ids, objective=recipe.objective)
+    apply_gate(model, fit)
+    return RouterFit(fit, count, count, length, time.perf_counter() - began)
+
+
+def _eos_ids(model: nn.Module) -> tuple[int, ...]:
+    return tuple(model.eos_ids if isinstance(model, ModelMixture) else model.scale_route.eos_ids or ())
+
+
+def apply_gate(model: nn.Module, fit: GateFit) -> None:
+    """Read ``model`` (a SCALE model or a two-model control) by the calibrated router with ``fit``'s gate."""
+    gate = fit.gate
+    if isinstance(model, ModelMixture):
+        model.router, model.prior, model.decay = "calibrated", gate.prior, gate.decay
+        weights = ("prefix_weight", "entropy_weight", "top_weight")
+        model.gate = {name: getattr(gate, name) for name in weights}
+    else:
+        set_live_settings(model, router="calibrated", **gate.settings())

@@ -61,7 +61,7 @@ from scale_cl.eval.route_separation import auroc, collect_base_weights, mixes_ex
 from scale_cl.experiments.bio.config import BioConfig, backbone_config
 from scale_cl.experiments.bio.datasets import PackedText, PadCollator, QATraining
 from scale_cl.experiments.bio.report import result_path
-from scale_cl.experiments.method_run import MethodRun, Readings, Training
+from scale_cl.experiments.method_run import GATE_RECIPE, MethodRun, Readings, Training
 from scale_cl.experiments.run_folder import check_output_folder, claim_output_folder
 from scale_cl.files import write_json
 from scale_cl.methods import method_spec
@@ -73,6 +73,7 @@ from scale_cl.train.distill import Distillation, HeadTeacher
 from scale_cl.train.recipe import train_model
 from scale_cl.train.reporting import report_to_argument, result_settings
 from scale_cl.train.route_calibration import RouteCalibration
+from scale_cl.train.router_fit import spread_sample
 from scale_cl.train.sharding import refuse_sharding
 
 CONFIG_FILE = "config.json"
@@ -437,6 +438,13 @@ class Task1Run(MethodRun):
         )
         options = {"collator": collator, "run_info": run_info}
         return Training(train, args, tracker, task0_questions, options, [SaveAtEvaluations(t.eval_every, minutes)])
+
+    def gate_text(self) -> tuple[list[dict[str, torch.Tensor]], int]:
+        """Task 1's training questions, spread over them (no replay), padded as they train, and the EOS."""
+        examples = spread_sample(self.data.task1_train, GATE_RECIPE.sequences)
+        collator, size = PadCollator(self.data.tokenizer.pad_token_id), GATE_RECIPE.batch_size
+        batches = [collator(examples[i : i + size]) for i in range(0, len(examples), size)]
+        return batches, self.data.tokenizer.eos_token_id
 
     def announce(self, trainable: int, distillation: Distillation | None, calibration: RouteCalibration | None) -> None:
         t, replay = self.cfg.task1, ""

@@ -60,7 +60,7 @@ from scale_cl.experiments.base.name import resolve_model_name
 from scale_cl.experiments.cpt.config import VOCAB_TEXT_CHARS, CptConfig
 from scale_cl.experiments.cpt.layer_choice import check_probe_data, choose_layers, describe
 from scale_cl.experiments.cpt.report import RESULT_FILE
-from scale_cl.experiments.method_run import MethodRun, Readings, Training
+from scale_cl.experiments.method_run import GATE_RECIPE, MethodRun, Readings, Training
 from scale_cl.experiments.run_folder import check_output_folder, claim_output_folder
 from scale_cl.files import atomic_write, write_json
 from scale_cl.methods import method_spec
@@ -72,6 +72,7 @@ from scale_cl.train.device import Placement, stage_placement, used_placement
 from scale_cl.train.distill import Distillation, HeadTeacher
 from scale_cl.train.reporting import report_to_argument
 from scale_cl.train.route_calibration import RouteCalibration, sequence_batches
+from scale_cl.train.router_fit import gate_blocks
 from scale_cl.train.sharding import full_state_dict, requested_sharding
 from scale_cl.tuner.vocab import VocabExtension, extend_tokenizer, grow_embeddings, vocab_rows
 
@@ -381,6 +382,11 @@ class CptRun(MethodRun):
         from scale_cl.methods import trainable_parameter_count
 
         cfg, corpus = self.cfg, self.corpus
+        if self.reading == "calibrated" and requested_sharding() is not None:
+            raise ValueError(
+                "the calibrated reading's gate is fitted on the whole model after training, which sharded weights "
+                "do not hold on one process: train without FSDP, or read it with another router (--reading)"
+            )
         tokens_per_step = cfg.train.batch_size * cfg.data.seq_len
         train = training_data(cfg, corpus, self.pseudo, mark=mark)
         self.steps = total_steps(cfg, train)
@@ -415,6 +421,10 @@ class CptRun(MethodRun):
             "loss_log": self.method_dir / LOSS_FILE,
         }
         return Training(train, args, tracker, replay_sequences, options)
+
+    def gate_text(self) -> tuple[torch.Tensor, int]:
+        """The new domain's training blocks, spread over the corpus (no pseudo-replay or replay), and its EOS."""
+        return gate_blocks(self.corpus.train, GATE_RECIPE.sequences), eos_id(self.tokenizer)
 
     def announce(self, trainable: int, distillation: Distillation | None, calibration: RouteCalibration | None) -> None:
         if not self.is_main:
@@ -455,7 +465,21 @@ class CptRun(MethodRun):
         summary.update(used_placement(trainer.args))  # device, precision (and the GPU) it trained on
         if self.layer_choice is not None:
             summary["layer_choice"] = self.layer_choice
+        if self.reading == "calibrated" and self.is_main:
+            summary["gate_fit"] = self.fit_gate(trainer, tracker, seconds)
         return summary
+
+    def fit_gate(self, trainer: Trainer, tracker: PeriodicEval, seconds: float) -> dict[str, Any]:
+        """The calibrated reading's gate fitted on the trained model (`MethodRun.calibrator`: the training text and
+        the base's samples, no evaluation text), the model evaluated with it (the curve's last record, ``"gate":
+        "fitted"``; the records before it read the gate as it was set); the fit's summary."""
+        fit = self.calibrator()(trainer.model)
+        tracker.add(trainer.state.global_step, {"gate": "fitted", **tracker.evaluate(trainer.model)})
+        gate = ", ".join(
+            f"{name.removeprefix('router_')} {value:.3g}" for name, value in fit.fit.gate.settings().items()
+        )
+        print(f"[{self.log_prefix}] calibrated router fitted in {fit.seconds:.1f} s: {gate}")
+        return {**fit.summary(), "share_of_training": fit.seconds / max(seconds, 1e-9)}
 
     def save(self, trainer: Trainer, tracker: PeriodicEval, result: dict[str, Any]) -> None:
         """The model (read with ``reading``, `scale_cl.models.save_trained`), and the curve into the summary."""
