@@ -84,6 +84,7 @@ def test_micro_run_writes_figure_tables_and_curves_for_every_method(finished):
         (False, "likelihood"),
         (False, "confidence"),
         (False, "hybrid"),
+        (False, "calibrated"),
     ]
     assert {k: readings[0][k] for k in ("task0", "task1")} == {k: route["curve"][-1][k] for k in ("task0", "task1")}
     assert "likelihood_router" in readings[2] and "likelihood_router" not in readings[0]
@@ -93,8 +94,14 @@ def test_micro_run_writes_figure_tables_and_curves_for_every_method(finished):
     assert 0 <= eq5["auroc"] <= 1 and "eq5_routing" in route["curve"][-1]
     # SCALE-Preserve is read with the mixing routers too (its Z is the base's logits exactly)
     preserve = json.loads((out / "seed-0" / "scale_preserve.json").read_text())
-    assert [r.get("router", "cosine") for r in preserve["readings"]] == ["cosine", "likelihood", "confidence", "hybrid"]
+    routers = ["cosine", "likelihood", "confidence", "hybrid", "calibrated"]
+    assert [r.get("router", "cosine") for r in preserve["readings"]] == routers
     assert all(0 <= reading["likelihood_router"]["auroc"] <= 1 for reading in preserve["readings"][1:])
+    # the calibrated reading's gate is fitted on Task 1's training questions against the Task-0 model's own text
+    for run in (route, preserve):
+        fit = run["readings"][-1]["gate_fit"]
+        assert fit["objective"] == "likelihood" and fit["sequences"][0] == fit["sequences"][1] > 0, fit
+        assert run["readings"][-1]["router_decay"] in {float(decay) for decay in fit["by_decay"]}
 
 
 @pytest.mark.slow
@@ -240,10 +247,14 @@ _TRAIN_MODEL = pipeline.train_model
 
 
 def _without_wall_times(results: dict) -> dict:
-    return {
-        m: [{k: v for k, v in run.items() if k != "seconds"} for run in r["runs"]]
-        for m, r in results["methods"].items()
-    }
+    """The results without the times they took (the run's, each gate fit's)."""
+
+    def timeless(value):
+        if isinstance(value, dict):
+            return {k: timeless(v) for k, v in value.items() if k != "seconds"}
+        return [timeless(v) for v in value] if isinstance(value, list) else value
+
+    return {m: [timeless(run) for run in r["runs"]] for m, r in results["methods"].items()}
 
 
 def test_task1_nan_loss_stops_the_method_before_it_is_saved(tmp_path, capsys):

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from scale_cl.eval.mixture import FIXED_MIXTURE_ROUTERS
+from scale_cl.eval.mixture import MIXTURE_ROUTERS
 from scale_cl.experiments.bio import config as bio_config
 from scale_cl.experiments.bio.pipeline import Task1Run
 from scale_cl.experiments.cpt import config as cpt_config
@@ -24,7 +24,7 @@ def test_bio_reads_the_models_whose_base_logits_are_exact_with_every_mixing_rout
     runs = {m: Task1Run(cfg, None, tmp_path / "task0", m, 0, tmp_path) for m in METHOD_NAMES}
     assert _read_along_alpha(runs) == {"scale_preserve", "scale_route"}
     route = runs["scale_route"]
-    assert route.readings.frontier == cfg.task1.reading_alphas and route.readings.routers == FIXED_MIXTURE_ROUTERS
+    assert route.readings.frontier == cfg.task1.reading_alphas and route.readings.routers == MIXTURE_ROUTERS
     assert route.result_path == tmp_path / "seed-0" / "scale_route.json"
     assert route.readings.frontier_key == route.readings.wise_ft_key == "readings"
 

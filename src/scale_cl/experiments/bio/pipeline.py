@@ -56,7 +56,7 @@ from scale_cl.data import (
 from scale_cl.data.pseudo_replay import cached_blocks, generate_blocks
 from scale_cl.data.replay import ReplayMix, describe_share
 from scale_cl.eval.first_token import QAExample, first_token_accuracy
-from scale_cl.eval.mixture import FIXED_MIXTURE_ROUTERS
+from scale_cl.eval.mixture import MIXTURE_ROUTERS
 from scale_cl.eval.route_separation import auroc, collect_base_weights, mixes_experts, routes_by_eq5
 from scale_cl.experiments.bio.config import BioConfig, backbone_config
 from scale_cl.experiments.bio.datasets import PackedText, PadCollator, QATraining
@@ -392,7 +392,7 @@ class Task1Run(MethodRun):
         exact = method_spec(self.method).base_logits_exact  # read too with the routers it was not trained with
         self.readings = Readings(
             frontier=t.reading_alphas if exact else None,
-            routers=FIXED_MIXTURE_ROUTERS,
+            routers=MIXTURE_ROUTERS,
             wise_ft=t.wise_ft_alphas,
             control=t.likelihood_control,
             frontier_key="readings",
