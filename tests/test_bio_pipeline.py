@@ -51,6 +51,15 @@ def test_micro_run_writes_figure_tables_and_curves_for_every_method(finished):
     table = (out / "results.md").read_text()
     saved = json.loads((out / "results.json").read_text())
     cfg = preset("micro")
+    # the one-pass readings of the SCALE models (training nothing) beside the methods as trained, from their readings
+    for method in ("scale_preserve", "scale_route"):
+        read = saved["methods"][method]["one_pass"]["calibrated"]
+        reading = next(r for r in saved["methods"][method]["runs"][0]["readings"] if r.get("router") == "calibrated")
+        assert read["task1"]["mean"] == reading["task1"]["overall"] and read["each"]["task0"] == [
+            reading["task0"]["overall"]
+        ]
+        assert f"| {method}, calibrated router | {100 * reading['task0']['overall']:.1f} |" in table
+    assert "one_pass" not in saved["methods"]["fft"]
     for method, result in saved["methods"].items():
         assert f"| {method} |" in table
         curve = result["runs"][0]["curve"]

@@ -342,16 +342,22 @@ def test_the_two_model_control_reads_fft_with_its_base(workspace, tmp_path, monk
     cfg = tiny_config(workspace, ["fft", "scale_route"])
     routers = ("likelihood", "confidence", "calibrated")
     evaluation = replace(cfg.eval, likelihood_control=True, mixed_documents=2, up_logit_scales=(1.0,), routers=routers)
+    evaluation = replace(evaluation, gate_objectives=("likelihood", "classification"))
     results = run_cpt(replace(cfg, eval=evaluation), tmp_path / "run")
     fft = results["methods"]["fft"]
-    control, confident, calibrated = fft["likelihood_control"]  # eval.routers: each reads the pair
+    control, confident, calibrated, classified = fft["likelihood_control"]  # eval.routers: each reads the pair
     assert (control["router"], confident["router"], calibrated["router"]) == routers and "separation" in confident
     frontier = results["methods"]["scale_route"]["up_logit_frontier"]
-    assert [r.get("router") for r in frontier if r.get("router")] == list(routers)
-    for record in (calibrated, frontier[-1]):
+    assert [r.get("router") for r in frontier if r.get("router")] == [*routers, "calibrated"]  # one per objective
+    for record, objective in (
+        (calibrated, "likelihood"),
+        (classified, "classification"),
+        (frontier[-1], "classification"),
+    ):
         fit = record["gate_fit"]
-        assert fit["objective"] == "likelihood" and fit["old_base_weight"] > fit["new_base_weight"], fit
+        assert fit["objective"] == objective and fit["old_base_weight"] > fit["new_base_weight"], fit
         assert str(record["router_decay"]) in fit["by_decay"]
+    assert calibrated["gate_fit"]["value"] != classified["gate_fit"]["value"]  # two fits, each its own objective
     corpus = load_run_corpus(cfg, AutoTokenizer.from_pretrained(cfg.model))
     train = {tuple(corpus.train[i]["input_ids"].tolist()) for i in range(len(corpus.train))}
     evaluated = {tuple(row.tolist()) for data in (corpus.heldout, *corpus.old_eval.values()) for row in data.blocks}

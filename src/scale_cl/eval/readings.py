@@ -5,7 +5,7 @@ interpolation of FFT's weights towards the base model's. `cpt` and `bio` record 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -51,7 +51,7 @@ def up_logit_frontier(
     evaluate: Any,
     scales: tuple[float, ...],
     routers: tuple[str, ...] = ("likelihood",),
-    calibrate: Calibrate | None = None,
+    calibrate: Sequence[Calibrate] = (),
 ) -> list[dict[str, Any]]:
     """The trained SCALE model evaluated with its new stream's logits weighted by each alpha (``Z + alpha Z_up``,
     `scale_cl.set_up_logit_scale`), then given back its own settings: one record per alpha (docs/design.md §2).
@@ -61,9 +61,9 @@ def up_logit_frontier(
     agree, every token routes to the exact base logits, and no gradient flows), so it is an evaluation option;
     and with each mixing router of ``routers`` (``"router": "likelihood"``, ..., their settings as the model holds
     them). SCALE-Preserve trained without a router is read with those routers too (its ``Z`` is the base's logits
-    exactly, `ScaleConfig.routed`). The calibrated router's gate is fitted at each alpha by ``calibrate`` (which
-    sets it on the model; `scale_cl.train.router_fit.fit_router`) where given; its record holds the gate and the
-    fit (``"gate_fit"``).
+    exactly, `ScaleConfig.routed`). The calibrated router's gate is fitted at each alpha by each of ``calibrate``
+    (which sets it on the model; `scale_cl.train.router_fit.fit_router`, one objective each): a record each, with
+    the gate and the fit (``"gate_fit"``).
     """
     from scale_cl import scale_config_of
     from scale_cl.tuner.modes import set_live_settings
@@ -80,14 +80,15 @@ def up_logit_frontier(
         for changes in variants:
             for alpha in scales:
                 set_live_settings(model, up_logit_scale=alpha, **changes)
-                fitted = {}
-                if changes.get("router") == "calibrated" and calibrate is not None:
-                    fit = calibrate(model)
-                    fitted = {**fit.fit.gate.settings(), "gate_fit": fit.summary()}
-                frontier.append({"alpha": alpha, **changes, **fitted, **evaluate(model)})
-                set_live_settings(model, **{name: getattr(own, name) for name in changes})
-                if fitted:
+                if changes.get("router") == "calibrated" and calibrate:
+                    for fit_on in calibrate:
+                        fit = fit_on(model)
+                        fitted = {**fit.fit.gate.settings(), "gate_fit": fit.summary()}
+                        frontier.append({"alpha": alpha, **changes, **fitted, **evaluate(model)})
                     set_live_settings(model, **{name: getattr(own, name) for name in GATE_SETTINGS})
+                else:
+                    frontier.append({"alpha": alpha, **changes, **evaluate(model)})
+                set_live_settings(model, **{name: getattr(own, name) for name in changes})
     finally:
         set_live_settings(model, up_logit_scale=own.up_logit_scale, route_exact=own.route_exact, router=own.router)
     return frontier

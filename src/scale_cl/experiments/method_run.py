@@ -15,8 +15,8 @@ import json
 import shutil
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +47,7 @@ class Readings:
     routers: tuple[str, ...]  # the mixing routers of the frontier and of the control
     wise_ft: tuple[float, ...]  # `wise_ft_frontier`'s alphas, for a method WiSE-FT reads; () = off
     control: bool  # `likelihood_control`, for a method without two paths (one that does not route)
+    gate_objectives: tuple[str, ...]  # the calibrated router's: a reading fitted by each (where routers name it)
     frontier_key: str
     wise_ft_key: str
 
@@ -69,20 +70,25 @@ def likelihood_control(
     evaluate: Any,
     routers: tuple[str, ...],
     scale: ScaleConfig,
-    calibrate: Calibrate | None = None,
+    calibrate: Sequence[Calibrate] = (),
 ) -> list[dict[str, Any]]:
     """The trained model and the model it started from (``start``: the Task-0 model, the base) mixed by each router
     of ``routers`` (their settings from ``scale``), evaluated as one model: the two-model control of SCALE's router
-    readings (`scale_cl.eval.mixture`); the calibrated router's gate fitted on the mixture by ``calibrate``."""
+    readings (`scale_cl.eval.mixture`); the calibrated router's gate fitted on the mixture by each of ``calibrate``
+    (a record each)."""
     device = next(trained.parameters()).device
     start = start.to(device).requires_grad_(False)
     records = []
     for router in routers:
-        mixture, fitted = mixture_read_as([start, trained], router, scale), {}
-        if router == "calibrated" and calibrate is not None:
-            fit = calibrate(mixture)
-            fitted = {**fit.fit.gate.settings(), "gate_fit": fit.summary()}
-        records.append({"alpha": 1.0, "router": router, "control": "two models", **fitted, **evaluate(mixture)})
+        record = {"alpha": 1.0, "router": router, "control": "two models"}
+        if router == "calibrated" and calibrate:
+            for fit_on in calibrate:
+                mixture = mixture_read_as([start, trained], router, scale)
+                fit = fit_on(mixture)
+                gate = {**fit.fit.gate.settings(), "gate_fit": fit.summary()}
+                records.append({**record, **gate, **evaluate(mixture)})
+        else:
+            records.append({**record, **evaluate(mixture_read_as([start, trained], router, scale))})
     return records
 
 
@@ -145,7 +151,8 @@ class MethodRun(ABC):
         """The `Readings` of the trained ``model`` that apply to its method: on the main process (the frontier on
         every process where the weights are sharded: a forward pass needs them all)."""
         r, spec, found = self.readings, method_spec(self.method), {}
-        calibrate = self.calibrator() if "calibrated" in r.routers else None
+        wanted = r.gate_objectives if "calibrated" in r.routers else ()
+        calibrate = [fit for objective in wanted if (fit := self.calibrator(objective)) is not None]
         if r.frontier is not None and (self.is_main or sharded):
             found[r.frontier_key] = up_logit_frontier(model, evaluate, r.frontier, r.routers, calibrate)
         if self.is_main and r.wise_ft and spec.wise_ft:
@@ -156,16 +163,17 @@ class MethodRun(ABC):
             found["likelihood_control"] = control
         return found
 
-    def calibrator(self) -> Calibrate | None:
-        """Fits the calibrated router's gate on a model by the one recipe (`GATE_RECIPE`) on `gate_text`; None where
-        the experiment gives no text."""
+    def calibrator(self, objective: str = GATE_RECIPE.objective) -> Calibrate | None:
+        """Fits the calibrated router's gate on a model by the one recipe (`GATE_RECIPE`, by ``objective``) on
+        `gate_text`; None where the experiment gives no text."""
         found = self.gate_text()
         if found is None:
             return None
         text, start_id = found
+        recipe = replace(GATE_RECIPE, objective=objective)
 
         def calibrate(model: torch.nn.Module) -> RouterFit:
-            return fit_router(model, text, start_id, seed=self.seed, recipe=GATE_RECIPE, bf16=self.bf16)
+            return fit_router(model, text, start_id, seed=self.seed, recipe=recipe, bf16=self.bf16)
 
         return calibrate
 

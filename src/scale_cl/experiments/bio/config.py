@@ -21,6 +21,7 @@ from scale_cl.methods import METHOD_NAMES as ALL_METHODS
 from scale_cl.methods import method_spec
 from scale_cl.train.config import StageConfig
 from scale_cl.tuner.config import ScaleConfig
+from scale_cl.tuner.routing.calibrated import OBJECTIVES
 
 PRESETS = ("micro", "small", "medium", "paper")
 PACKINGS = ("person", "shuffled")
@@ -172,6 +173,16 @@ class Task1Config(MethodStageConfig):
             "seed-<s>/<method>.json, training nothing)",
         },
     )
+    gate_objectives: tuple[str, ...] = field(
+        default=("likelihood",),
+        metadata={
+            "choices": OBJECTIVES,
+            "help": "SCALE-Route and SCALE-Preserve read with the calibrated router: the objectives its gate is "
+            "fitted by (on Task 1's training questions against the Task-0 model's own text), one reading each. "
+            "likelihood: the mixture's log-likelihood of the next token on both sides; classification: the "
+            "log-weight of the expert whose text it is",
+        },
+    )
     pseudo_replay_ratio: float = field(
         default=0.0,
         metadata={
@@ -205,6 +216,9 @@ class Task1Config(MethodStageConfig):
     def __post_init__(self) -> None:
         self.wise_ft_alphas = tuple(float(a) for a in self.wise_ft_alphas)
         self.reading_alphas = tuple(float(a) for a in self.reading_alphas)
+        self.gate_objectives = tuple(self.gate_objectives)
+        if not self.gate_objectives or not set(self.gate_objectives) <= set(OBJECTIVES):
+            raise ValueError(f"task1.gate_objectives must name one or more of {OBJECTIVES}, got {self.gate_objectives}")
         super().__post_init__()  # every field's range, these included
         if self.qa_loss not in QA_LOSSES:
             raise ValueError(f"{self.section}qa_loss must be one of {QA_LOSSES}, got {self.qa_loss!r}")

@@ -395,6 +395,7 @@ class Task1Run(MethodRun):
             routers=MIXTURE_ROUTERS,
             wise_ft=t.wise_ft_alphas,
             control=t.likelihood_control,
+            gate_objectives=t.gate_objectives,
             frontier_key="readings",
             wise_ft_key="readings",
         )

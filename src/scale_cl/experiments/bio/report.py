@@ -54,6 +54,27 @@ def _mean_spread(values: list[float]) -> dict[str, float]:
     return {"mean": statistics.fmean(values), "std": statistics.pstdev(values) if len(values) > 1 else 0.0}
 
 
+SHOWN_READING = "calibrated"  # the one-pass reading the figure shows beside the methods as trained
+
+
+def one_pass_readings(runs: list[dict]) -> dict[str, dict[str, Any]]:
+    """Each mixing router's reading of the trained models at alpha 1 (``readings`` of a SCALE-Route or SCALE-Preserve
+    run, training nothing), over the seeds that have it: each view's accuracy, the Task-0 held-out share kept."""
+    found: dict[str, list[dict]] = {}
+    for run in runs:
+        for reading in run.get("readings", []):
+            if reading.get("router") and reading.get("alpha", 1.0) == 1.0 and not reading.get("control"):
+                found.setdefault(reading["router"], []).append({**reading, "start": run["curve"][0]})
+    summary = {}
+    for router, readings in found.items():
+        if len(readings) != len(runs):
+            continue
+        each = {view: [r[view]["overall"] for r in readings] for view in (*TASK0_VIEWS, "task1")}
+        kept = _mean_spread([r["task0"]["overall"] / max(r["start"]["task0"]["overall"], 1e-9) for r in readings])
+        summary[router] = {**{view: _mean_spread(v) for view, v in each.items()}, "task0_kept": kept, "each": each}
+    return summary
+
+
 def collect(cfg: BioConfig, out: Path) -> dict[str, Any]:
     """Gather every finished method/seed result under ``out`` into one summary."""
     methods: dict[str, Any] = {}
@@ -72,6 +93,7 @@ def collect(cfg: BioConfig, out: Path) -> dict[str, Any]:
             "trainable": runs[0]["trainable"],
             "seconds": _mean_spread([run["seconds"] for run in runs]),
             **{key: _mean_spread([s[key] for s in summaries]) for key in summaries[0]},
+            **({"one_pass": readings} if (readings := one_pass_readings(runs)) else {}),
             "runs": runs,
         }
     stages = {
@@ -128,6 +150,21 @@ def results_markdown(results: dict[str, Any]) -> str:
         ends = [run["curve"][-1]["task0"] for run in r["runs"]]
         cells = [f"{100 * statistics.fmean(end[a] for end in ends):.1f}" for a in attributes]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    read = {name: r["one_pass"] for name, r in methods.items() if r.get("one_pass")}
+    if read:
+        lines += [
+            "",
+            "The same trained models read in one pass by each mixing router, training nothing (SCALE's Task-0 "
+            "expert is the Task-0 model exactly; the calibrated router's gate is fitted on Task 1's training "
+            "questions against the Task-0 model's own text, no Task-0 data), at the end of Task 1 (%):",
+            "",
+            "| method, reading | Task 0 held-out | Task 0 QA-trained | Task 1 | % of Task 0's held-out kept |",
+            "|---|---|---|---|---|",
+        ]
+        for name, routers in read.items():
+            for router, r in routers.items():
+                cells = [_cell(r[view]) for view in (*TASK0_VIEWS, "task1")]
+                lines.append(f"| {name}, {router} router | " + " | ".join(cells) + f" | {_cell(r['task0_kept'])} |")
     seeds = sorted({s for r in methods.values() for s in r["seeds"]})
     sequence = sequence_markdown(methods)
     if sequence:
@@ -178,6 +215,22 @@ def plot(results: dict[str, Any], path: Path) -> None:
                 low = [min(c[i] for c in curves) for i in range(width)]
                 high = [max(c[i] for c in curves) for i in range(width)]
                 ax.fill_between(steps[:width], low, high, color=line.get_color(), alpha=0.15)
+        reading = r.get("one_pass", {}).get(SHOWN_READING)
+        if reading is not None:  # the same trained model read in one pass: a point at its last step
+            for ax, task in zip(axes, panels, strict=True):
+                each = [100 * value for value in reading["each"][task]]
+                mean = statistics.fmean(each)
+                ax.errorbar(
+                    [steps[-1]],
+                    [mean],
+                    yerr=[[mean - min(each)], [max(each) - mean]],
+                    marker="*",
+                    markersize=11,
+                    linestyle="none",
+                    color=line.get_color(),
+                    markeredgecolor="black",
+                    label=f"{name}, one pass ({SHOWN_READING} reading)",
+                )
     task1 = results["config"]["task1"]
     early = task1.get("early_eval_until", 0) if task1.get("early_eval_every", 0) else 0
     for ax, panel in zip(axes, panels, strict=True):

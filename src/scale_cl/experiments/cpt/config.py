@@ -21,6 +21,7 @@ from scale_cl.experiments.settings import MethodSettings, MethodStageConfig
 from scale_cl.methods import METHOD_NAMES
 from scale_cl.models import SMOLLM2
 from scale_cl.tuner.config import ScaleConfig
+from scale_cl.tuner.routing.calibrated import OBJECTIVES
 
 PRESETS = ("smollm2", "clean-en", "paper")
 CORPORA = "outputs/corpora"  # written by benchmarks/cpt_corpus.py from Debian and PyPI packages
@@ -156,6 +157,17 @@ class EvalConfig:
         },
     )
 
+    gate_objectives: tuple[str, ...] = field(
+        default=("likelihood",),
+        metadata={
+            "choices": OBJECTIVES,
+            "help": "where --eval.routers names the calibrated router: the objectives its gate is fitted by (on the "
+            "training text against the base's own samples), one reading each. likelihood: the mixture's "
+            "log-likelihood of the next token on both sides (what scale-cl train and scale-cl calibrate fit); "
+            "classification: the log-weight of the expert whose text it is",
+        },
+    )
+
     mixed_documents: int = field(
         default=0,
         metadata={
@@ -181,7 +193,10 @@ class EvalConfig:
         self.up_logit_scales = tuple(float(a) for a in self.up_logit_scales)
         self.wise_ft_alphas = tuple(float(a) for a in self.wise_ft_alphas)
         self.routers = tuple(self.routers)
+        self.gate_objectives = tuple(self.gate_objectives)
         check_fields(self)
+        if not self.gate_objectives or not set(self.gate_objectives) <= set(OBJECTIVES):
+            raise ValueError(f"eval.gate_objectives must name one or more of {OBJECTIVES}, got {self.gate_objectives}")
         unknown = [router for router in self.routers if router not in MIXTURE_ROUTERS]
         if unknown or not self.routers:
             raise ValueError(f"eval.routers must name one or more of {MIXTURE_ROUTERS}, got {list(self.routers)}")

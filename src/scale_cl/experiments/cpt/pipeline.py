@@ -344,6 +344,7 @@ class CptRun(MethodRun):
             routers=e.routers,
             wise_ft=e.wise_ft_alphas,
             control=e.likelihood_control,
+            gate_objectives=e.gate_objectives,
             frontier_key="up_logit_frontier",
             wise_ft_key="wise_ft_frontier",
         )
@@ -473,7 +474,7 @@ class CptRun(MethodRun):
         """The calibrated reading's gate fitted on the trained model (`MethodRun.calibrator`: the training text and
         the base's samples, no evaluation text), the model evaluated with it (the curve's last record, ``"gate":
         "fitted"``; the records before it read the gate as it was set); the fit's summary."""
-        fit = self.calibrator()(trainer.model)
+        fit = self.calibrator(self.cfg.eval.gate_objectives[0])(trainer.model)
         tracker.add(trainer.state.global_step, {"gate": "fitted", **tracker.evaluate(trainer.model)})
         gate = ", ".join(
             f"{name.removeprefix('router_')} {value:.3g}" for name, value in fit.fit.gate.settings().items()
