@@ -150,11 +150,13 @@ class BenchConfig:
     readings: tuple[str, ...] = field(
         default=(),
         metadata={
-            "help": "inference-only rows, each a method's model read with the likelihood router: route-likelihood "
-            "(SCALE-Route), preserve-likelihood (SCALE-Preserve: its Z is the base's), control (FFT's model and the "
-            "base, two models mixed the same way), preserve-nested (SCALE-Preserve after three tasks: grown twice "
-            "more, the nested router's four experts in one pass), control-nested (the base and three FFT models "
-            "mixed alike); each needs its method in --methods",
+            "help": "inference-only rows, each a method's model read with a mixing router: route-likelihood "
+            "(SCALE-Route), preserve-likelihood (SCALE-Preserve: its Z is the base's), preserve-calibrated (the "
+            "same with the calibrated router: its gate's cost, whatever its values), control (FFT's model and the "
+            "base, two models mixed by the likelihood router; control-calibrated by the calibrated one), "
+            "preserve-nested (SCALE-Preserve after three tasks: grown twice more, the nested router's four experts "
+            "in one pass), control-nested (the base and three FFT models mixed alike); each needs its method in "
+            "--methods",
             "choices": list(READINGS),
             "metavar": "READING",
         },

@@ -1,4 +1,4 @@
-"""Inference-only rows of the bench: a trained method's model read with the likelihood router.
+"""Inference-only rows of the bench: a trained method's model read with the likelihood (or calibrated) router.
 
 A reading costs what its model computes at inference: SCALE-Route's two paths in one model, SCALE-Preserve's one
 pass whose ``Z`` is the base's logits, or the two-model control, FFT's model and a copy of the base both run and
@@ -29,6 +29,7 @@ class Reading:
     setting: str
     two_models: bool = False  # the method's model and the base beside it (else the model, its router switched)
     experts: int = 2  # the base and the models after each task: > 2 grows SCALE (nested router) or copies the model
+    router: str = "likelihood"  # the mixing router of a two-expert reading
 
 
 READINGS = {
@@ -36,7 +37,15 @@ READINGS = {
     "preserve-likelihood": Reading(
         "scale_preserve", "SCALE-Preserve read with the likelihood router (its Z is the base's; one model, one pass)"
     ),
+    "preserve-calibrated": Reading(
+        "scale_preserve",
+        "SCALE-Preserve read with the calibrated router (prefix and both confidences; one model, one pass)",
+        router="calibrated",
+    ),
     "control": Reading("fft", "FFT's model and the base, mixed by the likelihood router (two models)", True),
+    "control-calibrated": Reading(
+        "fft", "FFT's model and the base, mixed by the calibrated router (two models)", True, router="calibrated"
+    ),
     "preserve-nested": Reading(
         "scale_preserve",
         "SCALE-Preserve after three tasks (grown twice more), read with the nested router (four experts, one pass)",
@@ -52,16 +61,17 @@ READINGS = {
 
 
 def reading_model(name: str, model: nn.Module, base: nn.Module) -> nn.Module:
-    """The model reading ``name`` runs: a copy of its method's ``model`` with the likelihood router (grown once per
+    """The model reading ``name`` runs: a copy of its method's ``model`` with its router (grown once per
     later task with its own settings and the nested router where the reading has more experts), or (a control)
     ``model``, copies of it for the earlier tasks and a copy of ``base`` (on the model's device and dtype) mixed."""
     reading = READINGS[name]
     if reading.two_models:
         parameter = next(model.parameters())
         earlier = [copy.deepcopy(model) for _ in range(reading.experts - 2)]  # the earlier tasks' models
-        return ModelMixture([copy.deepcopy(base).to(device=parameter.device, dtype=parameter.dtype), *earlier, model])
+        experts = [copy.deepcopy(base).to(device=parameter.device, dtype=parameter.dtype), *earlier, model]
+        return ModelMixture(experts, router=reading.router if reading.experts == 2 else "likelihood")
     if reading.experts == 2:
-        return set_live_settings(copy.deepcopy(model), router="likelihood")
+        return set_live_settings(copy.deepcopy(model), router=reading.router)
     grown, config = copy.deepcopy(model), scale_config_of(model)
     for _ in range(reading.experts - 2):  # one stage per later task, as a sequence grows it
         grown = upscale(grown, config)
