@@ -87,7 +87,8 @@ LEAVES = dict(_leaf_parsers(build_parser()))
 
 def test_every_subcommand_is_built_from_its_settings():
     assert set(LEAVES) == {
-        ("demo",), ("bio",), ("cpt",), ("base",), ("train",), ("eval",), ("export",), ("bench",), ("sweep", "bio"),
+        ("demo",), ("bio",), ("cpt",), ("base",), ("train",), ("calibrate",), ("eval",), ("export",), ("bench",),
+        ("sweep", "bio"),
         ("sweep", "cpt"),
     }  # fmt: skip
     for path, parser in LEAVES.items():

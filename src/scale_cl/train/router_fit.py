@@ -40,13 +40,14 @@ class GateRecipe:
     objective: str = "likelihood"
     sequences: int = 64
     temperature: float = 1.0
-    batch_size: int = 8
+    batch_size: int = 8  # sequences a forward pass reads
+    sample_batch_size: int = 64  # sequences the base samples at once (decoding is latency-bound: the wider the better)
 
     def __post_init__(self) -> None:
         if self.objective not in OBJECTIVES:
             raise ValueError(f"a gate is fitted by one of {OBJECTIVES}, got {self.objective!r}")
-        if self.sequences < 1 or self.batch_size < 1 or self.temperature <= 0:
-            raise ValueError(f"a gate recipe needs sequences, batch_size >= 1 and temperature > 0, got {self}")
+        if min(self.sequences, self.batch_size, self.sample_batch_size) < 1 or self.temperature <= 0:
+            raise ValueError(f"a gate recipe needs sequences and batch sizes >= 1 and temperature > 0, got {self}")
 
 
 @dataclass(frozen=True)
@@ -190,7 +191,7 @@ def fit_router(
     if length < 2:
         raise ValueError(f"a gate is fitted on sequences of two tokens or more, got {length}")
     base, temperature = base_view(model), recipe.temperature
-    sampled = generate_blocks(base, start_id, count, length, seed, temperature, recipe.batch_size, bf16)
+    sampled = generate_blocks(base, start_id, count, length, seed, temperature, recipe.sample_batch_size, bf16)
     old = collect_evidence(model, sampled, recipe.batch_size)
     new_evidence = collect_evidence(model, new, recipe.batch_size)
     eos_ids = _eos_ids(model) or (start_id,)
