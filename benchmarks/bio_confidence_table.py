@@ -35,9 +35,10 @@ def mean_spread(values: list[float]) -> str:
 
 def reading_name(method: str, reading: dict) -> str:
     """A row's label: the method, its alpha where not 1, the router (or 'as trained', Eq. 5's route_exact)."""
+    fit = f" ({reading['gate_fit']['objective']} fit)" if "gate_fit" in reading else ""
     if reading.get("control"):
-        return f"control: Task-0 model + {method}, {reading['router']}"
-    router = reading.get("router") or ("route_exact" if reading.get("route_exact") else "as trained")
+        return f"control: Task-0 model + {method}, {reading['router']}{fit}"
+    router = (reading.get("router") or ("route_exact" if reading.get("route_exact") else "as trained")) + fit
     alpha = reading.get("alpha", 1.0)
     return f"{method} one pass, {router}" + ("" if alpha == 1.0 else f", alpha {alpha:g}")
 

@@ -41,18 +41,51 @@ def readings(folder: Path, seeds: list[str]) -> dict[str, list[dict]]:
         alone = f"{method}" + (f", trained with the {router} router" if router != "cosine" else "")
         found[alone] = [r["curve"][-1] for r in results]
         for index, control in enumerate(results[0].get("likelihood_control", [])):  # one per --eval.routers
-            router = control.get("router", "likelihood")
+            router = router_name(control)
             suffix = "" if router == "likelihood" else f", {router} router"
             label = f"{method} + its base (control, two models{suffix})"
             found[label] = [r["likelihood_control"][index] for r in results]
-        for record in results[0].get("up_logit_frontier", []):
-            router = record.get("router")
-            if router and record["alpha"] == 1.0:
-                found[f"{method} read with the {router} router"] = [
-                    next(f for f in r["up_logit_frontier"] if f.get("router") == router and f["alpha"] == 1.0)
-                    for r in results
+        for index, record in enumerate(results[0].get("up_logit_frontier", [])):
+            if record.get("router") and record["alpha"] == 1.0:
+                found[f"{method} read with the {router_name(record)} router"] = [
+                    r["up_logit_frontier"][index] for r in results
                 ]
     return found
+
+
+def router_name(record: dict) -> str:
+    """A reading's router, the calibrated one with the objective its gate was fitted by."""
+    router = record.get("router", "likelihood")
+    fit = record.get("gate_fit")
+    return f"{router} ({fit['objective']} fit)" if fit else router
+
+
+def gate_fits(folder: Path, seeds: list[str]) -> list[str]:
+    """Each calibrated reading's fitted gate and its cost (the fit's seconds against the run's training seconds)."""
+    rows = []
+    for path in sorted((folder / "points").glob("*/point.json")):
+        point = json.loads(path.read_text())
+        if point["label"] or point["scale"] != 1.0 or not all(s in point["seeds"] for s in seeds):
+            continue
+        method = point["method"]
+        results = [json.loads((path.parent / f"seed-{s}" / method / "result.json").read_text()) for s in seeds]
+        records = [*results[0].get("likelihood_control", []), *results[0].get("up_logit_frontier", [])]
+        for index, record in enumerate(records):
+            if "gate_fit" not in record:
+                continue
+            per_seed = [[*r.get("likelihood_control", []), *r.get("up_logit_frontier", [])][index] for r in results]
+            gates = [
+                "/".join(f"{g[name]:.2g}" for name in ("router_prior", "router_prefix_weight",
+                         "router_entropy_weight", "router_top_weight")) + f" d{g['router_decay']:g}"
+                for g in per_seed
+            ]  # fmt: skip
+            cost = [g["gate_fit"]["seconds"] / r["seconds"] for g, r in zip(per_seed, results, strict=True)]
+            kind = "control" if record.get("control") else "one pass"
+            rows.append(
+                f"| {method} ({kind}) | {record['gate_fit']['objective']} | {'; '.join(gates)} | "
+                f"{mean([g['gate_fit']['seconds'] for g in per_seed]):.1f} s | {100 * mean(cost):.0f}% |"
+            )
+    return rows
 
 
 def mean(values: list[float]) -> float:
@@ -99,6 +132,14 @@ def main(folders: list[Path]) -> None:
         f"\nbase model: new-domain ppl {base['learning_ppl']:,.1f}, `en` {math.exp(en0):.2f}; "
         f"FFT at lr {fft['lr']:g}; {len(seeds)} seeds ({', '.join(seeds)})\n"
     )
+    fits = [row for folder in folders for row in gate_fits(folder, seeds)]
+    if fits:
+        print(
+            "The calibrated router's fitted gates (prior / prefix / entropy / top weights, decay; per seed) and cost:\n"
+        )
+        print("| model | objective | gate per seed | fit | of training time |")
+        print("|---|---|---|---|---|")
+        print("\n".join(fits) + "\n")
     if "mixed_documents" not in base and not any("mixed_documents" in r[0] for r in found.values()):
         return
     head = ["reading", *(f"{way}: {segment}" for way in WAYS for segment in SEGMENTS)]

@@ -64,7 +64,9 @@ def one_pass_readings(runs: list[dict]) -> dict[str, dict[str, Any]]:
     for run in runs:
         for reading in run.get("readings", []):
             if reading.get("router") and reading.get("alpha", 1.0) == 1.0 and not reading.get("control"):
-                found.setdefault(reading["router"], []).append({**reading, "start": run["curve"][0]})
+                objective = reading.get("gate_fit", {}).get("objective", "likelihood")  # a fit by another: apart
+                name = reading["router"] + ("" if objective == "likelihood" else f" ({objective} fit)")
+                found.setdefault(name, []).append({**reading, "start": run["curve"][0]})
     summary = {}
     for router, readings in found.items():
         if len(readings) != len(runs):
