@@ -562,3 +562,32 @@ def test_pseudo_replay_mixes_in_the_task0_models_own_text_sampled_once(tmp_path,
         router = record["likelihood_router"]
         assert 0 <= router["auroc"] <= 1 and 0 <= router["auroc_trained"] <= 1
         assert all(0 < router[f"{name}_base_weight"] < 1 for name in ("task0", "task0_trained", "task1"))
+
+
+def test_one_pass_readings_keep_each_router_and_each_gate_objective_apart():
+    """The report's one-pass readings: each router at alpha 1 (not the control, not other alphas), a calibrated
+    reading fitted by another objective than the recipe's on its own row, only where every seed has it."""
+    from scale_cl.experiments.bio.report import one_pass_readings
+
+    def accuracy(value: float) -> dict:
+        return {view: {"overall": value} for view in ("task0", "task0_trained", "task1")}
+
+    def run(shift: float) -> dict:
+        return {
+            "curve": [accuracy(0.8)],
+            "readings": [
+                {"alpha": 1.0, **accuracy(0.1)},  # as trained: no router
+                {"alpha": 1.0, "router": "likelihood", **accuracy(0.7 + shift)},
+                {"alpha": 2.0, "router": "likelihood", **accuracy(0.0)},
+                {"alpha": 1.0, "router": "calibrated", "gate_fit": {"objective": "likelihood"}, **accuracy(0.6)},
+                {"alpha": 1.0, "router": "calibrated", "gate_fit": {"objective": "classification"}, **accuracy(0.5)},
+                {"alpha": 1.0, "router": "confidence", "control": "two models", **accuracy(0.0)},
+            ],
+        }
+
+    found = one_pass_readings([run(0.0), run(0.1)])
+    assert list(found) == ["likelihood", "calibrated", "calibrated (classification fit)"]
+    assert found["likelihood"]["each"]["task1"] == pytest.approx([0.7, 0.8])
+    assert found["calibrated"]["task0_kept"]["mean"] == pytest.approx(0.75)
+    assert found["calibrated (classification fit)"]["task1"]["mean"] == pytest.approx(0.5)
+    assert one_pass_readings([run(0.0), {"curve": [accuracy(0.8)]}]) == {}  # a seed without readings: none shown
