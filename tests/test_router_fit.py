@@ -122,3 +122,29 @@ def test_the_training_text_is_read_spread_and_padded_batches_keep_their_masks():
     assert torch.equal(batches[1]["attention_mask"], padded["attention_mask"][:1])
     with pytest.raises(ValueError, match="fitted by one of"):
         GateRecipe(objective="accuracy")
+
+
+def test_spliced_text_changes_sides_once_and_says_who_wrote_each_next_token():
+    from scale_cl.train.router_fit import spliced_sequences
+
+    old, new = torch.zeros(4, 16, dtype=torch.long), torch.ones(4, 16, dtype=torch.long)
+    spliced, written = spliced_sequences(old, new, seed=0)
+    for row in range(4):
+        ids = spliced[row].tolist()
+        first = 0 if row % 2 == 0 else 1  # old first on even rows
+        cut = ids.index(1 - first)
+        assert 2 <= cut <= 14 and ids == [first] * cut + [1 - first] * (16 - cut)  # one switch, in the middle
+        assert written[row, :-1].tolist() == [bool(token) for token in ids[1:]] and not written[row, -1]
+    assert torch.equal(spliced_sequences(old, new, seed=0)[0], spliced)  # the seed's cuts
+    assert not torch.equal(spliced_sequences(old, new, seed=1)[0], spliced)
+
+
+def test_a_fit_on_text_that_switches_lets_the_evidence_fade():
+    """The third side: on text that changes from the base's to the model's own mid-sequence, the fit prefers a decay
+    under 1 to the one it takes on whole sequences of each side (its evidence must fade to follow the switch)."""
+    _, model = _model("preserve")
+    new = generate_blocks(model, EOS, 16, 32, seed=7)
+    whole = fit_router(model, new, EOS, seed=0, recipe=GateRecipe(sequences=16, switching=False))
+    switching = fit_router(model, new, EOS, seed=0, recipe=GateRecipe(sequences=16))
+    assert switching.fit.by_decay != whole.fit.by_decay  # a third side counted
+    assert switching.fit.gate.decay <= whole.fit.gate.decay, (switching.fit.gate, whole.fit.gate)

@@ -42,6 +42,7 @@ class GateRecipe:
     temperature: float = 1.0
     batch_size: int = 8  # sequences a forward pass reads
     sample_batch_size: int = 64  # sequences the base samples at once (decoding is latency-bound: the wider the better)
+    switching: bool = True  # also fit on the two sides spliced into text that changes sides (blocks of text only)
 
     def __post_init__(self) -> None:
         if self.objective not in OBJECTIVES:
@@ -194,10 +195,32 @@ def fit_router(
     sampled = generate_blocks(base, start_id, count, length, seed, temperature, recipe.sample_batch_size, bf16)
     old = collect_evidence(model, sampled, recipe.batch_size)
     new_evidence = collect_evidence(model, new, recipe.batch_size)
+    switching = []
+    if recipe.switching and isinstance(new_text, torch.Tensor):  # blocks of running text (not single questions)
+        blocks = torch.cat([batch["input_ids"] for batch in new])
+        spliced, written = spliced_sequences(sampled, blocks, seed)
+        evidence = collect_evidence(model, spliced, recipe.batch_size)
+        switching = list(zip(evidence, written.split(recipe.batch_size), strict=True))
     eos_ids = _eos_ids(model) or (start_id,)
-    fit = fit_gate(old, new_evidence, eos_ids, objective=recipe.objective)
+    fit = fit_gate(old, new_evidence, eos_ids, objective=recipe.objective, switching=switching)
     apply_gate(model, fit)
     return RouterFit(fit, count, count, length, time.perf_counter() - began)
+
+
+def spliced_sequences(old: torch.Tensor, new: torch.Tensor, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Text that changes sides once, from the two sides' rows (N, T) alike: row i is one side's row i up to a cut
+    drawn in the middle three quarters, the other side's after it (old first on even rows, new first on odd); and
+    (N, T) whether the newest model wrote each position's next token. No old data: the base's samples and the
+    training text."""
+    rows, length = old.shape
+    generator = torch.Generator().manual_seed(seed)
+    cuts = torch.randint(length // 8, length - length // 8, (rows,), generator=generator).clamp_min(1)
+    after = torch.arange(length)[None, :] >= cuts[:, None]  # a token from the second side
+    new_first = (torch.arange(rows) % 2 == 1)[:, None]
+    spliced = torch.where(after ^ new_first, new, old)
+    written_new = torch.zeros_like(after)
+    written_new[:, :-1] = (after ^ new_first)[:, 1:]  # the next token's side
+    return spliced, written_new
 
 
 def _eos_ids(model: nn.Module) -> tuple[int, ...]:

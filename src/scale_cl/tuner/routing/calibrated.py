@@ -119,12 +119,16 @@ class _Side:
     neg_entropy: torch.Tensor
     top: torch.Tensor
     next_log_probs: torch.Tensor
-    target: int  # the expert whose text it is: 0 (the base) on the old side, the newest on the new
+    target: int | torch.Tensor  # the expert whose text it is: 0 (the base) on the old side, the newest on the new;
+    # per position (N,) on text that switches sides
 
 
-def _side(batches: Sequence[Evidence], decay: float, eos_ids: tuple[int, ...], target: int) -> _Side:
-    ratios, entropies, tops, log_probs = [], [], [], []
-    for evidence in batches:
+def _side(
+    batches: Sequence[Evidence], decay: float, eos_ids: tuple[int, ...], target: int | Sequence[torch.Tensor]
+) -> _Side:
+    """``target``: the expert whose text it is, or per batch (B, T) whether the newest wrote each next token."""
+    ratios, entropies, tops, log_probs, targets = [], [], [], [], []
+    for index, evidence in enumerate(batches):
         experts, rows, length = evidence.next_log_probs.shape
         starts = document_starts(evidence.ids, eos_ids).repeat(experts, 1)
         ratio = running_ratio(evidence.prefix_evidence().reshape(-1, length), starts, decay)
@@ -133,8 +137,10 @@ def _side(batches: Sequence[Evidence], decay: float, eos_ids: tuple[int, ...], t
         entropies.append(evidence.neg_entropy[:, where].double())
         tops.append(evidence.top[:, where].double())
         log_probs.append(evidence.next_log_probs[:, where].double())
+        if not isinstance(target, int):
+            targets.append(target[index][where].long() * (experts - 1))
     columns = (torch.cat(part, dim=1) for part in (ratios, entropies, tops, log_probs))
-    return _Side(*columns, target=target)
+    return _Side(*columns, target=target if isinstance(target, int) else torch.cat(targets))
 
 
 def _objective(side: _Side, theta: torch.Tensor, objective: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -145,7 +151,9 @@ def _objective(side: _Side, theta: torch.Tensor, objective: str) -> tuple[torch.
     log_w = torch.log_softmax(score, dim=0)
     if objective == "likelihood":
         return torch.logsumexp(log_w + side.next_log_probs, dim=0).mean(), log_w
-    return log_w[side.target].mean(), log_w
+    if isinstance(side.target, int):
+        return log_w[side.target].mean(), log_w
+    return log_w.gather(0, side.target[None]).mean(), log_w
 
 
 def fit_gate(
@@ -155,13 +163,15 @@ def fit_gate(
     objective: str = "likelihood",
     decays: Sequence[float] = DECAYS,
     steps: int = 100,
+    switching: Sequence[tuple[Evidence, torch.Tensor]] = (),
 ) -> GateFit:
     """The gate that best reads text of both sides (module doc), fitted on their evidence alone (no gradient into the
     model): ``old`` the base's side (text the base writes), ``new`` the new domain's (the training text); each side
     counts alike. ``objective`` ``"likelihood"``: the mixture's mean log-likelihood of the next token;
     ``"classification"``: the mean log-weight of the expert whose text it is (the base on the old side, the newest
-    model on the new). At each decay the other four weights are fitted by L-BFGS from the unfitted gate and
-    clipped to their ranges; the decay whose gate scores best wins."""
+    model on the new). ``switching``: a third side, text that changes sides within a sequence, each batch's
+    evidence with whether the newest model wrote each next token (B, T). At each decay the other four weights are
+    fitted by L-BFGS from the unfitted gate and clipped to their ranges; the decay whose gate scores best wins."""
     if objective not in OBJECTIVES:
         raise ValueError(f"a gate is fitted by one of {OBJECTIVES}, got {objective!r}")
     if not old or not new:
@@ -174,6 +184,9 @@ def fit_gate(
     by_decay = {}
     for decay in decays:
         sides = (_side(old, decay, eos_ids, 0), _side(new, decay, eos_ids, experts - 1))
+        if switching:  # text that changes sides: the decay is chosen by how fast the evidence must fade
+            evidence, written = zip(*switching, strict=True)
+            sides = (*sides, _side(evidence, decay, eos_ids, written))
         theta = torch.tensor(
             [start.prior, start.prefix_weight, start.entropy_weight, start.top_weight], dtype=torch.float64
         )
