@@ -77,8 +77,11 @@ class TrainConfig(ExperimentConfig):
         metadata={
             "help": "how the trained model is read, evaluated and saved: 'trained' (its own output), or a router of "
             "SCALE-Preserve (likelihood: the base's exact logits and its own mixed by the posterior that the "
-            "document so far is the base's) or of SCALE-Route (cosine = Eq. 5, likelihood); the router does not "
-            "train, it reads. auto = likelihood for SCALE-Preserve and SCALE-Route, trained for the others"
+            "document so far is the base's; confidence, hybrid; calibrated: a gate over the prefix's evidence and "
+            "each expert's confidence, fitted when training ends on the training text against text the base "
+            "writes, no old data; or refitted later with scale-cl calibrate) or of SCALE-Route (cosine = Eq. 5 "
+            "and the same routers); the router does not train, it reads. auto = likelihood for SCALE-Preserve and "
+            "SCALE-Route, trained for the others"
         },
     )
     seed: int = field(default=0, metadata={"ge": 0, "le": 4294967295, "help": "seed of data order and initialisation"})
