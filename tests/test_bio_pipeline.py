@@ -109,7 +109,7 @@ def test_micro_run_writes_figure_tables_and_curves_for_every_method(finished):
     # the calibrated reading's gate is fitted on Task 1's training questions against the Task-0 model's own text
     for run in (route, preserve):
         fit = run["readings"][-1]["gate_fit"]
-        assert fit["objective"] == "likelihood" and fit["sequences"][0] == fit["sequences"][1] > 0, fit
+        assert fit["objective"] == "classification" and fit["sequences"][0] == fit["sequences"][1] > 0, fit
         assert run["readings"][-1]["router_decay"] in {float(decay) for decay in fit["by_decay"]}
 
 
@@ -579,15 +579,15 @@ def test_one_pass_readings_keep_each_router_and_each_gate_objective_apart():
                 {"alpha": 1.0, **accuracy(0.1)},  # as trained: no router
                 {"alpha": 1.0, "router": "likelihood", **accuracy(0.7 + shift)},
                 {"alpha": 2.0, "router": "likelihood", **accuracy(0.0)},
-                {"alpha": 1.0, "router": "calibrated", "gate_fit": {"objective": "likelihood"}, **accuracy(0.6)},
-                {"alpha": 1.0, "router": "calibrated", "gate_fit": {"objective": "classification"}, **accuracy(0.5)},
+                {"alpha": 1.0, "router": "calibrated", "gate_fit": {"objective": "classification"}, **accuracy(0.6)},
+                {"alpha": 1.0, "router": "calibrated", "gate_fit": {"objective": "likelihood"}, **accuracy(0.5)},
                 {"alpha": 1.0, "router": "confidence", "control": "two models", **accuracy(0.0)},
             ],
         }
 
     found = one_pass_readings([run(0.0), run(0.1)])
-    assert list(found) == ["likelihood", "calibrated", "calibrated (classification fit)"]
+    assert list(found) == ["likelihood", "calibrated", "calibrated (likelihood fit)"]  # the recipe's: plain
     assert found["likelihood"]["each"]["task1"] == pytest.approx([0.7, 0.8])
     assert found["calibrated"]["task0_kept"]["mean"] == pytest.approx(0.75)
-    assert found["calibrated (classification fit)"]["task1"]["mean"] == pytest.approx(0.5)
+    assert found["calibrated (likelihood fit)"]["task1"]["mean"] == pytest.approx(0.5)
     assert one_pass_readings([run(0.0), {"curve": [accuracy(0.8)]}]) == {}  # a seed without readings: none shown

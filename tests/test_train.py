@@ -248,7 +248,7 @@ def test_the_calibrated_reading_is_fitted_at_the_end_and_calibrate_refits_the_sa
     out = tmp_path / "run"
     summary = run_train(cfg, out)
     fit = summary["gate_fit"]
-    assert fit["objective"] == "likelihood" and fit["sequences"] == [fit["sequences"][0]] * 2
+    assert fit["objective"] == "classification" and fit["sequences"] == [fit["sequences"][0]] * 2
     assert fit["old_base_weight"] > fit["new_base_weight"] and fit["share_of_training"] > 0
     metrics = lines(out / "metrics.jsonl")
     assert [r["step"] for r in metrics] == [0, 3, 6, 6] and metrics[-1]["gate"] == "fitted"

@@ -37,7 +37,7 @@ class GateRecipe:
     """How a gate is fitted, the same on every benchmark: ``sequences`` of the training text (the first ones) and as
     many the base samples at ``temperature``, ``objective`` one of `OBJECTIVES`."""
 
-    objective: str = "likelihood"
+    objective: str = "classification"
     sequences: int = 64
     temperature: float = 1.0
     batch_size: int = 8  # sequences a forward pass reads

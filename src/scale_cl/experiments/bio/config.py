@@ -174,13 +174,13 @@ class Task1Config(MethodStageConfig):
         },
     )
     gate_objectives: tuple[str, ...] = field(
-        default=("likelihood",),
+        default=("classification",),
         metadata={
             "choices": OBJECTIVES,
             "help": "SCALE-Route and SCALE-Preserve read with the calibrated router: the objectives its gate is "
             "fitted by (on Task 1's training questions against the Task-0 model's own text), one reading each. "
-            "likelihood: the mixture's log-likelihood of the next token on both sides; classification: the "
-            "log-weight of the expert whose text it is",
+            "classification: the log-weight of the expert whose text it is; likelihood: the mixture's "
+            "log-likelihood of the next token on both sides",
         },
     )
     pseudo_replay_ratio: float = field(

@@ -15,6 +15,7 @@ import torch
 
 from scale_cl.experiments.bio.config import BioConfig
 from scale_cl.experiments.bio.sequence_report import plot_matrices, plot_sequence, sequence_markdown, sequence_summary
+from scale_cl.experiments.method_run import GATE_RECIPE
 from scale_cl.files import atomic_write, write_json, write_text
 
 
@@ -64,8 +65,8 @@ def one_pass_readings(runs: list[dict]) -> dict[str, dict[str, Any]]:
     for run in runs:
         for reading in run.get("readings", []):
             if reading.get("router") and reading.get("alpha", 1.0) == 1.0 and not reading.get("control"):
-                objective = reading.get("gate_fit", {}).get("objective", "likelihood")  # a fit by another: apart
-                name = reading["router"] + ("" if objective == "likelihood" else f" ({objective} fit)")
+                objective = reading.get("gate_fit", {}).get("objective", GATE_RECIPE.objective)  # another: apart
+                name = reading["router"] + ("" if objective == GATE_RECIPE.objective else f" ({objective} fit)")
                 found.setdefault(name, []).append({**reading, "start": run["curve"][0]})
     summary = {}
     for router, readings in found.items():

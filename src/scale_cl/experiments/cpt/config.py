@@ -158,13 +158,13 @@ class EvalConfig:
     )
 
     gate_objectives: tuple[str, ...] = field(
-        default=("likelihood",),
+        default=("classification",),
         metadata={
             "choices": OBJECTIVES,
             "help": "where --eval.routers names the calibrated router: the objectives its gate is fitted by (on the "
-            "training text against the base's own samples), one reading each. likelihood: the mixture's "
-            "log-likelihood of the next token on both sides (what scale-cl train and scale-cl calibrate fit); "
-            "classification: the log-weight of the expert whose text it is",
+            "training text against the base's own samples), one reading each. classification: the log-weight of "
+            "the expert whose text it is (what scale-cl train and scale-cl calibrate fit); likelihood: the "
+            "mixture's log-likelihood of the next token on both sides",
         },
     )
 
