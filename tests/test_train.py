@@ -139,7 +139,8 @@ def test_help_explains_every_option_and_why_the_default_method():
 @pytest.mark.parametrize("name", ["smollm2", "clean-en", "paper"])
 def test_presets_are_valid_settings(name):
     cfg = preset(name)
-    assert cfg.method == "scale_preserve" and cfg.read_with == "likelihood"
+    assert cfg.method == "scale_preserve" and cfg.read_with == "calibrated"
+    assert replace(cfg, method="scale_route").read_with == "likelihood"
     assert replace(cfg, method="fft").read_with == "trained"
 
 
@@ -200,7 +201,7 @@ def finished(workspace, sources, tmp_path_factory):
 @pytest.mark.slow
 def test_a_run_keeps_its_checkpoints_losses_metrics_and_figure(finished):
     _, out, summary = finished
-    assert summary["steps"] == 6 and summary["reading"] == "likelihood"
+    assert summary["steps"] == 6 and summary["reading"] == "calibrated"  # the default: fitted at the end
     assert sorted(p.name for p in (out / "run").glob("checkpoint-*")) == [
         "checkpoint-2", "checkpoint-4", "checkpoint-6"
     ], "checkpoints are kept when the run ends"  # fmt: skip
@@ -208,7 +209,7 @@ def test_a_run_keeps_its_checkpoints_losses_metrics_and_figure(finished):
     assert [r["step"] for r in losses] == [2, 4, 6] and all(r["tokens"] == r["step"] * 128 for r in losses)
     assert all(r["loss"] > 0 and "learning_rate" in r and "grad_norm" in r for r in losses)
     metrics = lines(out / "metrics.jsonl")
-    assert [r["step"] for r in metrics] == [0, 3, 6] and all("toy" in r["forgetting_ppl"] for r in metrics)
+    assert [r["step"] for r in metrics] == [0, 3, 6, 6] and all("toy" in r["forgetting_ppl"] for r in metrics)
     assert (out / "curves.png").stat().st_size > 10_000
 
 
@@ -220,13 +221,13 @@ def test_the_saved_model_is_read_as_asked_and_eval_and_export_take_it(finished, 
 
     _, out, _ = finished
     model, _, method = load_trained(out / "model")
-    assert method == "scale_preserve" and model.scale_config.router == "likelihood"
+    assert method == "scale_preserve" and model.scale_config.router == "calibrated"
     card = (out / "model" / "README.md").read_text()
     for words in (
         "768 (6 steps of 4 sequences of 32 tokens)",
         "a.jsonl.gz` (weight 0.5)",
         "linear after 0 warm-up steps",
-        "SCALE-Preserve (`scale_preserve`), read with the likelihood router",
+        "SCALE-Preserve (`scale_preserve`), read with the calibrated router",
         "old-domain evaluation set",
     ):
         assert words in card, words
