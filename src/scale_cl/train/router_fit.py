@@ -34,8 +34,10 @@ Batch = Mapping[str, torch.Tensor]  # input_ids (B, T), attention_mask where pad
 
 @dataclass(frozen=True)
 class GateRecipe:
-    """How a gate is fitted, the same on every benchmark: ``sequences`` of the training text (the first ones) and as
-    many the base samples at ``temperature``, ``objective`` one of `OBJECTIVES`."""
+    """How a gate is fitted, the same on every benchmark: ``sequences`` of the training text (the first of those
+    given: callers spread them over the training set) and as many the base samples at ``temperature``, with
+    ``switching`` the two spliced into text that changes sides; ``objective`` one of `OBJECTIVES` (classification:
+    on the biography benchmark the likelihood objective leans on the old model, docs/design.md §2)."""
 
     objective: str = "classification"
     sequences: int = 64

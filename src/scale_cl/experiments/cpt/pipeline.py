@@ -383,10 +383,11 @@ class CptRun(MethodRun):
         from scale_cl.methods import trainable_parameter_count
 
         cfg, corpus = self.cfg, self.corpus
-        if self.reading == "calibrated" and requested_sharding() is not None:
+        if "calibrated" in (self.reading, *self.readings.routers) and requested_sharding() is not None:
             raise ValueError(
-                "the calibrated reading's gate is fitted on the whole model after training, which sharded weights "
-                "do not hold on one process: train without FSDP, or read it with another router (--reading)"
+                "the calibrated router's gate is fitted on the whole model after training, which sharded weights "
+                "do not hold on one process: train without FSDP, or read it with another router (--reading, "
+                "--eval.routers)"
             )
         tokens_per_step = cfg.train.batch_size * cfg.data.seq_len
         train = training_data(cfg, corpus, self.pseudo, mark=mark)
