@@ -551,7 +551,8 @@ def test_pseudo_replay_mixes_in_the_task0_models_own_text_sampled_once(tmp_path,
     assert [r["alpha"] for r in fft["readings"]] == [0.0, 0.5]
     assert {k: fft["readings"][0][k] for k in ("task0", "task1")} == {k: fft["curve"][0][k] for k in ("task0", "task1")}
     # task1.likelihood_control: FFT's model and the Task-0 model mixed, read with the router's separation
-    assert [control["router"] for control in fft["likelihood_control"]] == ["likelihood", "confidence", "hybrid"]
+    routers = ["likelihood", "confidence", "hybrid", "calibrated"]
+    assert [control["router"] for control in fft["likelihood_control"]] == routers
     for control in fft["likelihood_control"]:
         assert control["control"] == "two models" and 0 <= control["task1"]["overall"] <= 1
         assert 0 <= control["likelihood_router"]["auroc"] <= 1

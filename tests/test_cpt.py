@@ -364,8 +364,14 @@ def test_the_two_model_control_reads_fft_with_its_base(workspace, tmp_path, monk
     rows = {tuple(row.tolist()) for row in read}
     eos = AutoTokenizer.from_pretrained(cfg.model).eos_token_id
     new_side = {row for row in rows if row in train}
-    assert new_side and not rows & evaluated  # the training text is read, no evaluation text
-    assert all(row[0] == eos for row in rows - new_side)  # the rest: the base's samples from a document start
+    sampled = {row for row in rows - new_side if row[0] == eos}  # the base's samples, from a document start
+    assert new_side and sampled and not rows & evaluated  # the training text is read, no evaluation text
+    for row in rows - new_side - sampled:  # the rest: a training row and a sample spliced at one cut
+        assert any(
+            any(row[:cut] == a[:cut] for a in first) and any(row[cut:] == b[cut:] for b in second)
+            for cut in range(1, len(row))
+            for first, second in ((new_side, sampled), (sampled, new_side))
+        ), row
     # every reading by token likelihoods records the router's separation; a model alone records none
     route_read = next(r for r in results["methods"]["scale_route"]["up_logit_frontier"] if r.get("router"))
     for record in (control["separation"], route_read["separation"]):

@@ -57,4 +57,5 @@ COMMAND = Command(
     usage="scale-cl calibrate RUN [--config FILE.yaml]",
     settings=CalibrateSettings,
     run=run,
+    config_example="{run: outputs/train-clean-en-scale_preserve}",
 )
