@@ -214,7 +214,7 @@ def evaluate_targets(entry: dict[str, Any]) -> list[dict[str, Any]]:
             add(40, f"{name} forward time / fft (1 / its speed ratio)", 1 / speed if speed else None, 1.5)
             if name == "preserve-likelihood":
                 add(53, f"{name} forward time / fft", 1 / speed if speed else None, 1.35)
-        if name == "preserve-calibrated":  # issue 63: the calibrated reading's forward as issue 53 asks of likelihood's
+        if name == "preserve-calibrated":  # the calibrated reading held to the likelihood reading's forward target
             speed = (reading.get("vs_fft") or {}).get("forward_tokens_per_s")
             add(63, f"{name} forward time / fft", 1 / speed if speed else None, 1.35)
     return targets
