@@ -234,3 +234,27 @@ def test_sequence_refusals_before_anything_is_written(tmp_path):
     with pytest.raises(ValueError, match=r"runs through scale_cl\.experiments\.bio\.sequence\.run_bio_sequence"):
         pipeline.run_bio(cfg, tmp_path / "run")
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+def test_a_calibrated_sequence_reads_each_task_with_a_gate_fitted_on_its_questions(tmp_path):
+    """options.scale.router calibrated: after task k, SCALE-Preserve grown per task (k + 1 experts) is read with a gate
+    fitted on task k's training questions and the samples of the k experts before the newest; its row records the
+    gate and the fit. FFT's control (the Task-0 model and each task's model) is fitted the same way."""
+    cfg = micro_sequence(**{**PER_TASK, "options.scale.router": "calibrated"}, methods=["fft", "scale_preserve"])
+    results = sequence.run_bio_sequence(cfg, tmp_path / "run")["methods"]
+    preserve = results["scale_preserve"]["runs"][0]
+    fits = [row["gate_fit"] for row in preserve["rows"][1:]]
+    assert [fit["sequences"][0] // fit["sequences"][1] for fit in fits] == [1, 2, 3]  # every earlier expert's samples
+    assert all(
+        set(row["gate"])
+        == {"router_prior", "router_decay", "router_prefix_weight", "router_entropy_weight", "router_top_weight"}
+        for row in preserve["rows"][1:]
+    )
+    control = results["fft"]["runs"][0]["control"]
+    assert control["router"] == "calibrated"
+    assert [row["gate_fit"]["sequences"][0] // row["gate_fit"]["sequences"][1] for row in control["rows"][1:]] == [
+        1,
+        2,
+        3,
+    ]

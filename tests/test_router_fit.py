@@ -14,7 +14,16 @@ from exactness import assert_exact_to_rounding
 from scale_cl import ScaleConfig, upscale
 from scale_cl.data.pseudo_replay import generate_blocks
 from scale_cl.eval.mixture import mixture_read_as
-from scale_cl.train.router_fit import GateRecipe, as_batches, base_view, collect_evidence, fit_router, spread_sample
+from scale_cl.train.router_fit import (
+    GateRecipe,
+    as_batches,
+    base_view,
+    collect_evidence,
+    expert_count,
+    expert_view,
+    fit_router,
+    spread_sample,
+)
 from scale_cl.tuner.modes import set_live_settings
 from scale_cl.tuner.routing.calibrated import Gate, gate_log_weights
 from scale_cl.tuner.scale_state import scale_config_of
@@ -88,9 +97,48 @@ def test_what_cannot_be_fitted_here_is_refused():
     with pytest.raises(ValueError, match="SCALE-Route and SCALE-Preserve"):
         fit_router(adapt, torch.ones(2, 4, dtype=torch.long), EOS)
     _, model = _model("preserve")
+    with pytest.raises(ValueError, match=r"an expert before the newest, 0\.\.0; got 1"):
+        expert_view(model, 1)
+
+
+def _grown():
+    """The base, the model after its first stage (a SCALE-Preserve model, trained: random new weights) and that model
+    grown again (three nested experts), the second stage's new weights random too."""
+    base, model = _model("preserve")
+    first = copy.deepcopy(model)
     grown = upscale(model, ScaleConfig(hidden_up=32, ffn_up=8, method="preserve", w21_init="random", seed=3))
-    with pytest.raises(ValueError, match="grown more than once"):
-        fit_router(grown, torch.ones(2, 4, dtype=torch.long), EOS)
+    randomize_new_weights(grown, seed=4, w12_scale=0.0, head_scale=0.5)
+    grown.config.eos_token_id = EOS
+    grown.scale_route.eos_ids = (EOS,)
+    return base, first, grown.eval()
+
+
+def test_a_grown_models_views_are_its_earlier_models():
+    """Each expert before the newest, read alone, is the model it was after that stage: the base, then the model
+    after the first stage, logits as exact as theirs, to float64 (Theorem 3.1 at every stage)."""
+    base, first, grown = _grown()
+    assert expert_count(grown) == 3
+    ids = torch.randint(3, VOCAB, (2, 9), generator=torch.Generator().manual_seed(3))
+    for expert, earlier in enumerate((base, first)):
+        with torch.no_grad():
+            got = expert_view(grown, expert)(input_ids=ids).logits
+            stock, exact = earlier(input_ids=ids).logits, copy.deepcopy(earlier).double()(input_ids=ids).logits
+        assert_exact_to_rounding(got, exact, stock=stock, what=f"the grown model's expert {expert}")
+
+
+def test_a_grown_model_is_fitted_on_each_earlier_stages_text_and_reads_as_its_control():
+    """The nested fit samples the base and the model after the first stage (a side each) beside the training text;
+    the control of the same three models, fitted the same way, reaches the same gate (the one-pass identity)."""
+    base, first, grown = _grown()
+    new = generate_blocks(grown, EOS, 16, 16, seed=7)
+    control = mixture_read_as([base, first, copy.deepcopy(grown)], "likelihood", scale_config_of(grown))
+    fitted = fit_router(control, new, EOS, seed=0, recipe=GateRecipe(sequences=16))
+    one_pass = fit_router(grown, new, EOS, seed=0, recipe=GateRecipe(sequences=16))
+    assert scale_config_of(grown).router == "calibrated" and control.router == "calibrated"
+    assert (one_pass.old_sequences, one_pass.new_sequences) == (32, 16)  # two earlier experts' samples
+    assert one_pass.fit.gate.decay == fitted.fit.gate.decay
+    assert abs(one_pass.fit.value - fitted.fit.value) < 1e-4, (one_pass.fit, fitted.fit)
+    assert one_pass.fit.old_base_weight > one_pass.fit.new_base_weight, one_pass.fit
 
 
 def test_the_two_model_control_is_fitted_the_same_way():

@@ -22,6 +22,10 @@ from safetensors.torch import load_model, save_model
 
 from scale_cl.eval.cost import forward_flops_per_token, train_flops_per_token
 from scale_cl.files import atomic_write, write_json
+from scale_cl.train.router_fit import RouterFit
+from scale_cl.tuner.modes import set_live_settings
+
+GateFitter = Callable[[torch.nn.Module], RouterFit]  # fits the calibrated router's gate on a model, sets it
 
 PROGRESS_FILE = "progress.json"
 RECORD_KEYS = ("step", "train_tokens_per_s")  # a curve record's own keys, beside the evaluation's
@@ -51,8 +55,12 @@ class SequenceProgress:
         self.state["rows"] = [row]
 
     def restore(self, model: torch.nn.Module) -> None:
-        """Load the state after the last finished task into ``model``, rebuilt as the sequence built it."""
+        """Load the state after the last finished task into ``model``, rebuilt as the sequence built it, and the
+        calibrated router's gate fitted after it (`read_with_fitted_gate`), which is a setting, not a weight."""
         load_model(model, self.folder / f"task-{self.tasks_done}.safetensors", strict=True)
+        gate = self.rows[-1].get("gate") if self.rows else None
+        if gate is not None:
+            set_live_settings(model, router="calibrated", **gate)
 
     def finish_task(
         self, task: int, model: torch.nn.Module, records: list[dict[str, Any]], cost: dict[str, Any], seconds: float
@@ -111,14 +119,30 @@ class SequenceControl:
         atomic_write(self.folder / f"task-{task}.safetensors", lambda path: save_model(model, path))
         self.experts.append(copy.deepcopy(model).eval())
 
-    def reading(self, evaluate: Callable[[torch.nn.Module], dict[str, Any]]) -> dict[str, Any]:
-        """The mixture of the experts so far, evaluated as one model."""
+    def reading(
+        self, evaluate: Callable[[torch.nn.Module], dict[str, Any]], calibrate: GateFitter | None = None
+    ) -> dict[str, Any]:
+        """The mixture of the experts so far, evaluated as one model; read by the calibrated router, its gate
+        fitted first by ``calibrate`` (as the model's is, `read_with_fitted_gate`)."""
         from scale_cl.eval.mixture import mixture_read_as
 
-        return evaluate(mixture_read_as(self.experts, self.router, self.settings))
+        mixture = mixture_read_as(self.experts, self.router, self.settings)
+        if self.router == "calibrated" and calibrate is not None:
+            return read_with_fitted_gate(mixture, calibrate, evaluate)
+        return evaluate(mixture)
 
     def clear(self) -> None:
         shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def read_with_fitted_gate(
+    model: torch.nn.Module, calibrate: GateFitter, evaluate: Callable[[torch.nn.Module], dict[str, Any]]
+) -> dict[str, Any]:
+    """After a task, a model read by the calibrated router (a SCALE model, or a control's mixture): its gate fitted
+    on the task's training text (``calibrate``: `scale_cl.train.router_fit.fit_router` with that text), the model
+    evaluated with it; the row records the gate (``gate``, re-set on a resume) and the fit (``gate_fit``)."""
+    fitted = calibrate(model)
+    return {"gate": fitted.fit.gate.settings(), "gate_fit": fitted.summary(), **evaluate(model)}
 
 
 def task_cost(model: torch.nn.Module, ids: torch.Tensor) -> dict[str, Any]:
@@ -138,4 +162,4 @@ def task_cost(model: torch.nn.Module, ids: torch.Tensor) -> dict[str, Any]:
     return cost
 
 
-__all__ = ["PROGRESS_FILE", "SequenceControl", "SequenceProgress", "task_cost"]
+__all__ = ["PROGRESS_FILE", "SequenceControl", "SequenceProgress", "read_with_fitted_gate", "task_cost"]

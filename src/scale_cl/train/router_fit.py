@@ -3,10 +3,12 @@
 The gate is fitted on two sides of text. The new side is the new domain's training text, which the model trained on.
 The old side is text the base writes itself, sampled from a document start: a copy of the model read as SCALE-Preserve
 at ``alpha = 0`` is the base model (Theorem 3.1; SCALE-Route's preserve path too), so no second model is loaded; the
-two-model control (`scale_cl.eval.mixture.ModelMixture`) samples its first model. Nothing else is read: no held-out
-text, no old-domain evaluation set. The evidence of both sides comes from one forward pass per batch of the model as
-it is (`RouteState.evidence`, ``ModelMixture.evidence``); the fit itself reads only that evidence and takes no
-gradient into the model. One recipe (`GateRecipe`) serves every benchmark and `scale-cl train`.
+two-model control (`scale_cl.eval.mixture.ModelMixture`) samples its first model. A model grown k times (k + 1
+nested experts) adds a side per earlier stage, text that stage's model writes (`expert_view`); a control of k + 1
+models likewise. Nothing else is read: no held-out text, no old-domain evaluation set. The evidence of every side
+comes from one forward pass per batch of the model as it is (`RouteState.evidence`, ``ModelMixture.evidence``); the
+fit itself reads only that evidence and takes no gradient into the model. One recipe (`GateRecipe`) serves every
+benchmark and `scale-cl train`.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from scale_cl.tuner.config import ScaleConfig
 from scale_cl.tuner.modes import set_live_settings, set_method
 from scale_cl.tuner.routing.calibrated import OBJECTIVES, GateFit, fit_gate
 from scale_cl.tuner.routing.posterior import Evidence
-from scale_cl.tuner.scale_state import scale_config_of, scale_state_of
+from scale_cl.tuner.scale_state import ScaleState, scale_config_of, scale_state_of
 
 Batch = Mapping[str, torch.Tensor]  # input_ids (B, T), attention_mask where padded; other keys are not read
 
@@ -55,7 +57,8 @@ class GateRecipe:
 
 @dataclass(frozen=True)
 class RouterFit:
-    """A fitted gate, the text it was fitted on (sizes) and what fitting cost."""
+    """A fitted gate, the text it was fitted on (sizes: ``old_sequences`` every earlier expert's samples) and what
+    fitting cost."""
 
     fit: GateFit
     old_sequences: int
@@ -77,32 +80,60 @@ class RouterFit:
 
 def check_routed(model: nn.Module) -> ScaleConfig:
     """The model's `ScaleConfig`, refused unless its gate can be fitted here: SCALE-Route or SCALE-Preserve (their
-    base logits are exact), upscaled once (a grown model's nested experts need each earlier stage's text too)."""
+    base logits, and a grown Preserve model's earlier stages', are exact)."""
     config = scale_config_of(model)
     if config.method not in ("route", "preserve"):
         raise ValueError(
             f"the calibrated router reads SCALE-Route and SCALE-Preserve (their base logits are exact), not "
             f"SCALE-{config.method.capitalize()}: fit it on a model trained with either"
         )
-    if len(scale_state_of(model).stage_widths()) > 1:
-        raise ValueError(
-            "fitting the calibrated router of a model grown more than once (nested experts) is not built yet: set its "
-            "gate by hand (options.scale.router_* settings) or read it with the nested router"
-        )
     return config
 
 
-def base_view(model: nn.Module) -> nn.Module:
-    """A copy of ``model`` that is its base model: SCALE-Preserve at ``alpha = 0``, not routed (Theorem 3.1); the
-    first model of a two-model control."""
+def scale_reads_gate(model: nn.Module) -> bool:
+    """Whether ``model`` is a SCALE model read by the calibrated router, whose gate a fit sets (SCALE-Route or
+    -Preserve; not a baseline, whose options.scale.router reads nothing)."""
+    if not isinstance(getattr(model, "scale_state", None), ScaleState):
+        return False
+    config = scale_config_of(model)
+    return config.router == "calibrated" and config.routed
+
+
+def expert_count(model: nn.Module) -> int:
+    """How many experts the calibrated router mixes: the base and the model now, and on a model grown k times each
+    earlier stage's model between them (k + 1); a control's models."""
     if isinstance(model, ModelMixture):
-        if len(model.experts) != 2:
-            count = len(model.experts)
-            raise ValueError(f"a control's gate is fitted on two models, the base and one trained; got {count}")
-        return model.experts[0]
+        return len(model.experts)
+    return len(scale_state_of(model).stage_widths()) + 1
+
+
+def expert_view(model: nn.Module, expert: int) -> nn.Module:
+    """A model that is ``model``'s expert ``expert`` alone, to sample its text: a control's model; for a SCALE model
+    a copy read as SCALE-Preserve at ``alpha = 0``, not routed (Theorem 3.1: the model before this stage), its head
+    given only the streams of the stages up to ``expert`` (the nested experts' cumulative sums,
+    `scale_cl.tuner.routing.nested`; 0: the base)."""
+    count = expert_count(model)
+    if not 0 <= expert < count - 1:
+        raise ValueError(f"a view is of an expert before the newest, 0..{count - 2}; got {expert}")
+    if isinstance(model, ModelMixture):
+        return model.experts[expert]
     check_routed(model)
-    view = set_method(copy.deepcopy(model).eval(), "preserve")
-    return set_live_settings(view, up_logit_scale=0.0, router="cosine")
+    view = set_live_settings(set_method(copy.deepcopy(model).eval(), "preserve"), up_logit_scale=0.0, router="cosine")
+    kept = sum(scale_state_of(model).stage_widths()[: expert + 1])
+    if expert < count - 2:  # the later stages' streams read as zeros: their columns add nothing to the logits
+
+        def earlier_streams(_head: nn.Module, args: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+            hidden = args[0].clone()
+            hidden[..., kept:] = 0
+            return (hidden, *args[1:])
+
+        view.get_output_embeddings().register_forward_pre_hook(earlier_streams)
+    return view
+
+
+def base_view(model: nn.Module) -> nn.Module:
+    """A copy of ``model`` that is its base model (`expert_view` 0); a control's first model."""
+    return expert_view(model, 0)
 
 
 def as_batches(text: torch.Tensor | Sequence[Batch], sequences: int, batch_size: int) -> list[dict[str, torch.Tensor]]:
@@ -184,18 +215,21 @@ def fit_router(
     bf16: bool = False,
 ) -> RouterFit:
     """Fit the calibrated router's gate (`GateRecipe`) on ``new_text`` (the training text: blocks or batches) and
-    as many sequences of its length sampled from the model's base from ``start_id`` (the tokenizer's EOS); set it on
-    ``model`` (a SCALE model: its router becomes ``"calibrated"``; a two-model control likewise) and return the fit.
-    ``bf16``: the base samples under bf16 autocast (the run's precision)."""
+    as many sequences of its length sampled from the model's base from ``start_id`` (the tokenizer's EOS), and on a
+    grown model from each earlier stage's model too (`expert_view`); set it on ``model`` (a SCALE model: its router
+    becomes ``"calibrated"``; a control likewise) and return the fit. ``bf16``: the samples under bf16 autocast (the
+    run's precision)."""
     began = time.perf_counter()
     new = as_batches(new_text, recipe.sequences, recipe.batch_size)
     count = sum(batch["input_ids"].shape[0] for batch in new)
     length = max(batch["input_ids"].shape[1] for batch in new)
     if length < 2:
         raise ValueError(f"a gate is fitted on sequences of two tokens or more, got {length}")
-    base, temperature = base_view(model), recipe.temperature
-    sampled = generate_blocks(base, start_id, count, length, seed, temperature, recipe.sample_batch_size, bf16)
-    old = collect_evidence(model, sampled, recipe.batch_size)
+    sampling = (start_id, count, length, seed, recipe.temperature, recipe.sample_batch_size, bf16)
+    # what each expert before the newest writes, the base's first
+    samples = [generate_blocks(expert_view(model, expert), *sampling) for expert in range(expert_count(model) - 1)]
+    sampled = samples[0]
+    old, *middle = (collect_evidence(model, text, recipe.batch_size) for text in samples)
     new_evidence = collect_evidence(model, new, recipe.batch_size)
     switching = []
     if recipe.switching and isinstance(new_text, torch.Tensor):  # blocks of running text (not single questions)
@@ -204,9 +238,9 @@ def fit_router(
         evidence = collect_evidence(model, spliced, recipe.batch_size)
         switching = list(zip(evidence, written.split(recipe.batch_size), strict=True))
     eos_ids = _eos_ids(model) or (start_id,)
-    fit = fit_gate(old, new_evidence, eos_ids, objective=recipe.objective, switching=switching)
+    fit = fit_gate(old, new_evidence, eos_ids, objective=recipe.objective, switching=switching, middle=middle)
     apply_gate(model, fit)
-    return RouterFit(fit, count, count, length, time.perf_counter() - began)
+    return RouterFit(fit, count * len(samples), count, length, time.perf_counter() - began)
 
 
 def spliced_sequences(old: torch.Tensor, new: torch.Tensor, seed: int) -> tuple[torch.Tensor, torch.Tensor]:

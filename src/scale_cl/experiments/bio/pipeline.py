@@ -370,6 +370,14 @@ def pseudo_replay_examples(cfg: BioConfig, data: BioData, task0_dir: Path, seed:
     return [{"input_ids": row, "labels": row} for row in blocks.tolist()]
 
 
+def gate_questions(train: Any, pad_id: int) -> list[dict[str, torch.Tensor]]:
+    """The calibrated router's new side on the biography benchmark: a task's training questions, spread over them
+    (no replay), padded as they train."""
+    examples, size = spread_sample(train, GATE_RECIPE.sequences), GATE_RECIPE.batch_size
+    collator = PadCollator(pad_id)
+    return [collator(examples[i : i + size]) for i in range(0, len(examples), size)]
+
+
 @dataclass
 class Task1Run(MethodRun):
     """Stage 3 for one method (`run_method`): the Task-0 model prepared for it, trained on Task 1's questions."""
@@ -441,11 +449,8 @@ class Task1Run(MethodRun):
         return Training(train, args, tracker, task0_questions, options, [SaveAtEvaluations(t.eval_every, minutes)])
 
     def gate_text(self) -> tuple[list[dict[str, torch.Tensor]], int]:
-        """Task 1's training questions, spread over them (no replay), padded as they train, and the EOS."""
-        examples = spread_sample(self.data.task1_train, GATE_RECIPE.sequences)
-        collator, size = PadCollator(self.data.tokenizer.pad_token_id), GATE_RECIPE.batch_size
-        batches = [collator(examples[i : i + size]) for i in range(0, len(examples), size)]
-        return batches, self.data.tokenizer.eos_token_id
+        """Task 1's training questions (`gate_questions`) and the EOS."""
+        return gate_questions(self.data.task1_train, self.data.tokenizer.pad_token_id), self.data.tokenizer.eos_token_id
 
     def announce(self, trainable: int, distillation: Distillation | None, calibration: RouteCalibration | None) -> None:
         t, replay = self.cfg.task1, ""

@@ -36,21 +36,40 @@ from scale_cl.experiments.bio.pipeline import (
     CHECKPOINTS_KEPT,
     BioData,
     evaluate_tasks,
+    gate_questions,
     result_path,
     run_bio,
     task1_placement,
 )
-from scale_cl.experiments.sequence_progress import SequenceControl, SequenceProgress, task_cost
+from scale_cl.experiments.method_run import GATE_RECIPE
+from scale_cl.experiments.sequence_progress import (
+    GateFitter,
+    SequenceControl,
+    SequenceProgress,
+    read_with_fitted_gate,
+    task_cost,
+)
 from scale_cl.files import write_json
 from scale_cl.methods import method_spec
 from scale_cl.train.arguments import training_arguments
 from scale_cl.train.callbacks import PeriodicEval, SaveAtEvaluations
 from scale_cl.train.recipe import train_model
+from scale_cl.train.router_fit import fit_router, scale_reads_gate
 
 
 def task_names(tasks: int) -> list[str]:
     """The accuracy matrix's columns: Task 0 (held-out people) and each new cohort."""
     return ["task0", *(f"task{j}" for j in range(1, tasks + 1))]
+
+
+def task_gate_fitter(cfg: BioConfig, data: BioData, task: int, seed: int) -> GateFitter | None:
+    """With ``options.scale.router calibrated``: what fits the gate after ``task``, on its training questions
+    (`gate_questions`, the one recipe ``GATE_RECIPE``) and the samples of every expert before the newest; else None."""
+    if cfg.options.scale.router != "calibrated":
+        return None
+    text, tokenizer = gate_questions(data.task_train(task), data.tokenizer.pad_token_id), data.tokenizer
+    bf16 = task1_placement(cfg).bf16
+    return partial(fit_router, new_text=text, start_id=tokenizer.eos_token_id, seed=seed, recipe=GATE_RECIPE, bf16=bf16)
 
 
 def _start_model(cfg: BioConfig, task0_dir: Path, method: str, seed: int) -> torch.nn.Module:
@@ -128,9 +147,13 @@ def run_sequence(
             resume=True,
         )
         model.eval()
+        evaluate = partial(evaluate_tasks, data=data)
+        calibrate = task_gate_fitter(cfg, data, task, seed + task - 1)
+        if calibrate is not None and scale_reads_gate(model):  # the task's row: the model read with its fitted gate
+            tracker.add(tracker.records[-1]["step"], read_with_fitted_gate(model, calibrate, evaluate))
         if control is not None:  # read before the task's row is saved, so that a resume has it
             control.add(task, model)
-            tracker.records[-1]["control"] = control.reading(lambda m: evaluate_tasks(m, data))
+            tracker.records[-1]["control"] = control.reading(evaluate, calibrate)
         progress.finish_task(task, model, tracker.records, cost, time.perf_counter() - start)
         shutil.rmtree(run_dir, ignore_errors=True)
     state = progress.state

@@ -20,22 +20,32 @@ import math
 import shutil
 import time
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from scale_cl.data.corpus import build_corpus, check_corpus
+from scale_cl.data.tokens import eos_id
 from scale_cl.eval.continual import continual_metrics
 from scale_cl.eval.perplexity import perplexity
 from scale_cl.experiments.cpt.config import CptConfig
 from scale_cl.experiments.cpt.report import RESULT_FILE
+from scale_cl.experiments.method_run import GATE_RECIPE
 from scale_cl.experiments.run_folder import check_output_folder, claim_output_folder
-from scale_cl.experiments.sequence_progress import SequenceControl, SequenceProgress, task_cost
+from scale_cl.experiments.sequence_progress import (
+    GateFitter,
+    SequenceControl,
+    SequenceProgress,
+    read_with_fitted_gate,
+    task_cost,
+)
 from scale_cl.files import write_json, write_text
 from scale_cl.models import BaseModelRef, load_base
 from scale_cl.train.callbacks import PeriodicEval
 from scale_cl.train.recipe import train_model
+from scale_cl.train.router_fit import fit_router, gate_blocks, scale_reads_gate
 from scale_cl.train.sharding import refuse_sharding
 
 COST_TOKENS = 64  # the first evaluation set's first tokens: the one sequence each task's cost is counted on
@@ -80,6 +90,16 @@ def evaluator(cfg: CptConfig, evals: dict[str, Any], bf16: bool):
     return evaluate
 
 
+def task_gate_fitter(cfg: CptConfig, train: Any, start_id: int, seed: int, bf16: bool) -> GateFitter | None:
+    """With ``options.scale.router calibrated``: what fits the gate after a task, on that task's training blocks
+    (`scale_cl.train.router_fit.gate_blocks`, the one recipe ``GATE_RECIPE``) and the samples of every expert before
+    the newest; else None."""
+    if cfg.options.scale.router != "calibrated":
+        return None
+    text = gate_blocks(train, GATE_RECIPE.sequences)
+    return partial(fit_router, new_text=text, start_id=start_id, seed=seed, recipe=GATE_RECIPE, bf16=bf16)
+
+
 def run_method_sequence(
     cfg: CptConfig, ref: BaseModelRef, trains: list[tuple[str, Any]], evals: dict[str, Any], method: str, out: Path
 ) -> dict[str, Any]:
@@ -93,7 +113,7 @@ def run_method_sequence(
         return json.loads(result_path.read_text())
     progress = SequenceProgress(method_dir)
     done, growth = progress.tasks_done, cfg.sequence
-    base, _ = load_base(ref)
+    base, tokenizer = load_base(ref)
     model = prepare(base, method, **cfg.options.prepare_options(method, cfg.seed))
     placement = run_placement(cfg)
     model.to(placement.device)  # step 0 is evaluated where the tasks train (prepared on the CPU, as always)
@@ -144,9 +164,12 @@ def run_method_sequence(
         lr_ratios = cfg.options.lr_ratios(method)
         train_model(model, train, args, callbacks=[tracker], run_info=run_info, lr_ratios=lr_ratios, resume=True)
         model.eval()
+        calibrate = task_gate_fitter(cfg, train, eos_id(tokenizer), task_cfg.seed, placement.bf16)
+        if calibrate is not None and scale_reads_gate(model):  # the task's row: the model read with its fitted gate
+            tracker.add(tracker.records[-1]["step"], read_with_fitted_gate(model, calibrate, evaluate))
         if control is not None:  # read before the task's row is saved, so that a resume has it
             control.add(task, model)
-            tracker.records[-1]["control_ppl"] = control.reading(evaluate)["ppl"]
+            tracker.records[-1]["control_ppl"] = control.reading(evaluate, calibrate)["ppl"]
         cost = {"name": name, "lr": args.learning_rate, **cost}
         progress.finish_task(task, model, tracker.records, cost, time.perf_counter() - start)
         shutil.rmtree(method_dir / f"task-{task}.run", ignore_errors=True)

@@ -56,7 +56,7 @@ def calibrate_run(run: str | Path) -> RouterFit:
             "are exact); train one of them (--method scale_preserve or scale_route)"
         )
     model, tokenizer, method = load_trained(model_dir)
-    check_routed(model)  # before the corpus is read (a model grown more than once)
+    check_routed(model)  # before the corpus is read (SCALE-Adapt, a baseline)
     ref = base_model_ref(cfg)
     base, base_tokenizer = load_base(ref)
     corpus = load_run_corpus(cfg, base_tokenizer, vocab_rows(base), log_prefix="calibrate")
