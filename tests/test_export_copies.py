@@ -32,6 +32,7 @@ COPIES = {
     "ExpertMemory",
     "posterior_mix",
     "expert_confidence",
+    "expert_statistics",
     "log_normalisers",
     "chunk_rows",
     "mixture_log_probs",

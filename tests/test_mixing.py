@@ -172,3 +172,24 @@ def test_the_routers_read_increments_as_the_summed_experts():
         for field in ("ratio", "last_log_probs"):
             ours, stock, reference = (getattr(out[2], field) for out in (parts, whole, exact))
             assert_exact_to_rounding(ours, reference, stock=stock, what=f"memory's {field}")
+
+
+@pytest.mark.parametrize("increments", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_one_pass_statistics_are_the_normalisers_and_both_confidences(dtype, increments):
+    """`expert_statistics` (what the confidence and calibrated routers read, in one pass) equals `log_normalisers`
+    and each `expert_confidence` measure as exactly as those equal float64; a ruled-out entry (-inf) adds nothing."""
+    torch.manual_seed(5)
+    logits = [(torch.randn(2, 5, 50) * 6).to(dtype) for _ in range(3)]
+    logits[-1][0, 2, 7] = float("-inf")  # the last: an increment after it would be +inf
+    given = as_increments(logits) if increments else logits
+    norms, measures = mixing.expert_statistics(given, increments)
+    stock_norms = log_normalisers(given, increments)
+    exact_given = [z.double() for z in given]
+    exact_norms = log_normalisers(exact_given, increments)
+    assert_exact_to_rounding(norms, exact_norms, stock=stock_norms, what="one-pass normalisers")
+    for kind in mixing.CONFIDENCES:
+        stock = mixing.expert_confidence(given, stock_norms, kind, increments)
+        exact = mixing.expert_confidence(exact_given, exact_norms, kind, increments)
+        assert torch.isfinite(measures[kind]).all(), kind
+        assert_exact_to_rounding(measures[kind], exact, stock=stock, what=f"one-pass {kind}")

@@ -352,6 +352,37 @@ def expert_confidence(
     return out.view(norms.shape)
 
 
+# Copy of scale_cl.tuner.routing.mixing.expert_statistics: the same code.
+def expert_statistics(
+    experts: Sequence[torch.Tensor], increments: bool = False
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """`log_normalisers` and both `expert_confidence` measures (E, ...) in one pass over the logits, no gradient:
+    with ``m`` a row's largest logit and ``s = sum_v e^(z_v - m)``, the normaliser is ``m + ln s``, the log top
+    probability ``-ln s`` and the negative entropy ``sum_v e^(z_v - m) (z_v - m) / s - ln s``, all from one
+    exponential of the row (a chunk of positions at a time, in cache) instead of three passes through memory."""
+    vocab = experts[0].shape[-1]
+    flat = [z.detach().reshape(-1, vocab) for z in experts]
+    dtype = torch.promote_types(experts[0].dtype, torch.float32)
+    out = torch.empty(3, len(flat), flat[0].shape[0], dtype=dtype, device=flat[0].device)
+    rows = chunk_rows(vocab, out.device)
+    for first in range(0, out.shape[2], rows):
+        part = slice(first, first + rows)
+        running = None
+        for index, z in enumerate(flat):
+            running = running + z[part] if increments and running is not None else z[part].to(dtype)
+            top = running.amax(dim=-1, keepdim=True)
+            shifted = running - top
+            weights = shifted.exp()
+            total = weights.sum(dim=-1)
+            log_sum = total.log()
+            out[0, index, part] = top.squeeze(-1) + log_sum
+            shifted.clamp_min_(torch.finfo(dtype).min)  # a ruled-out entry (weight 0, -inf) adds 0, not NaN
+            out[1, index, part] = torch.linalg.vecdot(weights, shifted) / total - log_sum
+            out[2, index, part] = -log_sum
+    shape = (len(flat), *experts[0].shape[:-1])
+    return out[0].view(shape), {"entropy": out[1].view(shape), "top": out[2].view(shape)}
+
+
 # Copy of scale_cl.tuner.routing.posterior.ExpertMemory: the same code.
 @dataclass
 class ExpertMemory:
@@ -392,7 +423,16 @@ def posterior_mix(
     weight (E, B, T) and the memory for the next call (None without ``prefix``). ``increments``: each tensor after
     the first is what its expert adds to the one before. ``keep`` > 0: the mixture of the last ``keep`` positions
     alone (what ``logits_to_keep`` asked for)."""
-    norms = log_normalisers(expert_logits, increments)  # (E, B, T): expert - norm are log-probabilities
+    if confidence is not None and confidence not in CONFIDENCES:
+        raise ValueError(f"an expert's confidence is one of {CONFIDENCES}, got {confidence!r}")
+    measures = {}  # each expert's confidence by kind (E, B, T), where the router reads one
+    if confidence is None and entropy_weight == 0 and top_weight == 0:
+        norms = log_normalisers(expert_logits, increments)  # (E, B, T): expert - norm are log-probabilities
+    elif torch.is_grad_enabled() and any(z.requires_grad for z in expert_logits):
+        norms = log_normalisers(expert_logits, increments)
+        measures = {kind: expert_confidence(expert_logits, norms, kind, increments) for kind in CONFIDENCES}
+    else:  # the normalisers and both confidences in one pass over the logits
+        norms, measures = expert_statistics(expert_logits, increments)
     experts, rows, length = norms.shape
     dtype = norms.dtype  # fp32, or float64 for float64 logits
     with torch.no_grad():
@@ -417,10 +457,10 @@ def posterior_mix(
             ratio = ratio.view(experts, rows, length)
             score = score + prefix_weight * ratio  # x 1 is exact: the posterior's r as it is
         if confidence is not None:
-            score = score + expert_confidence(expert_logits, norms, confidence, increments) / temperature
+            score = score + measures[confidence] / temperature
         for kind, weight in (("entropy", entropy_weight), ("top", top_weight)):
             if weight != 0:
-                score = score + weight * expert_confidence(expert_logits, norms, kind, increments)
+                score = score + weight * measures[kind]
         log_w = torch.log_softmax(score, dim=0)
     mixed, shifts = expert_logits, list(log_w - norms)
     if keep:  # the caller reads the last positions alone: the others' normalisers were all their evidence needed

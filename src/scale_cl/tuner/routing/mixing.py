@@ -126,3 +126,34 @@ def expert_confidence(
                 p = log_p.exp()  # a ruled-out entry (p = 0, ln p = -inf) adds 0, not NaN
                 out[index, part] = torch.where(p > 0, p * log_p, 0.0).sum(dim=-1)
     return out.view(norms.shape)
+
+
+# Copy in export/modeling_scale.py (expert_statistics): the same code (tests/test_export_copies.py).
+def expert_statistics(
+    experts: Sequence[torch.Tensor], increments: bool = False
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """`log_normalisers` and both `expert_confidence` measures (E, ...) in one pass over the logits, no gradient:
+    with ``m`` a row's largest logit and ``s = sum_v e^(z_v - m)``, the normaliser is ``m + ln s``, the log top
+    probability ``-ln s`` and the negative entropy ``sum_v e^(z_v - m) (z_v - m) / s - ln s``, all from one
+    exponential of the row (a chunk of positions at a time, in cache) instead of three passes through memory."""
+    vocab = experts[0].shape[-1]
+    flat = [z.detach().reshape(-1, vocab) for z in experts]
+    dtype = torch.promote_types(experts[0].dtype, torch.float32)
+    out = torch.empty(3, len(flat), flat[0].shape[0], dtype=dtype, device=flat[0].device)
+    rows = chunk_rows(vocab, out.device)
+    for first in range(0, out.shape[2], rows):
+        part = slice(first, first + rows)
+        running = None
+        for index, z in enumerate(flat):
+            running = running + z[part] if increments and running is not None else z[part].to(dtype)
+            top = running.amax(dim=-1, keepdim=True)
+            shifted = running - top
+            weights = shifted.exp()
+            total = weights.sum(dim=-1)
+            log_sum = total.log()
+            out[0, index, part] = top.squeeze(-1) + log_sum
+            shifted.clamp_min_(torch.finfo(dtype).min)  # a ruled-out entry (weight 0, -inf) adds 0, not NaN
+            out[1, index, part] = torch.linalg.vecdot(weights, shifted) / total - log_sum
+            out[2, index, part] = -log_sum
+    shape = (len(flat), *experts[0].shape[:-1])
+    return out[0].view(shape), {"entropy": out[1].view(shape), "top": out[2].view(shape)}

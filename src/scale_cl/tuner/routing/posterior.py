@@ -33,7 +33,13 @@ from typing import Any, ClassVar
 import torch
 import torch.nn.functional as F
 
-from scale_cl.tuner.routing.mixing import expert_confidence, log_normalisers, mixture_log_probs
+from scale_cl.tuner.routing.mixing import (
+    CONFIDENCES,
+    expert_confidence,
+    expert_statistics,
+    log_normalisers,
+    mixture_log_probs,
+)
 from scale_cl.tuner.routing.router import HeadPaths, Router
 from scale_cl.tuner.routing.state import Reading, RouteState
 
@@ -142,7 +148,16 @@ def posterior_mix(
     ``keep`` positions alone (B, keep, V), for a caller that reads those (``generate()``'s prefill asks for the last
     position's logits): every position's evidence takes its expert's normaliser, not its whole mixed distribution.
     """
-    norms = log_normalisers(expert_logits, increments)  # (E, B, T): expert - norm are log-probabilities
+    if confidence is not None and confidence not in CONFIDENCES:
+        raise ValueError(f"an expert's confidence is one of {CONFIDENCES}, got {confidence!r}")
+    measures = {}  # each expert's confidence by kind (E, B, T), where the router reads one
+    if confidence is None and entropy_weight == 0 and top_weight == 0:
+        norms = log_normalisers(expert_logits, increments)  # (E, B, T): expert - norm are log-probabilities
+    elif torch.is_grad_enabled() and any(z.requires_grad for z in expert_logits):
+        norms = log_normalisers(expert_logits, increments)
+        measures = {kind: expert_confidence(expert_logits, norms, kind, increments) for kind in CONFIDENCES}
+    else:  # the normalisers and both confidences in one pass over the logits
+        norms, measures = expert_statistics(expert_logits, increments)
     experts, rows, length = norms.shape
     dtype = norms.dtype  # fp32, or float64 for float64 logits
     with torch.no_grad():
@@ -167,10 +182,10 @@ def posterior_mix(
             ratio = ratio.view(experts, rows, length)
             score = score + prefix_weight * ratio  # x 1 is exact: the posterior's r as it is
         if confidence is not None:
-            score = score + expert_confidence(expert_logits, norms, confidence, increments) / temperature
+            score = score + measures[confidence] / temperature
         for kind, weight in (("entropy", entropy_weight), ("top", top_weight)):
             if weight != 0:
-                score = score + weight * expert_confidence(expert_logits, norms, kind, increments)
+                score = score + weight * measures[kind]
         log_w = torch.log_softmax(score, dim=0)
     mixed, shifts = expert_logits, list(log_w - norms)
     if keep:  # the caller reads the last positions alone: the others' normalisers were all their evidence needed
@@ -225,7 +240,7 @@ def expert_evidence(
     """The `Evidence` of ``expert_logits`` (as `posterior_mix` takes them) on ``input_ids``."""
     with torch.no_grad():
         experts = [z.detach() for z in expert_logits]
-        norms = log_normalisers(experts, increments)
+        norms, measures = expert_statistics(experts, increments)
         ids = input_ids.to(norms.device)
         next_log_probs = torch.zeros_like(norms)
         if ids.shape[1] > 1:
@@ -233,8 +248,8 @@ def expert_evidence(
             next_log_probs[:, :, :-1] = (chosen.cumsum(0) if increments else chosen) - norms[:, :, :-1]
         return Evidence(
             next_log_probs,
-            expert_confidence(experts, norms, "entropy", increments),
-            expert_confidence(experts, norms, "top", increments),
+            measures["entropy"],
+            measures["top"],
             ids,
             None if attention_mask is None else attention_mask.to(norms.device),
         )
