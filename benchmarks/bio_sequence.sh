@@ -7,9 +7,10 @@
 # seven splits. Stages 1-2 are the small preset's, shared through one cache. Resumable (per task).
 # Environment: SCALE_CL (the command, default .venv/bin/scale-cl), BIO_SEQ_OUT (default outputs/bio-seq), BIO_CACHE
 # (stages 1-2, default <out>/cache), BIO_SEEDS (default "0 1 2"), BIO_SEQ_RUNS (default "once per-task lora-merged
-# nested confidence": issue 40's nested router on SCALE-Preserve grown per task, against FFT's control, the Task-0
+# nested confidence calibrated": issue 40's nested router on SCALE-Preserve grown per task, against FFT's control, the Task-0
 # model and FFT's model after each task kept apart and mixed alike; "confidence" the same read by each expert's
-# confidence where the answer is predicted);
+# confidence where the answer is predicted; "calibrated" issue 63's calibrated router, its gate fitted after every task
+# on that task's training questions and every earlier expert's own samples, FFT's control fitted alike);
 # extra arguments go to every run. Each folder's results.md holds its matrices and metrics.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,7 +18,7 @@ read -r -a cli <<<"${SCALE_CL:-.venv/bin/scale-cl}"
 root=${BIO_SEQ_OUT:-outputs/bio-seq}
 cache=${BIO_CACHE:-$root/cache}
 read -r -a seeds <<<"${BIO_SEEDS:-0 1 2}"
-read -r -a chosen <<<"${BIO_SEQ_RUNS:-once per-task lora-merged nested confidence}"
+read -r -a chosen <<<"${BIO_SEQ_RUNS:-once per-task lora-merged nested confidence calibrated}"
 run() {
   local name=$1
   shift
@@ -31,4 +32,6 @@ run lora-merged --sequence.growth per_task --sequence.lora_per_task merged --met
 run nested --sequence.growth per_task --options.scale.router nested --task1.likelihood_control true \
   --methods fft scale_preserve "${@}"
 run confidence --sequence.growth per_task --options.scale.router confidence --task1.likelihood_control true \
+  --methods fft scale_preserve "${@}"
+run calibrated --sequence.growth per_task --options.scale.router calibrated --task1.likelihood_control true \
   --methods fft scale_preserve "${@}"
