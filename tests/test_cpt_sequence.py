@@ -176,7 +176,7 @@ def test_a_calibrated_sequence_fits_each_task_s_gate_on_every_stage_and_resumes_
     """options.scale.router calibrated in a sequence: after each task SCALE-Preserve grown per task is read with a gate
     fitted on that task's training blocks and the samples of every expert before the newest (k after task k), and
     FFT's control (k + 1 models) is fitted the same way; the gate is a setting, not a weight, so a resumed sequence
-    re-sets it and ends bitwise as the uninterrupted one."""
+    re-sets it and ends bitwise as the uninterrupted one. The tasks train unrouted (the gate is a reading)."""
     cfg = sequence_config(workspace, ["fft", "scale_preserve"], growth="per_task")
     cfg = replace(cfg, eval=replace(cfg.eval, likelihood_control=True))
     cfg = replace(cfg, options=replace(cfg.options, scale=replace(cfg.options.scale, router="calibrated")))
@@ -187,6 +187,11 @@ def test_a_calibrated_sequence_fits_each_task_s_gate_on_every_stage_and_resumes_
     assert [record["gate_fit"]["sequences"][0] // record["gate_fit"]["sequences"][1] for record in ends] == [1, 2, 3]
     assert [[record["ppl"][name] for name in preserve["columns"]] for record in ends] == preserve["ppl_matrix"][1:]
     assert whole["fft"]["control"]["ppl_matrix"][1:] != whole["fft"]["ppl_matrix"][1:]
+    # the gate is a reading: each task trains unrouted, so the curve as trained is a plain sequence's, bitwise
+    plain = replace(cfg, options=replace(cfg.options, scale=replace(cfg.options.scale, router="cosine")))
+    plain_curve = run_cpt_sequence(replace(plain, methods=["scale_preserve"]), tmp_path / "plain")["scale_preserve"]
+    trained = [record["ppl"] for record in preserve["curve"] if record["task_step"] and "gate" not in record]
+    assert trained == [record["ppl"] for record in plain_curve["curve"] if record["task_step"]]
     calls = dying_in_task_3(monkeypatch)
     with pytest.raises(KeyboardInterrupt):
         run_cpt_sequence(cfg, tmp_path / "run")

@@ -99,6 +99,12 @@ def scale_reads_gate(model: nn.Module) -> bool:
     return config.router == "calibrated" and config.routed
 
 
+def train_unrouted(model: nn.Module) -> None:
+    """Set ``model`` to train as SCALE does without a mixing router (Eq. 5's cosine router: SCALE-Route's two paths,
+    SCALE-Preserve unrouted): the calibrated router is a reading fitted after training, not a gate to train through."""
+    set_live_settings(model, router="cosine")
+
+
 def expert_count(model: nn.Module) -> int:
     """How many experts the calibrated router mixes: the base and the model now, and on a model grown k times each
     earlier stage's model between them (k + 1); a control's models."""

@@ -54,7 +54,7 @@ from scale_cl.methods import method_spec
 from scale_cl.train.arguments import training_arguments
 from scale_cl.train.callbacks import PeriodicEval, SaveAtEvaluations
 from scale_cl.train.recipe import train_model
-from scale_cl.train.router_fit import fit_router, scale_reads_gate
+from scale_cl.train.router_fit import fit_router, scale_reads_gate, train_unrouted
 
 
 def task_names(tasks: int) -> list[str]:
@@ -136,6 +136,10 @@ def run_sequence(
         args = training_arguments(stage, run_dir, seed + task - 1, save_total_limit=CHECKPOINTS_KEPT)
         run_info = {"method": method, "lr": lr, "seed": seed, "task": task, "task0_model": task0_dir.name}
         start = time.perf_counter()
+        calibrate = task_gate_fitter(cfg, data, task, seed + task - 1)
+        gated = calibrate is not None and scale_reads_gate(model)
+        if gated:  # a reading fitted after the task: the task trains the model unrouted
+            train_unrouted(model)
         train_model(
             model,
             data.task_train(task),
@@ -148,8 +152,7 @@ def run_sequence(
         )
         model.eval()
         evaluate = partial(evaluate_tasks, data=data)
-        calibrate = task_gate_fitter(cfg, data, task, seed + task - 1)
-        if calibrate is not None and scale_reads_gate(model):  # the task's row: the model read with its fitted gate
+        if gated:  # the task's row: the model read with the gate fitted on it
             tracker.add(tracker.records[-1]["step"], read_with_fitted_gate(model, calibrate, evaluate))
         if control is not None:  # read before the task's row is saved, so that a resume has it
             control.add(task, model)

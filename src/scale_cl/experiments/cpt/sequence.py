@@ -45,7 +45,7 @@ from scale_cl.files import write_json, write_text
 from scale_cl.models import BaseModelRef, load_base
 from scale_cl.train.callbacks import PeriodicEval
 from scale_cl.train.recipe import train_model
-from scale_cl.train.router_fit import fit_router, gate_blocks, scale_reads_gate
+from scale_cl.train.router_fit import fit_router, gate_blocks, scale_reads_gate, train_unrouted
 from scale_cl.train.sharding import refuse_sharding
 
 COST_TOKENS = 64  # the first evaluation set's first tokens: the one sequence each task's cost is counted on
@@ -162,10 +162,13 @@ def run_method_sequence(
         }
         start = time.perf_counter()
         lr_ratios = cfg.options.lr_ratios(method)
+        calibrate = task_gate_fitter(cfg, train, eos_id(tokenizer), task_cfg.seed, placement.bf16)
+        gated = calibrate is not None and scale_reads_gate(model)
+        if gated:  # a reading fitted after the task: the task trains the model unrouted
+            train_unrouted(model)
         train_model(model, train, args, callbacks=[tracker], run_info=run_info, lr_ratios=lr_ratios, resume=True)
         model.eval()
-        calibrate = task_gate_fitter(cfg, train, eos_id(tokenizer), task_cfg.seed, placement.bf16)
-        if calibrate is not None and scale_reads_gate(model):  # the task's row: the model read with its fitted gate
+        if gated:  # the task's row: the model read with the gate fitted on it
             tracker.add(tracker.records[-1]["step"], read_with_fitted_gate(model, calibrate, evaluate))
         if control is not None:  # read before the task's row is saved, so that a resume has it
             control.add(task, model)
