@@ -12,7 +12,7 @@ for SCALE-Route its Eq.-5 output, a proxy, since its adapt path alone is not rea
 
 Then SCALE-Route as trained along Task 1: the share of each split's answers Eq. 5 sends to the preserve path.
 
-Usage: python benchmarks/bio_confidence_table.py ROOT
+Usage: python benchmarks/bio_confidence_table.py ROOT [ROOT ...] (the seeds of every ROOT together)
 """
 
 from __future__ import annotations
@@ -62,9 +62,14 @@ def rows_of(run: dict) -> list[tuple[str, dict, dict]]:
     return rows
 
 
-def table(root: Path) -> str:
+def run_files(*roots: Path) -> list[Path]:
+    """Every seed's method result under each root (runs of other seeds, kept in separate folders, read together)."""
+    return [path for root in roots for path in sorted(root.glob("seed-*/*.json"))]
+
+
+def table(*roots: Path) -> str:
     cells: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
-    for path in sorted(root.glob("seed-*/*.json")):
+    for path in run_files(*roots):
         run = json.loads(path.read_text())
         if "curve" not in run:
             continue
@@ -105,12 +110,12 @@ def table(root: Path) -> str:
     return "\n".join(lines)
 
 
-def eq5_table(root: Path, steps: tuple[int, ...] = (0, 10, 20, 50, 100, 200)) -> str:
+def eq5_table(*roots: Path, steps: tuple[int, ...] = (0, 10, 20, 50, 100, 200)) -> str:
     """SCALE-Route as trained (Eq. 5) along Task 1 (at ``steps`` and its last step): the share of each split's answers
     it sends to the preserve path and the AUROC of that decision (Task 0 held-out against Task 1), beside the
     accuracies; means over the seeds."""
     cells: dict[int, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
-    for path in sorted(root.glob("seed-*/*.json")):
+    for path in run_files(*roots):
         run = json.loads(path.read_text())
         if run.get("method") != "scale_route":
             continue
@@ -138,11 +143,11 @@ def eq5_table(root: Path, steps: tuple[int, ...] = (0, 10, 20, 50, 100, 200)) ->
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("root", type=Path, help="the --out folder of the scale-cl bio run")
-    root = parser.parse_args().root
-    print(table(root))
+    parser.add_argument("roots", type=Path, nargs="+", help="the --out folders of the scale-cl bio runs")
+    roots = parser.parse_args().roots
+    print(table(*roots))
     print()
-    print(eq5_table(root))
+    print(eq5_table(*roots))
 
 
 if __name__ == "__main__":

@@ -64,3 +64,9 @@ def test_the_table_reads_each_reading_with_its_oracle_and_eq5_s_share(tmp_path):
     eq5 = _module().eq5_table(tmp_path).splitlines()
     assert eq5[2].startswith("| 0 | 2 | 1.00 / 1.00 / 1.00 | 0.500 |")
     assert eq5[3].startswith("| 200 | 2 | 0.60 / 0.60 / 0.40 | 0.600 | 30.0 ± 0.0 |")
+    # the seeds of runs kept in separate folders read together: seed 1 alone in another root
+    other = tmp_path / "other"
+    (other / "seed-1").mkdir(parents=True)
+    for name in ("scale_preserve.json", "scale_route.json"):
+        (tmp_path / "seed-1" / name).rename(other / "seed-1" / name)
+    assert _module().table(tmp_path, other) == table
