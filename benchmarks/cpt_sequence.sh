@@ -7,14 +7,14 @@
 # end only (`--eval.every 100`, the preset's steps): seven sets every 20 steps would cost about as much as training.
 # Needs the clean base and corpora of benchmarks/cpt_clean.sh; builds the four later corpora here. Resumable (per
 # task). Environment: SCALE_CL (default .venv/bin/scale-cl), CPT_SEQ_OUT (default outputs/cpt-seq), CPT_SEEDS
-# (default "0 1 2"), CPT_SEQ_RUNS (default "once per-task lora-merged nested confidence"); extra arguments go to
-# every run.
+# (default "0 1 2"), CPT_SEQ_RUNS (default "once per-task lora-merged nested confidence calibrated"); extra arguments
+# go to every run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 read -r -a cli <<<"${SCALE_CL:-.venv/bin/scale-cl}"
 root=${CPT_SEQ_OUT:-outputs/cpt-seq}
 read -r -a seeds <<<"${CPT_SEEDS:-0 1 2}"
-read -r -a chosen <<<"${CPT_SEQ_RUNS:-once per-task lora-merged nested confidence}"
+read -r -a chosen <<<"${CPT_SEQ_RUNS:-once per-task lora-merged nested confidence calibrated}"
 corpora=outputs/corpora-seq
 .venv/bin/python benchmarks/cpt_corpus.py --out "$corpora" --cache outputs/corpora/_cache \
   --corpora chinese,russian,greek,german
@@ -39,4 +39,8 @@ run nested --sequence.growth per_task --options.scale.router nested --eval.likel
 # issue 50: the same read (and SCALE-Preserve trained) with the confidence router, each expert weighed by its own
 # confidence at every position
 run confidence --sequence.growth per_task --options.scale.router confidence --eval.likelihood_control true \
+  --methods fft scale_preserve "${@}"
+# issue 63: SCALE-Preserve grown per task, each task trained unrouted and read with the calibrated router's gate
+# fitted after it (the task's training blocks against every earlier expert's own samples); FFT's control fitted alike
+run calibrated --sequence.growth per_task --options.scale.router calibrated --eval.likelihood_control true \
   --methods fft scale_preserve "${@}"
