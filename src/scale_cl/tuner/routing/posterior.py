@@ -150,12 +150,12 @@ def posterior_mix(
     """
     if confidence is not None and confidence not in CONFIDENCES:
         raise ValueError(f"an expert's confidence is one of {CONFIDENCES}, got {confidence!r}")
-    measures = {}  # each expert's confidence by kind (E, B, T), where the router reads one
-    if confidence is None and entropy_weight == 0 and top_weight == 0:
+    weighed = {"entropy": entropy_weight, "top": top_weight}
+    read = {kind for kind in CONFIDENCES if kind == confidence or weighed[kind] != 0}  # the confidences it reads
+    measures = {}  # each expert's confidence by kind (E, B, T)
+    if not read or (torch.is_grad_enabled() and any(z.requires_grad for z in expert_logits)):
         norms = log_normalisers(expert_logits, increments)  # (E, B, T): expert - norm are log-probabilities
-    elif torch.is_grad_enabled() and any(z.requires_grad for z in expert_logits):
-        norms = log_normalisers(expert_logits, increments)
-        measures = {kind: expert_confidence(expert_logits, norms, kind, increments) for kind in CONFIDENCES}
+        measures = {kind: expert_confidence(expert_logits, norms, kind, increments) for kind in sorted(read)}
     else:  # the normalisers and both confidences in one pass over the logits
         norms, measures = expert_statistics(expert_logits, increments)
     experts, rows, length = norms.shape
