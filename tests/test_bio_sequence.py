@@ -239,13 +239,13 @@ def test_sequence_refusals_before_anything_is_written(tmp_path):
 @pytest.mark.slow
 def test_a_calibrated_sequence_reads_each_task_with_a_gate_fitted_on_its_questions(tmp_path):
     """options.scale.router calibrated: after task k, SCALE-Preserve grown per task (k + 1 experts) is read with a gate
-    fitted on task k's training questions and the samples of the k experts before the newest; its row records the
-    gate and the fit. FFT's control (the Task-0 model and each task's model) is fitted the same way."""
+    fitted on task k's training questions against the Task-0 model's samples; its row records the gate and the fit.
+    FFT's control (the Task-0 model and each task's model) is fitted the same way."""
     cfg = micro_sequence(**{**PER_TASK, "options.scale.router": "calibrated"}, methods=["fft", "scale_preserve"])
     results = sequence.run_bio_sequence(cfg, tmp_path / "run")["methods"]
     preserve = results["scale_preserve"]["runs"][0]
     fits = [row["gate_fit"] for row in preserve["rows"][1:]]
-    assert [fit["sequences"][0] // fit["sequences"][1] for fit in fits] == [1, 2, 3]  # every earlier expert's samples
+    assert [fit["experts"] for fit in fits] == [2, 3, 4]
     assert all(
         set(row["gate"])
         == {"router_prior", "router_decay", "router_prefix_weight", "router_entropy_weight", "router_top_weight"}
@@ -253,8 +253,4 @@ def test_a_calibrated_sequence_reads_each_task_with_a_gate_fitted_on_its_questio
     )
     control = results["fft"]["runs"][0]["control"]
     assert control["router"] == "calibrated"
-    assert [row["gate_fit"]["sequences"][0] // row["gate_fit"]["sequences"][1] for row in control["rows"][1:]] == [
-        1,
-        2,
-        3,
-    ]
+    assert [row["gate_fit"]["experts"] for row in control["rows"][1:]] == [2, 3, 4]

@@ -170,12 +170,10 @@ def test_sequence_refusals_before_anything_is_written(workspace, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.exactness
-def test_a_calibrated_sequence_fits_each_task_s_gate_on_every_stage_and_resumes_with_it(
-    workspace, tmp_path, monkeypatch
-):
-    """options.scale.router calibrated in a sequence: after each task SCALE-Preserve grown per task is read with a gate
-    fitted on that task's training blocks and the samples of every expert before the newest (k after task k), and
-    FFT's control (k + 1 models) is fitted the same way; the gate is a setting, not a weight, so a resumed sequence
+def test_a_calibrated_sequence_fits_each_task_s_gate_and_resumes_with_it(workspace, tmp_path, monkeypatch):
+    """options.scale.router calibrated in a sequence: after each task SCALE-Preserve grown per task (k + 1 experts
+    after task k) is read with a gate fitted on that task's training blocks against the base's samples, and FFT's
+    control (k + 1 models) is fitted the same way; the gate is a setting, not a weight, so a resumed sequence
     re-sets it and ends bitwise as the uninterrupted one. The tasks train unrouted (the gate is a reading)."""
     cfg = sequence_config(workspace, ["fft", "scale_preserve"], growth="per_task")
     cfg = replace(cfg, eval=replace(cfg.eval, likelihood_control=True))
@@ -184,7 +182,7 @@ def test_a_calibrated_sequence_fits_each_task_s_gate_on_every_stage_and_resumes_
     preserve = whole["scale_preserve"]
     ends = [record for record in preserve["curve"] if "gate_fit" in record and record["task_step"]]  # not a start
     assert [record["task"] for record in ends] == [1, 2, 3]
-    assert [record["gate_fit"]["sequences"][0] // record["gate_fit"]["sequences"][1] for record in ends] == [1, 2, 3]
+    assert [record["gate_fit"]["experts"] for record in ends] == [2, 3, 4]
     assert [[record["ppl"][name] for name in preserve["columns"]] for record in ends] == preserve["ppl_matrix"][1:]
     assert whole["fft"]["control"]["ppl_matrix"][1:] != whole["fft"]["ppl_matrix"][1:]
     # the gate is a reading: each task trains unrouted, so the curve as trained is a plain sequence's, bitwise

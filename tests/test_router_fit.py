@@ -86,7 +86,7 @@ def test_fitting_sets_the_fitted_gate_and_reads_only_the_training_text(objective
     )
     assert (config.router_entropy_weight, config.router_top_weight) == (gate.entropy_weight, gate.top_weight)
     ScaleConfig(hidden_up=32, ffn_up=8, **gate.settings())  # within every range
-    assert (result.old_sequences, result.new_sequences, result.length) == (16, 16, 16)
+    assert (result.experts, result.old_sequences, result.new_sequences, result.length) == (2, 16, 16, 16)
     assert result.summary()["objective"] == objective and result.summary()["seconds"] > 0
     assert all(torch.equal(before[name], tensor) for name, tensor in model.state_dict().items())
     assert result.fit.old_base_weight > 0.5 > result.fit.new_base_weight, result.fit
@@ -126,16 +126,17 @@ def test_a_grown_models_views_are_its_earlier_models():
         assert_exact_to_rounding(got, exact, stock=stock, what=f"the grown model's expert {expert}")
 
 
-def test_a_grown_model_is_fitted_on_each_earlier_stages_text_and_reads_as_its_control():
-    """The nested fit samples the base and the model after the first stage (a side each) beside the training text;
-    the control of the same three models, fitted the same way, reaches the same gate (the one-pass identity)."""
+def test_a_grown_model_is_fitted_on_its_base_s_text_and_reads_as_its_control():
+    """A grown model's gate (three nested experts) is fitted on the base's samples against the training text, as a
+    model upscaled once is; the control of the same three models, fitted the same way, reaches the same gate (the
+    one-pass identity)."""
     base, first, grown = _grown()
     new = generate_blocks(grown, EOS, 16, 16, seed=7)
     control = mixture_read_as([base, first, copy.deepcopy(grown)], "likelihood", scale_config_of(grown))
     fitted = fit_router(control, new, EOS, seed=0, recipe=GateRecipe(sequences=16))
     one_pass = fit_router(grown, new, EOS, seed=0, recipe=GateRecipe(sequences=16))
     assert scale_config_of(grown).router == "calibrated" and control.router == "calibrated"
-    assert (one_pass.old_sequences, one_pass.new_sequences) == (32, 16)  # two earlier experts' samples
+    assert (one_pass.experts, one_pass.old_sequences, one_pass.new_sequences) == (3, 16, 16)
     assert one_pass.fit.gate.decay == fitted.fit.gate.decay
     assert abs(one_pass.fit.value - fitted.fit.value) < 1e-4, (one_pass.fit, fitted.fit)
     assert one_pass.fit.old_base_weight > one_pass.fit.new_base_weight, one_pass.fit

@@ -4,8 +4,9 @@ The gate is fitted on two sides of text. The new side is the new domain's traini
 The old side is text the base writes itself, sampled from a document start: a copy of the model read as SCALE-Preserve
 at ``alpha = 0`` is the base model (Theorem 3.1; SCALE-Route's preserve path too), so no second model is loaded; the
 two-model control (`scale_cl.eval.mixture.ModelMixture`) samples its first model. A model grown k times (k + 1
-nested experts) adds a side per earlier stage, text that stage's model writes (`expert_view`); a control of k + 1
-models likewise. Nothing else is read: no held-out text, no old-domain evaluation set. The evidence of every side
+nested experts) is fitted on the same sides: the gate's weights are shared by every expert, and the base's text against
+the newest's sets them (a side of each earlier expert's own samples made them shrink: docs/design.md §2); a control of
+k + 1 models likewise. Nothing else is read: no held-out text, no old-domain evaluation set. The evidence of every side
 comes from one forward pass per batch of the model as it is (`RouteState.evidence`, ``ModelMixture.evidence``); the
 fit itself reads only that evidence and takes no gradient into the model. One recipe (`GateRecipe`) serves every
 benchmark and `scale-cl train`.
@@ -57,10 +58,10 @@ class GateRecipe:
 
 @dataclass(frozen=True)
 class RouterFit:
-    """A fitted gate, the text it was fitted on (sizes: ``old_sequences`` every earlier expert's samples) and what
-    fitting cost."""
+    """A fitted gate, the experts it weighs, the text it was fitted on (sizes) and what fitting cost."""
 
     fit: GateFit
+    experts: int
     old_sequences: int
     new_sequences: int
     length: int
@@ -72,6 +73,7 @@ class RouterFit:
         return {
             **{key: value for key, value in fit.items() if key not in ("gate", "by_decay")},
             "by_decay": {str(decay): value for decay, value in self.fit.by_decay.items()},
+            "experts": self.experts,
             "sequences": [self.old_sequences, self.new_sequences],
             "length": self.length,
             "seconds": round(self.seconds, 3),
@@ -221,21 +223,18 @@ def fit_router(
     bf16: bool = False,
 ) -> RouterFit:
     """Fit the calibrated router's gate (`GateRecipe`) on ``new_text`` (the training text: blocks or batches) and
-    as many sequences of its length sampled from the model's base from ``start_id`` (the tokenizer's EOS), and on a
-    grown model from each earlier stage's model too (`expert_view`); set it on ``model`` (a SCALE model: its router
-    becomes ``"calibrated"``; a control likewise) and return the fit. ``bf16``: the samples under bf16 autocast (the
-    run's precision)."""
+    as many sequences of its length sampled from the model's base from ``start_id`` (the tokenizer's EOS); set it on
+    ``model`` (a SCALE model, a grown one included: its router becomes ``"calibrated"``; a control likewise) and
+    return the fit. ``bf16``: the base samples under bf16 autocast (the run's precision)."""
     began = time.perf_counter()
     new = as_batches(new_text, recipe.sequences, recipe.batch_size)
     count = sum(batch["input_ids"].shape[0] for batch in new)
     length = max(batch["input_ids"].shape[1] for batch in new)
     if length < 2:
         raise ValueError(f"a gate is fitted on sequences of two tokens or more, got {length}")
-    sampling = (start_id, count, length, seed, recipe.temperature, recipe.sample_batch_size, bf16)
-    # what each expert before the newest writes, the base's first
-    samples = [generate_blocks(expert_view(model, expert), *sampling) for expert in range(expert_count(model) - 1)]
-    sampled = samples[0]
-    old, *middle = (collect_evidence(model, text, recipe.batch_size) for text in samples)
+    base, temperature = base_view(model), recipe.temperature
+    sampled = generate_blocks(base, start_id, count, length, seed, temperature, recipe.sample_batch_size, bf16)
+    old = collect_evidence(model, sampled, recipe.batch_size)
     new_evidence = collect_evidence(model, new, recipe.batch_size)
     switching = []
     if recipe.switching and isinstance(new_text, torch.Tensor):  # blocks of running text (not single questions)
@@ -244,9 +243,9 @@ def fit_router(
         evidence = collect_evidence(model, spliced, recipe.batch_size)
         switching = list(zip(evidence, written.split(recipe.batch_size), strict=True))
     eos_ids = _eos_ids(model) or (start_id,)
-    fit = fit_gate(old, new_evidence, eos_ids, objective=recipe.objective, switching=switching, middle=middle)
+    fit = fit_gate(old, new_evidence, eos_ids, objective=recipe.objective, switching=switching)
     apply_gate(model, fit)
-    return RouterFit(fit, count * len(samples), count, length, time.perf_counter() - began)
+    return RouterFit(fit, expert_count(model), count, count, length, time.perf_counter() - began)
 
 
 def spliced_sequences(old: torch.Tensor, new: torch.Tensor, seed: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -18,8 +18,8 @@ likelihood router's two or, on a grown model, the nested router's k + 1; the exp
 Unfitted, its settings' defaults are the hybrid's (entropy at ``T = 1/3``).
 
 Fitted (`fit_gate`) on the evidence the experts give (`scale_cl.tuner.routing.posterior.Evidence`, collected while
-``RouteState.evidence`` is a list) on two sides, text the base writes and the new domain's text (on a grown model a
-side per earlier expert too, the text it writes): no old data, and no gradient into the model.
+``RouteState.evidence`` is a list) on two sides, text the base writes and the new domain's text: no old data, and no
+gradient into the model.
 """
 
 from __future__ import annotations
@@ -164,27 +164,21 @@ def fit_gate(
     decays: Sequence[float] = DECAYS,
     steps: int = 100,
     switching: Sequence[tuple[Evidence, torch.Tensor]] = (),
-    middle: Sequence[Sequence[Evidence]] = (),
 ) -> GateFit:
     """The gate that best reads text of both sides (module doc), fitted on their evidence alone (no gradient into the
     model): ``old`` the base's side (text the base writes), ``new`` the new domain's (the training text); each side
     counts alike. ``objective`` ``"likelihood"``: the mixture's mean log-likelihood of the next token;
     ``"classification"``: the mean log-weight of the expert whose text it is (the base on the old side, the newest
     model on the new). ``switching``: a third side, text that changes sides within a sequence, each batch's
-    evidence with whether the newest model wrote each next token (B, T). ``middle``: on a grown model (k + 1
-    experts), the text each expert between the base and the newest writes, in order (expert 1's first), a side each.
-    At each decay the other four weights are
-    fitted by L-BFGS from the unfitted gate and clipped to their ranges; the decay whose gate scores best wins."""
+    evidence with whether the newest model wrote each next token (B, T). With k + 1 experts (a grown model) the sides
+    are the same: the gate's weights are shared, and the base's text against the newest's sets them. At each decay
+    the other four weights are fitted by L-BFGS from the unfitted gate and clipped to their ranges; the decay whose
+    gate scores best wins."""
     if objective not in OBJECTIVES:
         raise ValueError(f"a gate is fitted by one of {OBJECTIVES}, got {objective!r}")
     if not old or not new:
         raise ValueError("a gate is fitted on both sides: the base's text (old) and the new domain's (new)")
     experts = new[0].next_log_probs.shape[0]
-    if len(middle) != experts - 2:
-        raise ValueError(
-            f"{experts} experts need a side of text for each of the {experts - 2} between the base and "
-            f"the newest, got {len(middle)}"
-        )
     low = torch.tensor([r[0] for r in RANGES.values()], dtype=torch.float64)
     high = torch.tensor([r[1] for r in RANGES.values()], dtype=torch.float64)
     start = Gate()
@@ -192,7 +186,6 @@ def fit_gate(
     by_decay = {}
     for decay in decays:
         sides = (_side(old, decay, eos_ids, 0), _side(new, decay, eos_ids, experts - 1))
-        sides += tuple(_side(text, decay, eos_ids, expert) for expert, text in enumerate(middle, start=1))
         if switching:  # text that changes sides: the decay is chosen by how fast the evidence must fade
             evidence, written = zip(*switching, strict=True)
             sides = (*sides, _side(evidence, decay, eos_ids, written))
