@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -202,7 +201,9 @@ config = CorpusConfig(train=[sys.argv[1]], seq_len=32, heldout_fraction=0.1, cac
 corpus = build_corpus(config, AutoTokenizer.from_pretrained(sys.argv[3]))
 blocks = corpus.train.blocks
 digest = hashlib.sha256(blocks.numpy().tobytes()).hexdigest()[:16]
-print("RESULT", json.dumps({"rank": state.process_index, "tokenised": sum(rows), "blocks": digest}), flush=True)
+result = {"rank": state.process_index, "tokenised": sum(rows), "blocks": digest}
+with open(f"{sys.argv[4]}/rank-{state.process_index}.json", "w") as out:
+    json.dump(result, out)
 """
 
 
@@ -214,9 +215,11 @@ def test_each_rank_tokenises_its_own_shard_and_every_rank_packs_the_one_process_
     args = [str(workspace / "new.jsonl"), str(tmp_path / "cache-{}"), str(workspace / "base")]
 
     def results(command: list[str], cache: str) -> list[dict]:
-        out = _run([*command, str(script), *(a.format(cache) for a in args)])
-        # anywhere in the output: a rank's line can land after another's unterminated output (seen once in CI)
-        return sorted((json.loads(found) for found in re.findall(r"RESULT (\{[^{}]*\})", out)), key=lambda r: r["rank"])
+        # each rank writes its own file: two ranks' lines on one shared stdout can interleave mid-line (seen in CI)
+        written = tmp_path / f"results-{cache}"
+        written.mkdir()
+        _run([*command, str(script), *(a.format(cache) for a in args), str(written)])
+        return sorted((json.loads(path.read_text()) for path in written.glob("rank-*.json")), key=lambda r: r["rank"])
 
     alone = results([sys.executable], "one")
     both = results([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"], "two")
