@@ -10,7 +10,7 @@
 # nested confidence calibrated": issue 40's nested router on SCALE-Preserve grown per task, against FFT's control, the Task-0
 # model and FFT's model after each task kept apart and mixed alike; "confidence" the same read by each expert's
 # confidence where the answer is predicted; "calibrated" issue 63's calibrated router, its gate fitted after every task
-# on that task's training questions and every earlier expert's own samples, FFT's control fitted alike);
+# on that task's training questions and the base's own samples, FFT's control fitted alike);
 # extra arguments go to every run. Each folder's results.md holds its matrices and metrics.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -41,6 +41,6 @@ run nested --sequence.growth per_task --options.scale.router nested --eval.likel
 run confidence --sequence.growth per_task --options.scale.router confidence --eval.likelihood_control true \
   --methods fft scale_preserve "${@}"
 # issue 63: SCALE-Preserve grown per task, each task trained unrouted and read with the calibrated router's gate
-# fitted after it (the task's training blocks against every earlier expert's own samples); FFT's control fitted alike
+# fitted after it (the task's training blocks against the base's own samples); FFT's control fitted alike
 run calibrated --sequence.growth per_task --options.scale.router calibrated --eval.likelihood_control true \
   --methods fft scale_preserve "${@}"
