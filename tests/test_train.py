@@ -22,9 +22,10 @@ from safetensors.torch import load_file
 
 from exactness import assert_exact_to_rounding
 from scale_cl.cli import build_parser, main, parse_settings
+from scale_cl.experiments.base.config import preset as base_preset
 from scale_cl.experiments.cpt.config import CptDataConfig, CptTrainConfig, EvalConfig
 from scale_cl.experiments.settings import MethodSettings
-from scale_cl.experiments.train.config import TrainConfig, preset
+from scale_cl.experiments.train.config import TrainConfig, fifth_of, preset
 from scale_cl.experiments.train.pipeline import run_train
 from scale_cl.train.arguments import check_extra_arguments, training_arguments
 from scale_cl.train.callbacks import LossLog, SaveEveryMinutes
@@ -142,6 +143,83 @@ def test_presets_are_valid_settings(name):
     assert cfg.method == "scale_preserve" and cfg.read_with == "calibrated"
     assert replace(cfg, method="scale_route").read_with == "likelihood"
     assert replace(cfg, method="fft").read_with == "trained"
+
+
+@pytest.mark.parametrize(
+    ("name", "layers"), [("smollm2", 30), ("paper", 16), ("clean-en", base_preset("clean-en").model.layers)]
+)
+def test_the_placement_fitted_to_depth_is_each_presets_own_on_its_own_model(name, layers):
+    """Where the user gives none, L_fp and Freeze's layers are a fifth of the model's: on each preset's own model
+    (SmolLM2-135M's 30 layers, Llama-3.2-1B's 16, the clean base's) exactly the preset's values, so its runs stay."""
+    cfg = preset(name)
+    assert cfg.options.scale.preserve_layers == cfg.options.freeze_layers == fifth_of(layers)
+    assert cfg.eval.every == 0, "measured twenty times a run, whatever its length"
+
+
+def test_a_fifth_of_the_layers_fits_a_model_of_any_depth():
+    assert [fifth_of(n) for n in (1, 2, 3, 7, 8, 12, 13, 24, 30, 80)] == [0, 1, 1, 1, 2, 2, 3, 5, 6, 16]
+
+
+def test_the_placement_a_user_chose_is_kept_and_the_rest_fits_the_model(workspace, tmp_path):
+    """Given on the command line or in --config, a setting is kept (and checked against the model); the other
+    takes the model's depth; a library caller's settings (``given`` None) are taken as they are."""
+    from transformers import AutoConfig
+
+    model_config = AutoConfig.from_pretrained(workspace / "base")  # 3 layers
+    settings = parse_settings(["train", "--data.train", str(workspace / "new.jsonl")])
+    fitted = settings.fitted(model_config)
+    assert (fitted.options.scale.preserve_layers, fitted.options.freeze_layers) == (1, 1), "the preset's 6 would fail"
+    yaml_file = tmp_path / "run.yaml"
+    yaml_file.write_text(yaml.safe_dump({"options": {"freeze_layers": 2}}))
+    argv = ["train", "--data.train", str(workspace / "new.jsonl"), "--config", str(yaml_file)]
+    settings = parse_settings([*argv, "--options.scale.preserve_layers", "5"])
+    assert {"options.freeze_layers", "options.scale.preserve_layers"} <= set(settings.given)
+    fitted = settings.fitted(model_config)
+    assert (fitted.options.scale.preserve_layers, fitted.options.freeze_layers) == (5, 2)
+    with pytest.raises(ValueError, match="preserve_layers"):
+        fitted.options.validate(model_config, fitted.methods)  # a chosen value that cannot fit is refused
+    assert replace(settings, given=None).fitted(model_config) is settings.train
+
+
+@pytest.mark.slow
+def test_a_short_run_on_a_two_layer_model_with_no_setting_of_its_own_draws_its_curves(workspace, tmp_path):
+    """The default preset on a model of two layers, no SCALE setting given: it runs (L_fp 1 of 2), and a run of six
+    steps is measured at every step and logs every loss, so curves.png has a curve in both panels."""
+    from transformers import AutoConfig, AutoTokenizer, LlamaForCausalLM
+
+    config = AutoConfig.from_pretrained(workspace / "base")
+    config.num_hidden_layers = 2
+    base = tmp_path / "base-2"
+    LlamaForCausalLM(config).save_pretrained(base)
+    AutoTokenizer.from_pretrained(workspace / "base").save_pretrained(base)
+    out = tmp_path / "run"
+    argv = ["train", "--model", str(base), "--data.train", str(workspace / "new.jsonl"), "--data.seq_len", "32",
+            "--data.old_eval", f"toy={workspace / 'old.jsonl'}", "--data.max_eval_sequences", "4",
+            "--train.tokens", "768", "--train.batch_size", "4", "--train.micro_batch_size", "2",
+            "--eval.batch_size", "4", "--eval.representation_sequences", "2", "--out", str(out)]  # fmt: skip
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert main(argv) == 0
+    saved = json.loads((out / "train_config.json").read_text())
+    assert saved["options"]["scale"]["preserve_layers"] == saved["options"]["freeze_layers"] == 1
+    assert [r["step"] for r in lines(out / "metrics.jsonl")][:7] == [0, 1, 2, 3, 4, 5, 6]
+    assert [r["step"] for r in lines(out / "train_log.jsonl") if "loss" in r] == [1, 2, 3, 4, 5, 6]
+    assert (out / "curves.png").is_file()
+
+
+def test_a_loss_curve_of_one_point_is_drawn_with_a_marker(tmp_path, monkeypatch):
+    import matplotlib.pyplot as plt
+
+    from scale_cl.experiments.train.report import curves_figure
+
+    (tmp_path / "train_log.jsonl").write_text(json.dumps({"step": 1, "tokens": 128, "loss": 2.5}) + "\n")
+    (tmp_path / "metrics.jsonl").write_text(
+        "".join(json.dumps({"step": s, "learning_ppl": 9.0, "forgetting_ppl": {"en": 5.0}}) + "\n" for s in (0, 1))
+    )
+    drawn = []
+    monkeypatch.setattr(plt, "close", drawn.append)
+    assert curves_figure(tmp_path, tmp_path / "curves.png") is not None
+    loss = drawn[0].axes[1].lines[0]
+    assert loss.get_marker() == "o" and list(loss.get_ydata()) == [2.5]
 
 
 def test_dry_run_prints_the_plan_and_writes_nothing(workspace, tmp_path):

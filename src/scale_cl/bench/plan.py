@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from scale_cl.data.corpus import eval_sets
+from scale_cl.experiments.cpt.config import AUTO_MEASUREMENTS
 from scale_cl.experiments.train.config import TRAINED, TrainConfig
 from scale_cl.methods import method_spec
 from scale_cl.remote_code import own_code_kwargs
@@ -191,7 +192,12 @@ def plan(cfg: TrainConfig, config: Any, processes: int = 0, model_note: str = ""
     saves = (f"every {t.save_every} steps" if t.save_every else "at the end") + (
         f" and every {t.save_minutes:g} min" if t.save_minutes else ""
     )
-    lines.append(("checkpoints", f"{saves}, the last {t.save_total_limit} kept; evaluation every {cfg.eval.every}"))
+    measured = (
+        f"every {cfg.eval.interval(steps):,} steps"
+        if cfg.eval.every or steps
+        else f"{AUTO_MEASUREMENTS} times (the run's length is known once the data is read)"
+    )
+    lines.append(("checkpoints", f"{saves}, the last {t.save_total_limit} kept; evaluation {measured}"))
     sharded = requested_sharding()
     shard = world if sharded else 1
     weights, grads = 4 * total / shard, 4 * trainable / shard

@@ -81,6 +81,14 @@ class Command:
     subcommands: tuple[Command, ...] = ()
 
 
+def dotted_names(nested: dict[str, Any], prefix: str = "") -> set[str]:
+    """The settings named in nested overrides, dotted: ``{"a": {"b": 1}}`` names ``a.b``."""
+    names: set[str] = set()
+    for key, value in nested.items():
+        names |= dotted_names(value, f"{prefix}{key}.") if isinstance(value, dict) else {f"{prefix}{key}"}
+    return names
+
+
 class Runner:
     """What a parsed command line calls (``args.func(args)``): resolve the settings, then run the command."""
 
@@ -96,6 +104,8 @@ class Runner:
         assert self.command.settings is not None
         defaults = self.command.settings(preset) if preset else self.command.settings()
         settings = apply_overrides(apply_overrides(defaults, from_yaml), options)
+        if "given" in {f.name for f in fields(settings) if f.metadata.get("cli") is False}:  # what the user chose
+            settings = replace(settings, given=tuple(sorted(dotted_names(from_yaml) | dotted_names(options))))
         check = getattr(settings, "check", None)
         if callable(check):  # the checks of the final settings, before any model or data (module doc)
             check()

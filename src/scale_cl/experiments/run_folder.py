@@ -32,10 +32,11 @@ RUN_FILES = {
 }
 
 
-def check_output_folder(out: Path, config_file: str, settings: dict[str, Any]) -> None:
+def check_output_folder(out: Path, config_file: str, settings: dict[str, Any] | None) -> None:
     """Refuse ``out`` before any data or model is loaded: a file; a folder that cannot be written; a
     folder holding another kind of run (or a model) and not this one; this kind's results of other ``settings``
-    (the method list may differ). Nothing is written; `claim_output_folder` then records the settings."""
+    (the method list may differ; None: not yet known, not compared). Nothing is written; `claim_output_folder` then
+    records the settings."""
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {out} is a file: give a folder (it is created if missing), or delete the file")
@@ -50,7 +51,7 @@ def check_output_folder(out: Path, config_file: str, settings: dict[str, Any]) -
                 f"--out {out} holds {others[0]} (a scale-cl {RUN_FILES[others[0]]} run, or a model), not a run of "
                 f"this command: choose another --out"
             )
-    if path.is_file():
+    if path.is_file() and settings is not None:
         mine = _recorded(settings)
         theirs = {k: v for k, v in result_settings(json.loads(path.read_text())).items() if k != "methods"}
         mine = {k: v for k, v in mine.items() if k != "methods"}

@@ -7,6 +7,7 @@ option's help text.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar
@@ -40,6 +41,7 @@ CLEAN_RATES = {
 }
 
 
+AUTO_MEASUREMENTS = 20  # eval.every 0: this many measurements a run, whatever its length
 _UNITS = {"": 1, "k": 10**3, "m": 10**6, "b": 10**9, "g": 10**9, "t": 10**12}
 _TOKENS = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmbgt]?)\s*$", re.IGNORECASE)
 
@@ -69,7 +71,8 @@ class CptTrainConfig(MethodStageConfig):
         },
     )
     logging_steps: int = field(
-        default=0, metadata={"ge": 0, "help": "log the training loss every this many steps; 0 = min(eval.every, 50)"}
+        default=0,
+        metadata={"ge": 0, "help": "log the training loss every this many steps; 0 = min(the evaluation's, 50)"},
     )
     save_minutes: float = field(
         default=0.0,
@@ -112,7 +115,12 @@ class EvalConfig:
     section: ClassVar[str] = "eval."  # where its settings are given (messages name them so)
 
     every: int = field(
-        default=20, metadata={"ge": 1, "help": "measure every this many optimizer steps (and at 0 and the end)"}
+        default=20,
+        metadata={
+            "ge": 0,
+            "help": "measure every this many optimizer steps (and at 0 and the end); 0 = from the run's length, "
+            f"{AUTO_MEASUREMENTS} times a run (every ceil(steps / {AUTO_MEASUREMENTS}) steps)",
+        },
     )
     batch_size: int = field(default=4, metadata={"ge": 1, "help": "sequences per evaluation forward pass"})
     representation_sequences: int = field(
@@ -188,6 +196,11 @@ class EvalConfig:
             "ranking among the others: where forgetting goes (records forgetting_new_mass_nll, in nats)"
         },
     )
+
+    def interval(self, steps: int) -> int:
+        """The steps between measurements of a run of ``steps``: ``every``, or with 0 a share of the run, so that a
+        short run draws a curve and a long one is not measured more often than it needs."""
+        return self.every or max(1, math.ceil(steps / AUTO_MEASUREMENTS))
 
     def __post_init__(self) -> None:
         self.up_logit_scales = tuple(float(a) for a in self.up_logit_scales)

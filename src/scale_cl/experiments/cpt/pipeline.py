@@ -220,7 +220,7 @@ def training_arguments(
         save_every=t.save_every,
         save_total_limit=t.save_total_limit,
         activation_checkpointing=t.gradient_checkpointing,
-        logging_steps=t.logging_steps or max(1, min(cfg.eval.every, 50)),
+        logging_steps=t.logging_steps or min(cfg.eval.interval(steps), 50),
         logging_dir=logging_dir,
         loader_workers=cfg.data.loader_workers,
     )
@@ -396,7 +396,7 @@ class CptRun(MethodRun):
         self.lr = args.learning_rate
         tracker = PeriodicEval(
             read_as(evaluate_method(cfg, corpus, self.reference, self.original_width, args.bf16), self.reading),
-            every=cfg.eval.every,
+            every=cfg.eval.interval(self.steps),
             path=self.method_dir / "metrics.jsonl",
             tokens_per_step=tokens_per_step,
             initial=None if self.initial is None else {**self.initial, "trainable": trainable_parameter_count(model)},

@@ -151,7 +151,7 @@ def run_method_sequence(
             f"trainable of {cost['total']:,}, {steps} steps"
         )
         tracker = PeriodicEval(
-            evaluate, every=cfg.eval.every, path=method_dir / f"task-{task}.jsonl", initial=progress.rows[-1]
+            evaluate, every=cfg.eval.interval(steps), path=method_dir / f"task-{task}.jsonl", initial=progress.rows[-1]
         )
         run_info = {
             "method": method,

@@ -7,8 +7,8 @@ The sections are continual pre-training's own (`scale_cl.experiments.cpt.config`
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import ClassVar
+from dataclasses import dataclass, field, replace
+from typing import Any, ClassVar
 
 from scale_cl.experiments.base.name import CLEAN_EN
 from scale_cl.experiments.cpt.config import (
@@ -133,6 +133,27 @@ class TrainConfig(ExperimentConfig):
         return [self.method]
 
 
+DEPTH_SETTINGS = ("options.scale.preserve_layers", "options.freeze_layers")
+
+
+def fifth_of(layers: int) -> int:
+    """SCALE's L_fp and Freeze's frozen layers where the user gave none: a fifth of the decoder layers, rounded, at
+    least one and below the top: each preset's own on its own model (6 of SmolLM2-135M's 30 layers, 3 of
+    Llama-3.2-1B's 16, 1 of the clean base's 6), and a value that fits a model of any depth."""
+    return min(max(1, round(layers / 5)), layers - 1)
+
+
+def fit_to_depth(cfg: TrainConfig, model_config: Any, given: tuple[str, ...]) -> TrainConfig:
+    """``cfg`` with each of `DEPTH_SETTINGS` not in ``given`` set to `fifth_of` the model's layers."""
+    at = fifth_of(model_config.get_text_config().num_hidden_layers)
+    options = cfg.options
+    if DEPTH_SETTINGS[0] not in given:
+        options = replace(options, scale=replace(options.scale, preserve_layers=at))
+    if DEPTH_SETTINGS[1] not in given:
+        options = replace(options, freeze_layers=at)
+    return replace(cfg, options=options)
+
+
 def _scale(hidden_up: int, ffn_up: int, preserve_layers: int) -> ScaleConfig:
     return ScaleConfig(hidden_up=hidden_up, ffn_up=ffn_up, method="preserve", preserve_layers=preserve_layers)
 
@@ -155,7 +176,7 @@ def preset(name: str) -> TrainConfig:
                 save_every=200,
                 save_total_limit=3,
             ),
-            eval=EvalConfig(every=100, batch_size=4),
+            eval=EvalConfig(every=0, batch_size=4),
             options=MethodSettings(scale=_scale(192, 192, 6), freeze_layers=6),
         )
     if name == "clean-en":
@@ -182,7 +203,7 @@ def preset(name: str) -> TrainConfig:
                 save_every=100,
                 save_total_limit=3,
             ),
-            eval=EvalConfig(every=100, batch_size=8, representation_sequences=8),
+            eval=EvalConfig(every=0, batch_size=8, representation_sequences=8),
             options=MethodSettings(scale=_scale(64, 64, 1), freeze_layers=1),
         )
     if name == "paper":
@@ -204,7 +225,7 @@ def preset(name: str) -> TrainConfig:
                 save_every=200,
                 save_total_limit=3,
             ),
-            eval=EvalConfig(every=200, batch_size=1, representation_sequences=8),
+            eval=EvalConfig(every=0, batch_size=1, representation_sequences=8),
             options=MethodSettings(scale=_scale(256, 1024, 3), freeze_layers=3, lora_rank="256", llama_pro_blocks="4"),
         )
     raise ValueError(f"unknown preset {name!r}; valid presets: {', '.join(PRESETS)}")
@@ -234,10 +255,22 @@ class TrainCommand:
         },
     )
     command: str = field(default="", metadata={"cli": False, "help": "the command line (set by the program)"})
+    given: tuple[str, ...] | None = field(
+        default=None,
+        metadata={
+            "cli": False,
+            "help": "the settings the user chose (dotted; set by the command line): the others that depend on the "
+            "model take its depth (`fit_to_depth`); None = all chosen",
+        },
+    )
     train: TrainConfig = field(default_factory=lambda: preset("smollm2"), metadata={"inline": True})
 
     def check(self) -> None:
         self.train.check()
+
+    def fitted(self, model_config: Any) -> TrainConfig:
+        """The run's settings with the placement the user did not choose fitted to the model's depth."""
+        return self.train if self.given is None else fit_to_depth(self.train, model_config, self.given)
 
 
 def train_settings(name: str = "smollm2") -> TrainCommand:

@@ -45,16 +45,6 @@ FIGURE = "curves.png"
 MODEL_DIR = "model"
 
 
-def check_budget(cfg: TrainConfig) -> None:
-    """A token budget of at least one optimizer step."""
-    step = cfg.train.batch_size * cfg.data.seq_len
-    if 0 < cfg.train.token_budget < step:
-        raise ValueError(
-            f"train.tokens={cfg.train.tokens} is less than one optimizer step (train.batch_size={cfg.train.batch_size}"
-            f" x data.seq_len={cfg.data.seq_len} = {step:,} tokens): raise it, or lower the batch or sequence length"
-        )
-
-
 def run_train(cfg: TrainConfig, out: Path, command: str = "") -> dict[str, Any]:
     """Train (or resume) ``cfg``'s method into ``out`` (module doc); returns the run's summary."""
     from scale_cl.models import load_base
@@ -62,7 +52,7 @@ def run_train(cfg: TrainConfig, out: Path, command: str = "") -> dict[str, Any]:
 
     out = Path(out)
     check_output_folder(out, CONFIG_FILE, cfg.to_dict())  # before any data or model is loaded
-    check_budget(cfg)
+    cfg.check()  # the command line's checks, for a caller of this function too
     validate(cfg, base_model_config(cfg))
     ref = base_model_ref(cfg)
     base, tokenizer = load_base(ref)

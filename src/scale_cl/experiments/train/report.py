@@ -150,7 +150,8 @@ def curves_figure(run: Path, path: Path) -> Path | None:
     left.set(xlabel="tokens trained", ylabel="perplexity", yscale="log", title="learning and forgetting")
     if metrics:
         left.legend()
-    right.plot([r["tokens"] for r in losses], [r["loss"] for r in losses], color="tab:gray")
+    few = "o" if len(losses) == 1 else None  # a line of one point draws nothing
+    right.plot([r["tokens"] for r in losses], [r["loss"] for r in losses], color="tab:gray", marker=few)
     right.set(xlabel="tokens trained", ylabel="training loss", title="training loss")
     reading = result.get("reading")
     figure.suptitle(
