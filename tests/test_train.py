@@ -19,6 +19,7 @@ import pytest
 import torch
 import yaml
 from safetensors.torch import load_file
+from transformers import AutoConfig
 
 from exactness import assert_exact_to_rounding
 from scale_cl.cli import build_parser, main, parse_settings
@@ -204,6 +205,40 @@ def test_a_short_run_on_a_two_layer_model_with_no_setting_of_its_own_draws_its_c
     assert [r["step"] for r in lines(out / "metrics.jsonl")][:7] == [0, 1, 2, 3, 4, 5, 6]
     assert [r["step"] for r in lines(out / "train_log.jsonl") if "loss" in r] == [1, 2, 3, 4, 5, 6]
     assert (out / "curves.png").is_file()
+
+
+@pytest.mark.parametrize("length", [["--train.max_steps", "5"], ["--train.tokens", "1M"]])
+def test_epochs_with_another_length_of_the_run_is_refused(workspace, length):
+    argv = ["train", "--data.train", str(workspace / "new.jsonl"), "--train.epochs", "2", *length]
+    with pytest.raises(ValueError, match=r"train.epochs and train.(max_steps|tokens) both set the length of the run"):
+        parse_settings(argv)
+    assert parse_settings([*argv[:3], *length]).train.train.epochs == 1, "the default alone is no choice"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("loss", ["sliced", "whole"])
+def test_the_loss_switch_reaches_the_trainer(workspace, tmp_path, monkeypatch, loss):
+    """--train.loss whole trains on transformers' own loss (no slicing); sliced (the default) a slice at a time."""
+    from scale_cl.train import recipe
+
+    built = []
+
+    class Stop(Exception):
+        pass
+
+    def capture(*args, **kwargs):
+        built.append(kwargs["slice_positions"])
+        raise Stop
+
+    monkeypatch.setattr(recipe, "CheckpointingTrainer", capture)
+    settings = parse_settings(
+        ["train", "--model", str(workspace / "base"), "--data.train", str(workspace / "new.jsonl"), "--data.seq_len",
+         "32", "--train.tokens", "768", "--train.batch_size", "4", "--train.micro_batch_size", "2",
+         "--options.scale.hidden_up", "32", "--options.scale.ffn_up", "32", "--train.loss", loss]
+    )  # fmt: skip
+    with pytest.raises(Stop), contextlib.redirect_stdout(io.StringIO()):
+        run_train(settings.fitted(AutoConfig.from_pretrained(workspace / "base")), tmp_path / "run")
+    assert built == [0 if loss == "sliced" else None]
 
 
 def test_a_loss_curve_of_one_point_is_drawn_with_a_marker(tmp_path, monkeypatch):

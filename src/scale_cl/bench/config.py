@@ -11,11 +11,11 @@ from scale_cl.bench.readings import READINGS
 from scale_cl.bench.shapes import SHAPES, Shape
 from scale_cl.bounds import check_fields
 from scale_cl.methods import METHOD_NAMES, QUANTIZABLE_METHODS, check_quantizable
+from scale_cl.train.chunked_loss import LOSSES
 from scale_cl.tuner.config import INITS
 
 MATCH_TARGETS = ("preserve", "adapt", "route")
 COMPILE_MODES = ("none", "default", "reduce-overhead", "max-autotune")
-LOSSES = ("sliced", "whole")
 # The batch when --batch / --seq are 0: a CPU's is the one the CPU targets were measured at; a GPU's gives about
 # 16k tokens a step, which keeps an H100 busy at Llama-3.2-1B's shape (at 1k tokens it waits on launches).
 AUTO_BATCH = {"cpu": (4, 256), "cuda": (16, 1024)}

@@ -202,7 +202,7 @@ def plan(cfg: TrainConfig, config: Any, processes: int = 0, model_note: str = ""
     shard = world if sharded else 1
     weights, grads = 4 * total / shard, 4 * trainable / shard
     state = (2 if t.optim == "adamw_8bit" else 8) * trainable / shard
-    acts = activation_bytes(config, cfg, bf16, sliced=not sharded)
+    acts = activation_bytes(config, cfg, bf16, sliced=not sharded and t.loss == "sliced")
     checkpointed = ", checkpointed" if t.gradient_checkpointing else ""
     lines.append(
         (

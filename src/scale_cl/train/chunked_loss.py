@@ -34,6 +34,8 @@ from torch.func import functional_call
 
 from scale_cl.train.distill import IGNORE, DistillConfig, at_least_fp32, kl_sum, shifted_labels
 
+LOSSES = ("sliced", "whole")  # the training loss: here, a slice of positions at a time; or transformers' own
+
 
 @dataclass
 class LossTargets:

@@ -47,6 +47,7 @@ def train_model(
     tokens_per_step: int | None = None,
     save_minutes: float = 0.0,
     loss_log: Path | None = None,
+    sliced: bool = True,
 ) -> CheckpointingTrainer:
     """Train ``model`` in place on ``dataset`` with ``args`` (`scale_cl.train.arguments.training_arguments`);
     returns the Trainer (its ``state`` holds the log).
@@ -64,6 +65,7 @@ def train_model(
         tokens_per_step: the tokens of one optimizer step: the progress bar shows tokens/s (`TokensProgress`).
         save_minutes: also save a checkpoint whenever this many minutes have passed (`SaveEveryMinutes`).
         loss_log: a JSONL file that keeps every logged loss, whatever ``report_to`` says (`LossLog`).
+        sliced: the loss a slice of positions at a time (`scale_cl.train.chunked_loss`); False: transformers' own.
     """
     if getattr(dataset, "in_order", False):  # e.g. replay's exact share of every batch (`scale_cl.data.replay`)
         if not hasattr(args, "train_sampling_strategy"):
@@ -87,6 +89,7 @@ def train_model(
         run_info=run_info,
         lr_ratios=lr_ratios,
         distillation=distillation,
+        slice_positions=0 if sliced else None,
     )
     if tokens_per_step and not args.disable_tqdm:
         trainer.remove_callback(ProgressCallback)

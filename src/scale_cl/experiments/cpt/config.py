@@ -21,6 +21,7 @@ from scale_cl.experiments.growth import GrowthSettings
 from scale_cl.experiments.settings import MethodSettings, MethodStageConfig
 from scale_cl.methods import METHOD_NAMES
 from scale_cl.models import SMOLLM2
+from scale_cl.train.chunked_loss import LOSSES
 from scale_cl.tuner.config import ScaleConfig
 from scale_cl.tuner.routing.calibrated import OBJECTIVES
 
@@ -73,6 +74,15 @@ class CptTrainConfig(MethodStageConfig):
     logging_steps: int = field(
         default=0,
         metadata={"ge": 0, "help": "log the training loss every this many steps; 0 = min(the evaluation's, 50)"},
+    )
+    loss: str = field(
+        default="sliced",
+        metadata={
+            "choices": LOSSES,
+            "help": "the training loss: sliced (the LM head and its loss a slice of positions at a time, the logits "
+            "never whole: the same gradients, far less memory at a large vocabulary; scale_cl.train.chunked_loss) "
+            "or whole (transformers' own loss over every logit at once)",
+        },
     )
     save_minutes: float = field(
         default=0.0,

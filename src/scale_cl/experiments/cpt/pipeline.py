@@ -421,6 +421,7 @@ class CptRun(MethodRun):
             "tokens_per_step": tokens_per_step,
             "save_minutes": cfg.train.save_minutes,
             "loss_log": self.method_dir / LOSS_FILE,
+            "sliced": cfg.train.loss == "sliced",
         }
         return Training(train, args, tracker, replay_sequences, options)
 

@@ -166,7 +166,16 @@ def run_method_sequence(
         gated = calibrate is not None and scale_reads_gate(model)
         if gated:  # a reading fitted after the task: the task trains the model unrouted
             train_unrouted(model)
-        train_model(model, train, args, callbacks=[tracker], run_info=run_info, lr_ratios=lr_ratios, resume=True)
+        train_model(
+            model,
+            train,
+            args,
+            callbacks=[tracker],
+            run_info=run_info,
+            lr_ratios=lr_ratios,
+            resume=True,
+            sliced=cfg.train.loss == "sliced",
+        )
         model.eval()
         if gated:  # the task's row: the model read with the gate fitted on it
             tracker.add(tracker.records[-1]["step"], read_with_fitted_gate(model, calibrate, evaluate))

@@ -267,6 +267,13 @@ class TrainCommand:
 
     def check(self) -> None:
         self.train.check()
+        t = self.train.train
+        length = [name for name, value in (("tokens", t.token_budget), ("max_steps", t.max_steps)) if value]
+        if self.given and "train.epochs" in self.given and length:
+            raise ValueError(
+                f"train.epochs and train.{length[0]} both set the length of the run (epochs would be ignored): give "
+                "one of them"
+            )
 
     def fitted(self, model_config: Any) -> TrainConfig:
         """The run's settings with the placement the user did not choose fitted to the model's depth."""
