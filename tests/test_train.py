@@ -349,6 +349,36 @@ def test_the_saved_model_is_read_as_asked_and_eval_and_export_take_it(finished, 
 
 
 @pytest.mark.slow
+def test_a_run_with_an_extended_vocabulary_saves_exports_and_reads_its_new_tokens(workspace, tmp_path):
+    """--data.extend_vocab in train, end to end: the tokenizer and the model grown by the same rows, the calibrated
+    gate fitted over the grown vocabulary, and the export reading new-token text as the saved model does."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from scale_cl.export.config import ExportSettings
+    from scale_cl.export.export import export
+    from scale_cl.models import load_trained
+    from scale_cl.tuner.vocab import vocab_rows
+
+    cfg = config(workspace, [str(workspace / "new.jsonl")])
+    cfg = replace(cfg, data=replace(cfg.data, extend_vocab=16))
+    out = tmp_path / "run"
+    with contextlib.redirect_stdout(io.StringIO()):
+        summary = run_train(cfg, out)
+    assert summary["reading"] == "calibrated"
+    rows = len(AutoTokenizer.from_pretrained(workspace / "base")) + 16
+    model, tokenizer, _ = load_trained(out / "model")
+    assert len(tokenizer) == vocab_rows(model) == rows
+    ids = torch.tensor([tokenizer(documents(workspace)[0])["input_ids"][:32]])
+    assert ids.max() >= rows - 16, "the new-domain text uses new tokens"
+    folder = export(ExportSettings(source=str(out), out=str(tmp_path / "exported")))
+    exported = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True).eval()
+    with torch.no_grad():
+        saved, loaded = model.eval()(input_ids=ids).logits, exported(input_ids=ids).logits
+    assert saved.shape[-1] == rows and torch.isfinite(saved).all()
+    torch.testing.assert_close(loaded, saved, atol=1e-5, rtol=0)  # the export's promise: the library's to 1e-5
+
+
+@pytest.mark.slow
 def test_the_calibrated_reading_is_fitted_at_the_end_and_calibrate_refits_the_same(
     workspace, sources, tmp_path, capsys
 ):
