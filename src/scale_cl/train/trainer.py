@@ -43,6 +43,7 @@ from scale_cl.data.replay import REPLAY_KEY
 from scale_cl.files import atomic_write, sha256_of, write_json
 from scale_cl.train.chunked_loss import LossTargets, chunkable, sliced_head
 from scale_cl.train.distill import Distillation, distill_sum
+from scale_cl.train.sampler import lean_sampler
 from scale_cl.tuner.io import check_tensors
 
 TRAINABLE_WEIGHTS = "trainable.safetensors"
@@ -202,6 +203,10 @@ class CheckpointingTrainer(Trainer):
         for group in groups:
             optimizer.add_param_group(group)
         return optimizer
+
+    def get_train_dataloader(self) -> Any:
+        """The Trainer's, its random order drawn as a tensor rather than a list (`scale_cl.train.sampler`)."""
+        return lean_sampler(super().get_train_dataloader())
 
     def _own_format(self) -> bool:
         return not (self.is_fsdp_enabled or self.is_deepspeed_enabled)
