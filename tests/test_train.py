@@ -269,6 +269,7 @@ def test_dry_run_prints_the_plan_and_writes_nothing(workspace, tmp_path):
     plan = printed.getvalue()
     for key in ("parameters", "tokens", "per process", "data", "old domain", "schedule", "memory / process", "time"):
         assert f"  {key}" in plan, key
+    assert "data / process    ~0.0 GiB: the order of the corpus's blocks, 8 bytes each, for the ~31,256 the run" in plan
     assert "2,000,384 = 3,907 steps x 8 sequences x 64 tokens" in plan
     assert "micro-batch 4 x 2 accumulation steps" in plan
     assert not out.exists()

@@ -125,6 +125,23 @@ def _steps(cfg: TrainConfig) -> tuple[int, str]:
     return 0, f"{t.epochs:g} epoch(s) of the corpus (its size is known once it is tokenised)"
 
 
+def _data_memory(cfg: TrainConfig, tokens: int) -> str:
+    """What the data path holds in memory beside the model: a streamed run its shuffle buffer of blocks; a cached
+    run the order of the corpus's blocks (`scale_cl.train.sampler`: 8 bytes a block on every process), the corpus
+    itself memory-mapped from the datasets cache."""
+    d = cfg.data
+    if d.streaming:
+        held = d.shuffle_buffer * d.seq_len * 8 * 2  # input_ids and labels, int64
+        return f"~{_gib(held)}: a shuffle buffer of {d.shuffle_buffer:,} blocks" if held else "a block at a time"
+    if not tokens:
+        return "8 bytes a block of the corpus (its order), the corpus memory-mapped from the datasets cache"
+    blocks = math.ceil(tokens / d.seq_len)
+    return (
+        f"~{_gib(8 * blocks)}: the order of the corpus's blocks, 8 bytes each, for the ~{blocks:,} the run reads "
+        "(more for a larger corpus); the corpus memory-mapped from the datasets cache"
+    )
+
+
 def _sources(cfg: TrainConfig) -> str:
     d = cfg.data
     named = [f"{s} ({w:g})" for s, w in zip(d.train, d.weights, strict=True)] if d.weights else list(d.train)
@@ -214,6 +231,7 @@ def plan(cfg: TrainConfig, config: Any, processes: int = 0, model_note: str = ""
             f"{checkpointed}; estimated from the bench)",
         )
     )
+    lines.append(("data / process", _data_memory(cfg, tokens)))
     scale = cfg.options.scale_config(spec.scale_method or "preserve", cfg.seed)
     floor = method_floor(cfg.method, config, scale, d.seq_len) or method_floor("fft", config, None, d.seq_len)
     if steps:
