@@ -15,6 +15,7 @@ from scale_cl.data.corpus import PackedDataset
 from scale_cl.methods import prepare
 from scale_cl.train.trainer import (
     CHECKPOINT_META,
+    LEGACY_TRAINABLE_WEIGHTS,
     STAGING_DIR,
     TRAINABLE_WEIGHTS,
     CheckpointingTrainer,
@@ -92,6 +93,17 @@ def test_checkpoint_holds_exactly_the_trainable_parameters(tmp_path):
     assert all(torch.equal(weights[n], p.detach()) for n, p in model.named_parameters() if n in trainable)
     meta = json.loads((tmp_path / "checkpoint-2" / CHECKPOINT_META).read_text())
     assert meta["run"] == RUN and meta["global_step"] == 2
+
+
+def test_a_checkpoint_written_before_the_rename_still_loads(tmp_path):
+    """Checkpoints named their weights ``trainable.safetensors`` before they took the stock Trainer's name."""
+    trained = _model()
+    _trainer(trained, tmp_path, steps=2).train()
+    checkpoint = tmp_path / "checkpoint-2"
+    (checkpoint / TRAINABLE_WEIGHTS).rename(checkpoint / LEGACY_TRAINABLE_WEIGHTS)
+    loaded = _model()
+    load_trainable(loaded, checkpoint, RUN)
+    assert all(torch.equal(a, b) for a, b in zip(loaded.parameters(), trained.parameters(), strict=True))
 
 
 def test_foreign_or_damaged_checkpoints_are_refused(tmp_path):

@@ -133,6 +133,33 @@ def test_the_stock_trainer_resumes_an_upscaled_model_bitwise(arch, method, tmp_p
     assert not any(is_new_parameter(k) for k in loads[0].missing_keys if k in dict(resumed.named_parameters()))
 
 
+@pytest.mark.parametrize("method", ["preserve", "route"])
+def test_the_stock_trainer_resumes_a_scale_cl_train_checkpoint_bitwise(method, tmp_path):
+    """`scale-cl train`'s checkpoints (`CheckpointingTrainer`: what trains, under the live names, in
+    ``model.safetensors``, and the Trainer's own optimizer, scheduler and RNG files) resume under the stock Trainer,
+    bitwise the run that never stopped."""
+    from scale_cl.train.trainer import CHECKPOINT_META, CheckpointingTrainer
+
+    base = make_model("llama-gqa2-tied")
+    config = ScaleConfig(method=method, hidden_up=hidden_up_for(base, 2), ffn_up=16, preserve_layers=1)
+
+    def make_trainer(out: Path, callbacks, cls: type = CheckpointingTrainer) -> Trainer:
+        own = {"slice_positions": None} if cls is CheckpointingTrainer else {}  # the loss the stock Trainer computes
+        model = upscale(copy.deepcopy(base), config).train()
+        data = {"train_dataset": _dataset(), "data_collator": default_data_collator}
+        return cls(model=model, args=_arguments(out), callbacks=list(callbacks), **data, **own)
+
+    straight = make_trainer(tmp_path / "straight", ())
+    straight.train()
+    make_trainer(tmp_path / "stopped", (StopAt(SAVE_AT),)).train()
+    checkpoint = tmp_path / "stopped" / f"checkpoint-{SAVE_AT}"
+    assert (checkpoint / CHECKPOINT_META).is_file() and not (checkpoint / CONFIG_NAME).exists(), "train's own format"
+    resumed = make_trainer(tmp_path / "stock", (), cls=Trainer)
+    resumed.train(resume_from_checkpoint=str(checkpoint))
+    assert resumed.state.global_step == STEPS
+    _assert_bitwise(straight.model, resumed.model, base, upscale(copy.deepcopy(base), config))
+
+
 def test_a_trainer_checkpoint_loads_with_scale_cl_load(tmp_path):
     """A stock Trainer's checkpoint folder is also a `scale_cl.load` folder (SCALE's format plus the optimizer)."""
     base = make_model("llama-gqa2-tied")

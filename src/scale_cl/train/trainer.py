@@ -4,7 +4,7 @@ Why not the stock Trainer checkpoints: they hold every weight (a 1B base model p
 method that trains a few percent of it), a crash while saving leaves a ``checkpoint-N`` folder
 that looks complete, and a NaN loss is silently averaged away (``logging_nan_inf_filter``).
 
-A checkpoint folder ``checkpoint-N`` here holds ``trainable.safetensors`` (the parameters with
+A checkpoint folder ``checkpoint-N`` here holds ``model.safetensors`` (the parameters with
 ``requires_grad``, under the names of the model as trained), ``checkpoint.json`` (what was
 trained, from which base model, with the SHA-256 of the weights), and the Trainer's own
 optimizer, scheduler, RNG and trainer-state files. It is written in a hidden staging folder and
@@ -46,7 +46,8 @@ from scale_cl.train.distill import Distillation, distill_sum
 from scale_cl.train.sampler import lean_sampler
 from scale_cl.tuner.io import check_tensors
 
-TRAINABLE_WEIGHTS = "trainable.safetensors"
+TRAINABLE_WEIGHTS = "model.safetensors"  # the stock Trainer's name: it resumes these checkpoints too (strict=False)
+LEGACY_TRAINABLE_WEIGHTS = "trainable.safetensors"  # the same file in checkpoints written before 2026-12-04
 CHECKPOINT_META = "checkpoint.json"
 STAGING_DIR = ".staging"
 
@@ -338,6 +339,8 @@ def load_trainable(model: nn.Module, checkpoint: Path, run_info: dict[str, Any] 
             "format): resume it under the same accelerate config"
         )
     weights_path = checkpoint / TRAINABLE_WEIGHTS
+    if not weights_path.is_file() and (checkpoint / LEGACY_TRAINABLE_WEIGHTS).is_file():
+        weights_path = checkpoint / LEGACY_TRAINABLE_WEIGHTS
     if not weights_path.is_file() or sha256_of(weights_path) != meta["sha256"]:
         raise ValueError(f"{weights_path} is missing or does not match its recorded SHA-256; the checkpoint is damaged")
     weights = load_file(weights_path)
