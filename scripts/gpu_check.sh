@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One prepared GPU check (issue 38): the card and versions, the GPU-gated tests, a micro `scale-cl bio` run in bf16,
 # `scale-cl bench` at Llama-3.2-1B's shape (eager, the likelihood readings' inference, then torch.compile'd for
-# FFT and SCALE-Preserve), and `scale-cl train` at that shape (streamed, killed after a checkpoint and resumed), into
+# FFT and SCALE-Preserve), and `scale-cl train` at that shape (streamed, killed after a checkpoint and resumed at
+# the stream's saved position), into
 # one results folder whose summary.md says which of issues 38's, 40's and 49's targets are met or missed.
 #
 # Time budget: 10 minutes on one H100 or H200 (each step has its own limit, in the table below; a step that runs out

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import gzip
+import inspect
 import io
 import json
 import shutil
@@ -480,16 +481,36 @@ def test_a_run_killed_with_sigkill_resumes_by_running_the_same_command(workspace
 
 @pytest.mark.slow
 def test_a_streamed_run_with_a_shuffle_buffer_resumes_where_it_stopped(workspace, sources, tmp_path, monkeypatch):
+    """Bitwise the uninterrupted run's batches, the stream started at the checkpoint's position (not read up to it)."""
+    import scale_cl.data.stream as stream_module
+
+    monkeypatch.setattr(stream_module, "TOKENIZE_BATCH", 4)  # many bookmarks in a small file
+    monkeypatch.setattr(stream_module, "STRIDE", 2)
+    training = []
+    encode = stream_module.encode
+
+    def counted(texts, *args):
+        if any(f.function == "_read" for f in inspect.stack()[1:3]):  # the training stream, not the evaluation sets
+            training.extend(texts)
+        return encode(texts, *args)
+
+    monkeypatch.setattr(stream_module, "encode", counted)
     cfg = config(workspace, [sources[0]], streaming=True, shuffle_buffer=8, document_mask=True)
     straight = record_batches(monkeypatch)
     run_train(cfg, tmp_path / "straight")
+    read_straight = len(training)
     interrupted = record_batches(monkeypatch, crash_at=2)
     with pytest.raises(KeyboardInterrupt):
         run_train(cfg, tmp_path / "resumed")
+    position = json.loads((tmp_path / "resumed" / "run" / "checkpoint-2" / "stream.json").read_text())
+    assert position["emitted"] == 8, "2 steps of 4 blocks"
     resumed = record_batches(monkeypatch)
+    training.clear()
     run_train(cfg, tmp_path / "resumed")
     assert len(interrupted + resumed) == len(straight) == 12
     assert all(torch.equal(a, b) for a, b in zip(interrupted + resumed, straight, strict=True))
+    assert position["bookmark"]["documents"] > 0
+    assert len(training) == read_straight - position["bookmark"]["documents"], "read from the bookmark on, not before"
     plain = record_batches(monkeypatch)
     run_train(replace(cfg, data=replace(cfg.data, shuffle_buffer=0)), tmp_path / "plain")
     assert not all(torch.equal(a, b) for a, b in zip(plain, straight, strict=True)), "the buffer shuffles"

@@ -54,7 +54,7 @@ def versions() -> dict[str, Any]:
     }
 
 
-TRAIN_FILES = 8  # the train step's corpus files: the stream's shards, two loader workers read four each
+TRAIN_FILES = 8  # the train step's corpus files: the stream's shards
 
 
 def train_setup(folder: Path, shape_name: str, people: int = 2000) -> Path:
@@ -84,10 +84,10 @@ def train_setup(folder: Path, shape_name: str, people: int = 2000) -> Path:
 
 
 def train_run(out: Path, shape: str, people: int, first_checkpoint: int, options: list[str]) -> int:
-    """The train step: `train_setup` into ``out/train-setup``, then `scale-cl train` on it streamed (two loader workers,
-    SCALE-Preserve as trained) with ``options`` into ``out/train``, killed with SIGKILL once checkpoint
-    ``first_checkpoint`` is complete, and run again to the end, which resumes from it. Returns the last run's exit
-    code."""
+    """The train step: `train_setup` into ``out/train-setup``, then `scale-cl train` on it streamed (its position
+    saved with each checkpoint, SCALE-Preserve as trained) with ``options`` into ``out/train``, killed with SIGKILL
+    once checkpoint ``first_checkpoint`` is complete, and run again to the end, which resumes from it. Returns the
+    last run's exit code."""
     import os
     import signal
     import subprocess
@@ -96,7 +96,7 @@ def train_run(out: Path, shape: str, people: int, first_checkpoint: int, options
     setup = train_setup(out / "train-setup", shape, people)
     command = [
         sys.executable, "-m", "scale_cl.cli", "train", "--model", str(setup / "base"),
-        "--data.train", str(setup / "corpus" / "*.jsonl"), "--data.streaming", "--data.loader_workers", "2",
+        "--data.train", str(setup / "corpus" / "*.jsonl"), "--data.streaming",
         "--data.heldout_fraction", "0.02", "--data.max_eval_sequences", "4", "--options.scale.w21_init", "random",
         "--reading", "trained", *options, "--out", str(out / "train"),
     ]  # fmt: skip
@@ -132,6 +132,7 @@ def _train(out: Path, bench: dict[str, Any] | None) -> dict[str, Any] | None:
         "last_loss": losses[-1] if losses else None,
         "checkpoints": sorted(p.name for p in (run / "run").glob("checkpoint-*")),
         "resumed": "resuming from" in log,
+        "stream_position": all((p / "stream.json").is_file() for p in (run / "run").glob("checkpoint-*")),
     }
     for entry in (bench or {}).get("shapes", {}).values():
         timed = entry.get("methods", {}).get(result["method"], {}).get("train_tokens_per_s")
@@ -299,7 +300,9 @@ def _markdown(found: dict[str, Any]) -> str:
             f" ({train['vs_bench']:.2f}x the bench's {train['bench_tokens_per_s']:,.0f})" if "vs_bench" in train else ""
         )
         lines += ["", f"train ({train['method']}, streamed, killed after a checkpoint and resumed: "
-                  f"{'yes' if train['resumed'] else '**no**'}): {train['steps']} steps, {rate} tokens/s{versus}, "
+                  f"{'yes' if train['resumed'] else '**no**'}, at the stream's saved position: "
+                  f"{'yes' if train.get('stream_position') else '**no**'}): {train['steps']} steps, "
+                  f"{rate} tokens/s{versus}, "
                   f"loss {train['first_loss']:.3f} -> {train['last_loss']:.3f}, checkpoints "
                   f"{', '.join(train['checkpoints'])}."]  # fmt: skip
     if found["targets"]:

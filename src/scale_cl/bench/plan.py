@@ -126,13 +126,13 @@ def _steps(cfg: TrainConfig) -> tuple[int, str]:
 
 
 def _data_memory(cfg: TrainConfig, tokens: int) -> str:
-    """What the data path holds in memory beside the model: a streamed run its shuffle buffer of blocks; a cached
+    """What the data path holds in memory beside the model: a streamed run its shuffle window of blocks; a cached
     run the order of the corpus's blocks (`scale_cl.train.sampler`: 8 bytes a block on every process), the corpus
     itself memory-mapped from the datasets cache."""
     d = cfg.data
     if d.streaming:
-        held = d.shuffle_buffer * d.seq_len * 8 * 2  # input_ids and labels, int64
-        return f"~{_gib(held)}: a shuffle buffer of {d.shuffle_buffer:,} blocks" if held else "a block at a time"
+        held = d.shuffle_buffer * d.seq_len * 8  # int64 tokens, input_ids and labels one tensor
+        return f"~{_gib(held)}: a shuffle window of {d.shuffle_buffer:,} blocks" if held else "a block at a time"
     if not tokens:
         return "8 bytes a block of the corpus (its order), the corpus memory-mapped from the datasets cache"
     blocks = math.ceil(tokens / d.seq_len)

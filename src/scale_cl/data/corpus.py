@@ -58,7 +58,7 @@ from scale_cl.data.sources import (
     load_documents,
     parse_hub_source,
 )
-from scale_cl.data.stream import encoded_batches, stream_blocks
+from scale_cl.data.stream import MixedStream, encoded_batches, stream_blocks
 from scale_cl.data.tokens import (
     document_key,
     encode,
@@ -117,7 +117,8 @@ class CorpusConfig:
             "gt": 0,
             "le": 1,
             "help": "one weight per train source, summing to 1: blocks are drawn from the sources with these "
-            "probabilities (datasets.interleave_datasets, the run's seed); empty = the sources read as one, in order",
+            "probabilities (drawn as datasets.interleave_datasets draws, the run's seed); empty = the sources read "
+            "as one, in order",
         },
     )
     old_eval: list[str] = field(
@@ -156,7 +157,7 @@ class CorpusConfig:
         default=0,
         metadata={
             "ge": 0,
-            "help": "with streaming: shuffle the files' order and the blocks through a buffer of this many blocks "
+            "help": "with streaming: shuffle the files' order and the blocks in windows of this many blocks "
             "(the run's seed); 0 = corpus order. Without streaming the Trainer shuffles the blocks whole",
         },
     )
@@ -542,9 +543,12 @@ def _training_blocks(
                 )
                 for group in groups
             ]
-            stream = streams[0] if len(streams) == 1 else datasets.interleave_datasets(streams, list(weights), seed)
-            stream = stream.take(limit) if limit else stream
-            if next(iter(stream.take(1)), None) is not None:  # reads the first documents only
+            if len(streams) == 1:
+                stream = streams[0]
+                stream.limit = limit
+            else:
+                stream = MixedStream(streams, list(weights), seed, limit)
+            if next(iter(stream), None) is not None:  # reads the first documents only
                 return stream, CorpusStats(sequences=1, documents=1, streamed=True)
             lengths = [length for _, found, _ in reader.batches(sources, keep) for length in found.tolist()]
             return stream, CorpusStats(documents=len(lengths), tokens=sum(lengths))  # not one block: the cause

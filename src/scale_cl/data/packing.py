@@ -33,10 +33,15 @@ WRITE_BYTES = 8 * 2**20  # the blocks written a record batch at a time
 class BlockCutter:
     """Concatenates token arrays and cuts full blocks of ``seq_len``; the remainder waits for more tokens."""
 
-    def __init__(self, seq_len: int) -> None:
+    def __init__(self, seq_len: int, carry: np.ndarray | None = None) -> None:
         self.seq_len = seq_len
-        self._pending: list[np.ndarray] = []
-        self._count = 0
+        self._pending: list[np.ndarray] = [carry] if carry is not None and len(carry) else []
+        self._count = sum(len(part) for part in self._pending)
+
+    @property
+    def carry(self) -> np.ndarray:
+        """The tokens waiting for the next block (fewer than ``seq_len``): with them a new cutter continues this one."""
+        return np.concatenate(self._pending) if self._pending else np.empty(0, dtype=np.int64)
 
     def cut(self, tokens: np.ndarray) -> np.ndarray:
         """Add one run of tokens; return every block now complete as a ``[n, seq_len]`` array (n may be 0)."""

@@ -164,15 +164,31 @@ class ReplayStream(IterableDataset):
         _check_replay(replay, ratio)
         self.new, self.replay, self.ratio, self.mark = new, replay, ratio, mark
         self.replay_order = ReplayOrder(len(replay), seed)
+        self._resume: dict[str, Any] | None = None
 
     def set_epoch(self, epoch: int) -> None:
         self.replay_order.set_epoch(epoch)
         if hasattr(self.new, "set_epoch"):  # the stream's shuffle buffer draws its epoch's order
             self.new.set_epoch(epoch)
 
+    def position(self, consumed: int) -> dict[str, Any] | None:
+        """Where sequence ``consumed`` starts: the stream's position at its new-domain blocks so far
+        (`scale_cl.data.stream`), or None when the stream keeps none."""
+        if not hasattr(self.new, "position"):
+            return None
+        inner = self.new.position(consumed - replay_before(consumed, self.ratio))
+        return None if inner is None else {"emitted": consumed, "new": inner}
+
+    def resume(self, position: dict[str, Any]) -> None:
+        """Start the next pass at ``position`` (what `position` returned)."""
+        self._resume = position
+
     def __iter__(self) -> Iterator[dict[str, Any]]:
+        resume, self._resume = self._resume, None
+        if resume is not None:
+            self.new.resume(resume["new"])
         new = iter(self.new)
-        index = 0
+        index = 0 if resume is None else resume["emitted"]
         while True:
             if is_replay(index, self.ratio):
                 ids = self.replay[self.replay_order(replay_before(index, self.ratio))]

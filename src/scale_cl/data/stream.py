@@ -1,33 +1,49 @@
-"""A training split packed on the fly from streamed sources: a `datasets` ``IterableDataset`` of blocks.
+"""A training split packed on the fly from streamed sources, that resumes where it stopped without re-reading.
 
 For a corpus read as it trains (``data.streaming``): no cache is built, each source's records are read as they are
 consumed, tokenised in batches and cut into blocks (`scale_cl.data.packing.BlockCutter`). The stream's shards are the
-sources' files (every file of every source, in order), so:
+sources' files (every file of every source, in order); each is packed apart, its last partial block dropped, so for a
+source of one file the blocks are those the cached path packs.
 
-* on several processes accelerate gives each rank its own files when there are at least as many as ranks (else every
-  rank reads the stream and keeps its share of the batches);
-* with ``dataloader_num_workers`` each worker reads its own files;
-* ``shuffle_buffer`` > 0 shuffles the order of the files and then the blocks through a buffer of that many, from the
-  run's seed and the epoch (the Trainer sets it), the same on every run: a resumed run skips to the very blocks it
-  stopped at by reading the stream up to there.
-
-Each file (shard) is packed apart, its last partial block dropped: the blocks are the same whatever the number of
-processes and workers that read them (only their order changes), and for a source of one file they are the blocks
-the cached path packs.
+* ``shuffle_buffer`` > 0 shuffles the order of the files, then the blocks in windows of that many (each window
+  permuted from the run's seed, the epoch and the window's number): the same order on every run.
+* Weighted sources (`MixedStream`) draw each block's source as ``datasets.interleave_datasets`` does (the run's seed),
+  until one source is exhausted.
+* **Resuming.** While it reads, a stream leaves a bookmark every `STRIDE` blocks: the file, the documents of it read,
+  the tokens waiting for the next block. ``position(n)`` is where block ``n`` starts (a checkpoint saves it);
+  ``resume(position)`` makes the next pass start there: the file opened at the bookmark's document (documents are
+  skipped unread by the tokenizer), at most `STRIDE` blocks (and a shuffle window) packed again. Resuming costs the
+  same at a thousand blocks as at a million; what grows is the part of the current file skipped, which is parsed
+  (not tokenised).
+* The Trainer reads the stream in its own process (on several processes rank 0 reads it and hands out the batches,
+  accelerate's default). With ``dataloader_num_workers`` > 1 each worker reads its own files and no position is kept:
+  a resume then reads the stream up to the step, exact but slow.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import logging
+from collections import deque
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass
+from itertools import islice
 from typing import Any
 
 import numpy as np
+import torch
+from torch.utils.data import IterableDataset, get_worker_info
 
 from scale_cl.data.packing import BlockCutter, KeyFilter
 from scale_cl.data.sources import load_documents
 from scale_cl.data.tokens import encode, eos_id
 
+logger = logging.getLogger(__name__)
+
 TOKENIZE_BATCH = 256  # documents per tokenizer call
+STRIDE = 64  # blocks between two bookmarks: a resume packs at most this many (and one tokenizer batch) again
+HISTORY = 512  # bookmarks kept: they reach back past what the data loader read ahead of the step
+WINDOWS = 64  # shuffle windows whose first bookmark is kept
+CHOICE_BATCH = 1000  # sources drawn per call, as datasets.interleave_datasets draws them
 
 
 def _shard_documents(source: str, index: int, count: int, text_field: str, txt_documents: str) -> Any:
@@ -35,37 +51,28 @@ def _shard_documents(source: str, index: int, count: int, text_field: str, txt_d
     return documents.shard(num_shards=count, index=index) if count > 1 else documents
 
 
+def encoded_batch(
+    texts: list[str | None], tokenizer: Any, keep: KeyFilter, eos: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """(flat tokens, lengths, keys) of the kept documents of one batch of texts, or None when none is kept."""
+    encoded = encode(texts, tokenizer, eos)
+    lengths = np.array([len(ids) for ids in encoded["input_ids"]], dtype=np.int64)
+    mask = (lengths > 0) & keep(encoded["key"])
+    if not mask.any():
+        return None
+    flat = [t for ids, m in zip(encoded["input_ids"], mask, strict=True) if m for t in ids]
+    return np.array(flat, dtype=np.int64), lengths[mask], encoded["key"][mask]
+
+
 def encoded_batches(
     documents: Any, tokenizer: Any, keep: KeyFilter, batch_size: int = TOKENIZE_BATCH
 ) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
-    """(flat tokens, lengths, keys) of the kept documents of a stream of ``text`` records, tokenised a batch at a time
-    (the form `scale_cl.data.packing.token_batches` reads from a cache)."""
+    """`encoded_batch` over a stream of ``text`` records (the form `scale_cl.data.packing.token_batches` reads from a
+    cache)."""
     eos = eos_id(tokenizer)
     for batch in documents.iter(batch_size=batch_size):
-        encoded = encode(batch["text"], tokenizer, eos)
-        lengths = np.array([len(ids) for ids in encoded["input_ids"]], dtype=np.int64)
-        mask = (lengths > 0) & keep(encoded["key"])
-        if mask.any():
-            flat = [t for ids, m in zip(encoded["input_ids"], mask, strict=True) if m for t in ids]
-            yield np.array(flat, dtype=np.int64), lengths[mask], encoded["key"][mask]
-
-
-def _generate(
-    shards: list[tuple[str, int, int]],
-    text_field: str,
-    txt_documents: str,
-    tokenizer: Any,
-    seq_len: int,
-    keep: KeyFilter,
-) -> Iterator[dict[str, np.ndarray]]:
-    """The blocks of ``shards`` (source, shard index, shards of the source), each shard packed apart."""
-    for source, index, count in shards:
-        cutter = BlockCutter(seq_len)
-        for flat, _, _ in encoded_batches(
-            _shard_documents(source, index, count, text_field, txt_documents), tokenizer, keep
-        ):
-            for block in cutter.add(flat):
-                yield {"input_ids": block, "labels": block}
+        if (found := encoded_batch(batch["text"], tokenizer, keep, eos)) is not None:
+            yield found
 
 
 def source_shards(source: str, text_field: str, txt_documents: str) -> list[tuple[str, int, int]]:
@@ -79,6 +86,199 @@ def source_shards(source: str, text_field: str, txt_documents: str) -> list[tupl
     return [(source, index, count) for index in range(count)]
 
 
+@dataclass(frozen=True)
+class Bookmark:
+    """Where a tokenizer batch starts in one pass: the file (its place in the pass's order), the documents of it
+    read before, the tokens waiting for a block, and the blocks the pass yielded before."""
+
+    shard: int
+    documents: int
+    carry: tuple[int, ...]
+    blocks: int
+
+
+START = Bookmark(0, 0, (), 0)
+
+
+def _bookmark(saved: dict[str, Any]) -> Bookmark:
+    return Bookmark(**{**saved, "carry": tuple(saved["carry"])})
+
+
+class _Pass:
+    """What one pass over a stream leaves behind to say where its blocks start (bounded: the newest bookmarks)."""
+
+    def __init__(self, epoch: int) -> None:
+        self.epoch = epoch
+        self.bookmarks: deque[Bookmark] = deque(maxlen=HISTORY)
+        self.windows: dict[int, Bookmark] = {}  # shuffle window -> a bookmark at or before its first block
+        self.ended_at: int | None = None  # blocks yielded, once the pass is over
+
+
+class BlockStream(IterableDataset):
+    """The blocks of streamed shards as ``{"input_ids", "labels"}`` tensors (module doc), at most ``limit`` a pass
+    (0 = all)."""
+
+    def __init__(
+        self,
+        shards: Sequence[tuple[str, int, int]],
+        tokenizer: Any,
+        seq_len: int,
+        *,
+        text_field: str = "text",
+        txt_documents: str = "auto",
+        keep: KeyFilter | None = None,
+        shuffle_buffer: int = 0,
+        seed: int = 0,
+        limit: int = 0,
+    ) -> None:
+        self.shards, self.tokenizer, self.seq_len = list(shards), tokenizer, seq_len
+        self.text_field, self.txt_documents, self.keep = text_field, txt_documents, keep or KeyFilter()
+        self.shuffle_buffer, self.seed, self.limit = shuffle_buffer, seed, limit
+        self.epoch = 0
+        self._pass: _Pass | None = None
+        self._resume: dict[str, Any] | None = None
+
+    def set_epoch(self, epoch: int) -> None:
+        """The pass's order (the Trainer calls it before each pass)."""
+        self.epoch = epoch
+
+    def _order(self) -> list[int]:
+        order = np.arange(len(self.shards))
+        if self.shuffle_buffer:
+            order = np.random.default_rng([self.seed, self.epoch]).permutation(order)
+        return [int(i) for i in order]
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        order = self._order()
+        worker = get_worker_info()
+        if worker is not None and worker.num_workers > 1:  # each worker its own files; no position kept
+            order, resume, run = order[worker.id :: worker.num_workers], None, None
+        else:
+            resume, self._resume = self._resume, None
+            run = self._pass = _Pass(self.epoch)
+        emitted = 0 if resume is None else resume["emitted"]
+        start = START if resume is None else _bookmark(resume["bookmark"])
+        if run is not None:
+            run.bookmarks.append(start)
+        blocks = self._read(order, start, run)
+        if self.shuffle_buffer:
+            window = emitted // self.shuffle_buffer
+            if resume is not None:  # the first window is read again whole, from its bookmark
+                blocks = islice(blocks, window * self.shuffle_buffer - start.blocks, None)
+            blocks = islice(self._windows(blocks, window, run), emitted - window * self.shuffle_buffer, None)
+        elif resume is not None:
+            blocks = islice(blocks, emitted - start.blocks, None)
+        for block in blocks:
+            if self.limit and emitted >= self.limit:
+                break
+            tensor = torch.from_numpy(block)
+            yield {"input_ids": tensor, "labels": tensor}
+            emitted += 1
+        if run is not None:
+            run.ended_at = emitted
+
+    def _read(self, order: list[int], start: Bookmark, run: _Pass | None) -> Iterator[np.ndarray]:
+        """The pass's blocks in file order from ``start``, leaving a bookmark every `STRIDE` blocks."""
+        eos = eos_id(self.tokenizer)
+        count, marked = start.blocks, start.blocks  # ``start`` is the pass's first bookmark
+        for shard in range(start.shard, len(order)):
+            first = shard == start.shard
+            read = start.documents if first else 0
+            cutter = BlockCutter(self.seq_len, np.array(start.carry, dtype=np.int64) if first else None)
+            documents = _shard_documents(*self.shards[order[shard]], self.text_field, self.txt_documents)
+            if read:
+                documents = documents.skip(read)
+            for batch in documents.iter(batch_size=TOKENIZE_BATCH):
+                if run is not None and count - marked >= STRIDE:
+                    run.bookmarks.append(Bookmark(shard, read, tuple(cutter.carry.tolist()), count))
+                    marked = count
+                read += len(batch["text"])
+                if (found := encoded_batch(batch["text"], self.tokenizer, self.keep, eos)) is None:
+                    continue
+                for block in cutter.cut(found[0]):
+                    yield block
+                    count += 1
+
+    def _windows(self, blocks: Iterator[np.ndarray], window: int, run: _Pass | None) -> Iterator[np.ndarray]:
+        """``blocks`` from window ``window`` on, each window of `shuffle_buffer` permuted by (seed, epoch, window)."""
+        while True:
+            if run is not None:  # no block of this window is read yet: the newest bookmark is at or before its first
+                run.windows[window] = run.bookmarks[-1]
+                run.windows.pop(window - WINDOWS, None)
+            held = list(islice(blocks, self.shuffle_buffer))
+            for i in np.random.default_rng([self.seed, self.epoch, window]).permutation(len(held)):
+                yield held[i]
+            if len(held) < self.shuffle_buffer:
+                return
+            window += 1
+
+    def position(self, consumed: int) -> dict[str, Any] | None:
+        """Where block ``consumed`` of the first pass starts, or None when this stream cannot say (module doc)."""
+        run = self._pass
+        if run is None or run.epoch != 0 or (run.ended_at is not None and consumed >= run.ended_at):
+            return None
+        if self.shuffle_buffer:
+            bookmark = run.windows.get(consumed // self.shuffle_buffer)
+        else:  # any bookmark at or before the block is exact; the newest re-reads least
+            bookmark = next((b for b in reversed(run.bookmarks) if b.blocks <= consumed), None)
+        if bookmark is None:
+            logger.warning("the stream's position at block %d was not kept: a resume reads up to it", consumed)
+            return None
+        return {"emitted": consumed, "bookmark": {**asdict(bookmark), "carry": list(bookmark.carry)}}
+
+    def resume(self, position: dict[str, Any]) -> None:
+        """Start the next pass at ``position`` (what `position` returned)."""
+        self._resume = position
+
+
+class MixedStream(IterableDataset):
+    """Several streams, each block's stream drawn with ``probabilities`` from ``seed`` (as
+    ``datasets.interleave_datasets`` draws them), until a source's last block; at most ``limit`` blocks a pass."""
+
+    def __init__(self, streams: Sequence[BlockStream], probabilities: Sequence[float], seed: int, limit: int = 0):
+        self.streams, self.probabilities, self.seed, self.limit = list(streams), list(probabilities), seed, limit
+        self.epoch = 0
+        self._resume: dict[str, Any] | None = None
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+        for stream in self.streams:
+            stream.set_epoch(epoch)
+
+    def _choices(self) -> Iterator[int]:
+        rng = np.random.default_rng(self.seed if self.epoch == 0 else [self.seed, self.epoch])
+        while True:
+            yield from (int(i) for i in rng.choice(len(self.streams), size=CHOICE_BATCH, p=self.probabilities))
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        resume, self._resume = self._resume, None
+        emitted = 0
+        if resume is not None:
+            emitted = resume["emitted"]
+            for stream, position in zip(self.streams, resume["sources"], strict=True):
+                stream.resume(position)
+        readers = [iter(stream) for stream in self.streams]
+        ahead: list[Any] = [None] * len(readers)  # each source's next block, read to know when it runs out
+        for choice in islice(self._choices(), emitted, None):
+            if self.limit and emitted >= self.limit:
+                return
+            item = ahead[choice] if ahead[choice] is not None else next(readers[choice], None)
+            ahead[choice] = None if item is None else next(readers[choice], None)
+            if item is not None:
+                yield item
+                emitted += 1
+            if ahead[choice] is None:  # the source ran out with this block: the mix ends there
+                return
+
+    def position(self, consumed: int) -> dict[str, Any] | None:
+        counts = np.bincount(list(islice(self._choices(), consumed)), minlength=len(self.streams))
+        positions = [stream.position(int(count)) for stream, count in zip(self.streams, counts, strict=True)]
+        return None if any(p is None for p in positions) else {"emitted": consumed, "sources": positions}
+
+    def resume(self, position: dict[str, Any]) -> None:
+        self._resume = position
+
+
 def stream_blocks(
     sources: list[str],
     tokenizer: Any,
@@ -90,25 +290,17 @@ def stream_blocks(
     limit: int = 0,
     shuffle_buffer: int = 0,
     seed: int = 0,
-) -> Any:
-    """The blocks of ``sources`` read as a stream (module doc): ``{"input_ids", "labels"}`` tensors, at most ``limit``
-    (0 = all)."""
-    import datasets
-
+) -> BlockStream:
+    """The blocks of ``sources`` read as one stream (module doc), at most ``limit`` (0 = all)."""
     shards = [shard for source in sources for shard in source_shards(source, text_field, txt_documents)]
-    stream = datasets.IterableDataset.from_generator(
-        _generate,
-        gen_kwargs={
-            "shards": shards,
-            "text_field": text_field,
-            "txt_documents": txt_documents,
-            "tokenizer": tokenizer,
-            "seq_len": seq_len,
-            "keep": keep or KeyFilter(),
-        },
+    return BlockStream(
+        shards,
+        tokenizer,
+        seq_len,
+        text_field=text_field,
+        txt_documents=txt_documents,
+        keep=keep,
+        shuffle_buffer=shuffle_buffer,
+        seed=seed,
+        limit=limit,
     )
-    if shuffle_buffer:
-        stream = stream.shuffle(seed=seed, buffer_size=shuffle_buffer)
-    if limit:
-        stream = stream.take(limit)
-    return stream.with_format("torch")

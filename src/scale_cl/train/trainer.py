@@ -12,7 +12,9 @@ renamed into place once every file (of every process) is there, so ``checkpoint-
 complete or does not exist. The staging folder is removed after each save and by a save that fails or is
 interrupted (Ctrl-C, SIGTERM); files a killed process left there are cleared by the next save. Resuming
 (``trainer.train(resume_from_checkpoint=...)``) goes through the Trainer's own machinery (data order, RNG,
-optimizer, scheduler), so a resumed run continues bitwise where the interrupted one stopped (on CPU).
+optimizer, scheduler), so a resumed run continues bitwise where the interrupted one stopped (on CPU). A streamed
+training split (`scale_cl.data.stream`) also saves its position (``stream.json``): a resumed run starts reading
+there instead of reading the stream up to the step.
 
 A NaN/inf loss raises `NonFiniteLossError` before the optimizer applies it; so do non-finite
 trainable weights at a checkpoint (a finite loss with a non-finite gradient), so a checkpoint the
@@ -49,6 +51,7 @@ from scale_cl.tuner.io import check_tensors
 TRAINABLE_WEIGHTS = "model.safetensors"  # the stock Trainer's name: it resumes these checkpoints too (strict=False)
 LEGACY_TRAINABLE_WEIGHTS = "trainable.safetensors"  # the same file in checkpoints written before 2026-12-04
 CHECKPOINT_META = "checkpoint.json"
+STREAM_POSITION = "stream.json"  # where a streamed training split's next block starts
 STAGING_DIR = ".staging"
 
 
@@ -106,6 +109,7 @@ class CheckpointingTrainer(Trainer):
         self.lr_ratios = dict(lr_ratios or {})
         self.distillation = distillation
         self.slice_positions = slice_positions
+        self._resumed_from: Path | None = None
 
     def compute_loss(
         self,
@@ -209,6 +213,27 @@ class CheckpointingTrainer(Trainer):
         """The Trainer's, its random order drawn as a tensor rather than a list (`scale_cl.train.sampler`)."""
         return lean_sampler(super().get_train_dataloader())
 
+    def get_resumed_dataloader(self, dataloader: Any, num_batches: int) -> Any:
+        """A stream whose position the checkpoint saved starts there; other data is skipped through, as the Trainer
+        does."""
+        step = self.state.global_step
+        checkpoint = self._resumed_from or Path(self.args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{step}"
+        saved = checkpoint / STREAM_POSITION
+        if saved.is_file() and hasattr(self.train_dataset, "resume"):
+            self.train_dataset.resume(json.loads(saved.read_text()))
+            return dataloader
+        return super().get_resumed_dataloader(dataloader, num_batches)
+
+    def _stream_position(self) -> dict[str, Any] | None:
+        """The training stream's position after this step's blocks: every step took gradient_accumulation_steps
+        batches of the per-device batch on every process (read by rank 0 and handed out, or by every rank)."""
+        position = getattr(self.train_dataset, "position", None)
+        if position is None:
+            return None
+        args = self.args
+        per_step = args.gradient_accumulation_steps * self._train_batch_size * args.world_size
+        return position(self.state.global_step * per_step)
+
     def _own_format(self) -> bool:
         return not (self.is_fsdp_enabled or self.is_deepspeed_enabled)
 
@@ -270,6 +295,8 @@ class CheckpointingTrainer(Trainer):
             self.args.output_dir = output_dir
         self.accelerator.wait_for_everyone()  # every process has written its RNG state (and its shards)
         if self.args.should_save:
+            if (position := self._stream_position()) is not None:
+                write_json(staging / name / STREAM_POSITION, position)
             if not self._own_format():  # the Trainer's (sharded) files; the meta marks them complete and whose
                 meta = {"run": self.run_info, "global_step": self.state.global_step, "format": "accelerate"}
                 write_json(staging / name / CHECKPOINT_META, meta)
@@ -291,6 +318,7 @@ class CheckpointingTrainer(Trainer):
 
     # --- loading ------------------------------------------------------------------------------
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model: nn.Module | None = None) -> None:
+        self._resumed_from = Path(resume_from_checkpoint)
         if not self._own_format():
             check_run(Path(resume_from_checkpoint), self.run_info)
             return super()._load_from_checkpoint(resume_from_checkpoint, model)
