@@ -112,6 +112,7 @@ def test_the_control_mixes_the_base_and_every_task_s_model_and_a_grown_preserve_
     results = run_cpt_sequence(cfg, tmp_path / "run")
     fft, preserve = results["fft"], results["scale_preserve"]
     control = fft["control"]
+    assert control["router"] == "likelihood"  # nested is the one-model form: its control mixes by the posterior
     assert control["ppl_matrix"][0] == fft["ppl_matrix"][0]  # before any task: the base alone
     assert len(control["matrix"]) == 4 and control["metrics"] == continual_metrics(control["matrix"])
     assert control["ppl_matrix"][1:] != fft["ppl_matrix"][1:]
@@ -185,6 +186,7 @@ def test_a_calibrated_sequence_fits_each_task_s_gate_and_resumes_with_it(workspa
     assert [record["gate_fit"]["experts"] for record in ends] == [2, 3, 4]
     assert [[record["ppl"][name] for name in preserve["columns"]] for record in ends] == preserve["ppl_matrix"][1:]
     assert whole["fft"]["control"]["ppl_matrix"][1:] != whole["fft"]["ppl_matrix"][1:]
+    assert whole["fft"]["control"]["router"] == "calibrated"  # the control is read as the model is
     # the gate is a reading: each task trains unrouted, so the curve as trained is a plain sequence's, bitwise
     plain = replace(cfg, options=replace(cfg.options, scale=replace(cfg.options.scale, router="cosine")))
     plain_curve = run_cpt_sequence(replace(plain, methods=["scale_preserve"]), tmp_path / "plain")["scale_preserve"]

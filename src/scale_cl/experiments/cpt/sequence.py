@@ -206,7 +206,7 @@ def run_method_sequence(
         rows = [state["rows"][0]["ppl"], *(row["control_ppl"] for row in state["rows"][1:])]
         control_matrix = [[-math.log(row[name]) for name in names] for row in rows]
         result["control"] = {
-            "router": "likelihood",
+            "router": control.router,
             "models": "the base and the model after each task so far",
             "ppl_matrix": [[row[name] for name in columns] for row in rows],
             "matrix": control_matrix,
