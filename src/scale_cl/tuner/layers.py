@@ -147,8 +147,11 @@ class ScaleLinear(SplitInput):
         place the choice is made. ``whole=False``: for a caller holding the input's two parts, which the merged
         product (over the whole input) does not take."""
         grad = torch.is_grad_enabled()
-        if whole and self.use_w12 and self.merge_for_inference and not grad and self.weight is not None:
-            return MERGED  # a quantized W stays quantized: merging it would store it dense
+        # a quantized W stays quantized (merging it would store it dense); under autocast the merged product's wider
+        # K is summed in another order by some CPUs' bf16 GEMM (AMD EPYC: one ulp off the base's W x), so not there
+        dense = self.weight is not None and not torch.is_autocast_enabled(self.weight.device.type)
+        if whole and self.use_w12 and self.merge_for_inference and not grad and dense:
+            return MERGED
         if self.constant_preserve_half and grad:
             return HALVES
         if self.use_w12 and self.route is not None and self.route.active:
