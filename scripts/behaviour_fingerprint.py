@@ -58,13 +58,22 @@ def tuner_fingerprint(checkout: Path) -> dict[str, dict]:
             loss.backward()
             optimizer.step()
             losses.append(repr(loss.item()))
-        weights = b"".join(p.detach().numpy().tobytes() for p in model.parameters())
+        weights = b"".join(p.detach().numpy().tobytes() for p in _used_parameters(model))
         found[f"{arch}/{method}/{extra}"] = {
             "logits": digest(logits.float().numpy().tobytes()),
             "losses": losses,
             "weights": digest(weights),
         }
     return found
+
+
+def _used_parameters(model):
+    """The model's parameters but the W12 blocks of linears that do not use W12 (``use_w12`` false): those never
+    enter a product nor train, and a checkout from before SCALE-Preserve dropped them held them (random here)."""
+    from scale_cl.tuner.layers import ScaleLinear
+
+    unused = {id(m.w12) for m in model.modules() if isinstance(m, ScaleLinear) and not m.use_w12}
+    return [p for p in model.parameters() if id(p) not in unused]
 
 
 def _without_clock(value):

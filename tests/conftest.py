@@ -164,6 +164,17 @@ def token_batch(
     return ids, mask
 
 
+def hold_w12(model):
+    """Give every widened linear a (zero) W12, as a model switched to SCALE-Preserve after training W12 holds them
+    (a fresh Preserve model holds none): for tests that set W12 where the method does not use it."""
+    from scale_cl.tuner.layers import ScaleLinear
+
+    for module in model.modules():
+        if isinstance(module, ScaleLinear):
+            module.add_w12()
+    return model
+
+
 def randomize_new_weights(model, seed: int, w12_scale: float, head_scale: float = 0.1):
     """Give every W12 and the head's W_out_up random values, so that all new weights matter."""
     from scale_cl.tuner.layers import ScaleLinear
@@ -171,8 +182,10 @@ def randomize_new_weights(model, seed: int, w12_scale: float, head_scale: float 
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for module in model.modules():
-            if isinstance(module, ScaleLinear):
-                module.w12.copy_(w12_scale * torch.randn(module.w12.shape, generator=gen))
+            if isinstance(module, ScaleLinear):  # drawn where no W12 is held too: the values after do not move
+                values = w12_scale * torch.randn((module.out_features, module.in_up), generator=gen)
+                if module.w12 is not None:
+                    module.w12.copy_(values)
         head = model.get_output_embeddings()
         head.weight_up.copy_(head_scale * torch.randn(head.weight_up.shape, generator=gen))
     return model

@@ -137,8 +137,9 @@ def scale_config(arch: str, base: nn.Module, method: str, collab=BOTH, tau: floa
 def case(arch: str, collab: tuple[str, ...] = BOTH) -> Case:
     base = make_model(arch, seed=0)
     cfg = scale_config(arch, base, "preserve", collab)
-    model = upscale(copy.deepcopy(base), cfg).eval()
+    model = set_method(upscale(copy.deepcopy(base), cfg).eval(), "adapt")  # allocates the W12 blocks adapt uses
     randomize_all_new(model, seed=1)
+    set_method(model, "preserve")  # holds them on, unused
     assert sum(name.endswith("w12") for name, _ in model.named_parameters()) > 0
     return Case(arch, base, model, base.config.hidden_size, cfg.hidden_up, cfg)
 
@@ -186,11 +187,11 @@ def reference(arch: str, collab: tuple[str, ...], adapt: bool) -> nn.Module:
     with torch.no_grad():
         for name, param in ref.named_parameters(remove_duplicate=False):
             prefix, _, leaf = name.rpartition(".")
-            if f"{prefix}.w12" in new:  # a widened linear: [[W, W12], [W21, W22]], [b; bias_up]
+            if f"{prefix}.w21" in new:  # a widened linear: [[W, W12], [W21, W22]], [b; bias_up]
                 if leaf == "weight":
-                    w12 = new[f"{prefix}.w12"]
-                    if not (adapt and collaborative(name, PRESERVE_LAYERS, collab)):
-                        w12 = torch.zeros_like(w12)
+                    w12 = new.get(f"{prefix}.w12")  # held only by the linears that use it (or once did)
+                    if w12 is None or not (adapt and collaborative(name, PRESERVE_LAYERS, collab)):
+                        w12 = orig[name].new_zeros(orig[name].shape[0], new[f"{prefix}.w22"].shape[1])
                     top = torch.cat((orig[name], w12), dim=1)
                     bottom = torch.cat((new[f"{prefix}.w21"], new[f"{prefix}.w22"]), dim=1)
                     dense = torch.cat((top, bottom), dim=0)

@@ -17,7 +17,7 @@ import functools
 import pytest
 import torch
 
-from conftest import hidden_up_for, make_model, randomize_new_weights, token_batch
+from conftest import hidden_up_for, hold_w12, make_model, randomize_new_weights, token_batch
 from exactness import assert_exact_to_rounding
 from scale_cl import ScaleConfig, set_method, upscale
 from scale_cl.tuner.layers import ScaleHead, ScaleLinear, SplitNorm
@@ -174,7 +174,7 @@ def test_route_stacked_linear_sends_no_gradient_into_the_preserve_half(use_w12):
     model = upscale(
         make_model("llama-gqa2-tied"), ScaleConfig(hidden_up=32, ffn_up=16, w21_init="random", w22_init="random")
     )
-    randomize_new_weights(model, seed=2, w12_scale=0.3)
+    randomize_new_weights(hold_w12(model), seed=2, w12_scale=0.3)
     linear = model.model.layers[1].mlp.up_proj
     linear.use_w12, linear.constant_input = use_w12, False  # a collaborative layer's: its x is not constant
     linear.route = model.scale_route

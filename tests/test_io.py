@@ -13,7 +13,7 @@ from safetensors import safe_open
 from transformers import AutoModelForCausalLM
 
 import scale_cl
-from conftest import ARCHS, VOCAB, make_model, tiny_scale_config
+from conftest import ARCHS, VOCAB, hold_w12, make_model, tiny_scale_config
 from scale_cl import ScaleConfig, set_method, upscale
 
 CONFIG = "scale_config.json"
@@ -154,6 +154,49 @@ def test_round_trip_keeps_method_and_trainability(tmp_path):
     assert torch.equal(logits(loaded), expected)
     trainable = {n for n, p in loaded.named_parameters() if p.requires_grad}
     assert trainable == {n for n, p in model.named_parameters() if p.requires_grad}
+
+
+def test_preserve_holds_and_saves_no_w12(tmp_path):
+    """SCALE-Preserve never computes W12 (Eq. 1 with W12 = 0): it holds none, trains none and saves none; switching to
+    Adapt allocates it at zero (the function unchanged), and switching back keeps what it learned."""
+    base = make_model("llama-gqa2-tied", seed=0)
+    model = upscale(base, scale_cfg(base, method="preserve"))
+    assert not [n for n, _ in model.named_parameters() if n.endswith(".w12")]
+    model.save_pretrained(tmp_path)
+    assert not [n for n in saved_names(tmp_path / WEIGHTS) if n.endswith(".w12")]
+
+    before = logits(model)
+    adapt = set_method(model, "adapt")
+    held = {n: p for n, p in adapt.named_parameters() if n.endswith(".w12")}
+    assert held and all(p.requires_grad and not p.any() for p in held.values())
+    assert all(".layers.0." not in n for n in held)  # below preserve_layers: none
+    assert torch.equal(logits(adapt), before)
+    train_a_little(adapt)
+    assert any(p.any() for p in held.values())
+    preserve = set_method(adapt, "preserve")
+    assert {n for n, _ in preserve.named_parameters() if n.endswith(".w12")} == set(held)
+    assert not any(p.requires_grad for p in held.values())
+
+
+@pytest.mark.parametrize("trained_w12", [False, True])
+def test_a_folder_with_w12_where_preserve_holds_none_loads(tmp_path, trained_w12):
+    """A Preserve folder written when every linear held a (zero) W12 loads: the zero blocks are dropped; a nonzero
+    one (a model trained as Adapt, then switched to Preserve and saved) is held again with its values."""
+    base = make_model("llama-gqa2-tied", seed=0)
+    model = upscale(base, scale_cfg(base, method="preserve"))
+    hold_w12(model)  # as every SCALE-Preserve model held them before
+    if trained_w12:
+        with torch.no_grad():
+            model.model.layers[1].mlp.up_proj.w12.fill_(0.5)
+    expected = logits(model)
+    model.save_pretrained(tmp_path)
+    assert sum(n.endswith(".w12") for n in saved_names(tmp_path / WEIGHTS)) == 7 * model.config.num_hidden_layers
+
+    loaded = scale_cl.load(tmp_path, base_model=make_model("llama-gqa2-tied", seed=0)).eval()
+    assert torch.equal(logits(loaded), expected)
+    held = {n: p for n, p in loaded.named_parameters() if n.endswith(".w12")}
+    assert set(held) == ({"model.layers.1.mlp.up_proj.w12"} if trained_w12 else set())
+    assert all(torch.equal(p, torch.full_like(p, 0.5)) and not p.requires_grad for p in held.values())
 
 
 def test_save_twice_to_same_directory(tmp_path):

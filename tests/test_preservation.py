@@ -220,7 +220,7 @@ def test_adapt_training_honours_preserve_layers(arch_name):
         for name, module in layer.named_modules():
             if isinstance(module, ScaleLinear):
                 if index < 1:
-                    assert not module.w12.any(), f"layer {index} {name}: W12 moved in a preserve layer"
+                    assert module.w12 is None, f"layer {index} {name}: W12 held in a preserve layer"
                 else:
                     assert module.w12.abs().max() > 1e-3, f"layer {index} {name}: W12 did not train"
 
@@ -298,7 +298,9 @@ def test_config_and_shapes_are_honest(arch_name):
         for name, (in_up, out_up) in expected.items():
             lin = linears[name]
             assert (lin.in_up, lin.out_up) == (in_up, out_up), f"{name}: (in_up, out_up)"
-            assert lin.w12.shape == (lin.out_features, in_up)
+            assert lin.w12 is None, f"{name}: SCALE-Preserve holds no W12"
+            lin.add_w12()  # what SCALE-Adapt allocates
+            assert lin.w12.shape == (lin.out_features, in_up) and not lin.w12.any()
             assert lin.w21.shape == (out_up, lin.in_features)
             assert lin.w22.shape == (out_up, in_up)
             full = fresh_layer.get_submodule(name).weight.shape
@@ -400,6 +402,7 @@ def test_a_leak_of_the_new_stream_is_outside_the_bound():
     base = make_model("llama-gqa2-tied")
     model = upscaled(base, "preserve")
     linear = model.base_model.layers[1].self_attn.o_proj
+    linear.add_w12()  # as a model switched back to Preserve after training W12 holds it
     with torch.no_grad():
         linear.w12.copy_(1e-3 * torch.randn(linear.w12.shape, generator=torch.Generator().manual_seed(0)))
     ids, mask = batch(padded=True)

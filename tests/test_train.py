@@ -276,6 +276,26 @@ def test_dry_run_prints_the_plan_and_writes_nothing(workspace, tmp_path):
     assert not out.exists()
 
 
+@pytest.mark.parametrize("method", ["fft", "lora", "scale_preserve", "scale_adapt", "scale_route"])
+def test_the_plan_counts_the_parameters_the_prepared_model_holds(workspace, method):
+    """The plan's parameters (counted on the meta device) are the model's: SCALE-Preserve holds no W12 and
+    SCALE-Adapt's only in its collaborative layers, so neither is counted."""
+    from transformers import AutoModelForCausalLM
+
+    from scale_cl.bench.plan import parameter_counts
+    from scale_cl.methods import prepare
+
+    scale = ["--options.scale.hidden_up", "32", "--options.scale.ffn_up", "32", "--options.scale.preserve_layers", "1"]
+    argv = ["train", "--model", str(workspace / "base"), "--data.train", str(workspace / "new.jsonl"),
+            "--method", method, *(scale if method != "fft" else [])]  # fmt: skip
+    cfg = parse_settings(argv).train
+    base = AutoModelForCausalLM.from_pretrained(workspace / "base")
+    counted = parameter_counts(base.config, cfg)
+    model = prepare(base, method, **cfg.options.prepare_options(method, cfg.seed))
+    params = {id(p): p for p in model.parameters()}.values()
+    assert counted == (sum(p.numel() for p in params), sum(p.numel() for p in params if p.requires_grad))
+
+
 def test_the_recipe_for_eight_gpus_parses_and_dry_runs(workspace, tmp_path, monkeypatch):
     recipe = yaml.safe_load(RECIPE.read_text())
     assert recipe["preset"] == "paper" and recipe["train"]["tokens"] == "60B"

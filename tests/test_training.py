@@ -17,7 +17,7 @@ import torch
 from transformers import Trainer, TrainingArguments
 
 import scale_cl
-from conftest import VOCAB, make_model, token_batch, upscaled_copy
+from conftest import VOCAB, hold_w12, make_model, token_batch, upscaled_copy
 from exactness import assert_exact_to_rounding
 from scale_cl import parameter_summary, set_method
 from scale_cl.tuner.layers import ScaleLinear
@@ -213,6 +213,7 @@ def test_parameter_summary_counts(arch_name, method):
 
 def test_preserve_ignores_w12_values(arch_name):
     base, model = upscaled(arch_name, "preserve", preserve_layers=0, w21_init="random", w22_init="random")
+    hold_w12(model)  # as a model switched back to Preserve after training W12
     torch.manual_seed(1)
     with torch.no_grad():
         for module in model.modules():
@@ -242,6 +243,7 @@ def test_preserve_ignores_w12_values(arch_name):
 def test_preserve_logits_ignore_w12_with_zero_head(arch_name):
     """With the head's new columns at zero, preserve gives the base logits for any W12."""
     base, model = upscaled(arch_name, "preserve", preserve_layers=0, w21_init="random", w22_init="random")
+    hold_w12(model)
     torch.manual_seed(2)
     with torch.no_grad():
         for module in model.modules():

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -85,9 +85,8 @@ def parameter_counts(config: Any, cfg: TrainConfig) -> tuple[int, int]:
     base = sum(p.numel() for p in model.parameters())
     spec = method_spec(cfg.method)
     if spec.is_scale:
-        scale = cfg.options.scale_config(spec.scale_method, cfg.seed)
-        every = replace(scale, method="adapt", preserve_layers=0, collab_modules=("attn", "ffn"))
-        return base + scale_trainable_count(model, every), scale_trainable_count(model, scale)
+        trained = scale_trainable_count(model, cfg.options.scale_config(spec.scale_method, cfg.seed))
+        return base + trained, trained  # a fresh SCALE model holds what it trains (W12 only where used) and the base
     with torch.device("meta"):
         prepared = prepare(model, cfg.method, **cfg.options.prepare_options(cfg.method, cfg.seed))
     return sum(p.numel() for p in prepared.parameters()), trainable_parameter_count(prepared)

@@ -66,8 +66,8 @@ HALVES = "halves"  # route's stacked training batch whose preserve half is const
 class ScaleLinear(SplitInput):
     """Eq. 1: ``[[W, W12], [W21, W22]] @ [x; x_up]`` with ``W`` (and its bias) frozen.
 
-    The output is ``[W x + W12 x_up (+ b); W21 x + W22 x_up + bias_up]`` (`blocks`). W12 starts at zero and is
-    only computed when ``use_w12`` (set by `set_method`) is true, so a preserve layer never pays for it.
+    The output is ``[W x + W12 x_up (+ b); W21 x + W22 x_up + bias_up]`` (`blocks`). W12 starts at zero and
+    exists only where ``use_w12`` (set by `set_method`) is or was true: a preserve layer neither holds nor computes it.
 
     `form` picks how the product is computed, in one place; every form is Eq. 1:
 
@@ -113,10 +113,21 @@ class ScaleLinear(SplitInput):
             self.weight = base.weight
             self.bias = base.bias
             factory = {"device": base.weight.device, "dtype": base.weight.dtype}
-        self.w12 = nn.Parameter(torch.zeros(self.out_features, in_up, **factory))
+        # W12 is allocated (at zero) by `set_method` where this linear first uses it (`add_w12`): SCALE-Preserve, and
+        # the linears below ``preserve_layers``, hold and save none. Registered here so it keeps its place in the
+        # parameter order.
+        self.register_parameter("w12", None)
         self.w21 = nn.Parameter(w21.to(**factory))
         self.w22 = nn.Parameter(w22.to(**factory))
         self.bias_up = nn.Parameter(torch.zeros(out_up, **factory)) if base.bias is not None else None
+
+    def add_w12(self) -> None:
+        """Allocate W12 at zero (Theorem 3.1's start) if this linear has none; a W12 once allocated stays (a switch
+        back to SCALE-Preserve keeps what it learned, unused)."""
+        if self.w12 is None:
+            self.w12 = nn.Parameter(
+                torch.zeros(self.out_features, self.in_up, device=self.w21.device, dtype=self.w21.dtype)
+            )
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         if self.form() == MERGED:
@@ -252,7 +263,7 @@ class ScaleLinear(SplitInput):
                 "again and merged inference need an unquantized base)"
             )
         with torch.no_grad():
-            w12 = self.w12 if with_w12 else torch.zeros_like(self.w12)
+            w12 = self.w12 if with_w12 and self.w12 is not None else self.w21.new_zeros(self.out_features, self.in_up)
             weight = torch.cat((torch.cat((self.weight, w12), dim=1), torch.cat((self.w21, self.w22), dim=1)))
             bias = None if self.bias is None else torch.cat((self.bias, self.bias_up))
         return weight, bias

@@ -64,6 +64,8 @@ def set_method(model: nn.Module, method: str, tau: float | None = None) -> nn.Mo
                 module.constant_preserve_half = stacked_half
             if isinstance(module, ScaleLinear):
                 module.use_w12 = module.collaborative and method != "preserve"
+                if module.use_w12:
+                    module.add_w12()
         heads_constant = index < first_w12
         if index == first_w12 and not new_rows:  # what reads this layer's input is constant, what W12 reaches not
             spec = SPECS[scale_state_of(model).base_class]

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
 
 from scale_cl.remote_code import trust_own_code
@@ -26,7 +27,7 @@ from scale_cl.tuner.io import (
     read_tensors,
     weights_name,
 )
-from scale_cl.tuner.layers import is_new_parameter
+from scale_cl.tuner.layers import ScaleLinear, is_new_parameter
 from scale_cl.tuner.modes import set_method
 from scale_cl.tuner.provenance import weight_fingerprint
 from scale_cl.tuner.quant import quantize_base, quantized_kind
@@ -92,6 +93,22 @@ def _load_base(meta: dict[str, Any], directory: Path, base_model: Any, kwargs: d
     return AutoModelForCausalLM.from_pretrained(name, **kwargs)
 
 
+def _fit_w12(model: nn.Module, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The saved weights without the zero W12 blocks a linear of ``model`` does not hold (written before SCALE-Preserve
+    and the linears below ``preserve_layers`` held none); a nonzero one (a model switched to Preserve after training
+    W12) gets its block allocated, and keeps its values."""
+    linears = {name: m for name, m in model.named_modules() if isinstance(m, ScaleLinear)}
+    kept = {}
+    for name, tensor in weights.items():
+        owner = linears.get(name.removesuffix(".w12")) if name.endswith(".w12") else None
+        if owner is not None and owner.w12 is None:
+            if not tensor.any():
+                continue
+            owner.add_w12()
+        kept[name] = tensor
+    return kept
+
+
 def load(
     directory: str | os.PathLike,
     base_model: PreTrainedModel | str | None = None,
@@ -149,6 +166,8 @@ def load(
     # first (their frozen tensors are filled in below).
     for stage in [*(record["config"] for record in meta.get(STAGES_KEY, [])), cfg.to_dict()]:
         model = upscale(model, ScaleConfig.from_dict({**stage, "w21_init": "zero", "w22_init": "zero"}))
+    weights = _fit_w12(model, weights)
+    shapes = {n: list(t.shape) for n, t in weights.items()}
     params = dict(model.named_parameters())
     expected = {n: p.shape for n, p in params.items() if is_new_parameter(n)}
     check_tensors(shapes, expected, str(weights_path))

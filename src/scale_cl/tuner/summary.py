@@ -65,7 +65,7 @@ def parameter_summary(model: nn.Module) -> ParamSummary:
     collaborative = [
         index
         for index, layer in enumerate(decoder_layers(model))
-        if any(isinstance(m, ScaleLinear) and m.w12.requires_grad for m in layer.modules())
+        if any(isinstance(m, ScaleLinear) and m.use_w12 for m in layer.modules())
     ]
     return ParamSummary(total, trainable, dict(by_place), collaborative, _stages(model))
 
