@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -138,3 +140,29 @@ def test_train_plans_an_export_and_refuses_to_upscale_it(exported, workspace, tm
     assert main(["train", *common, "--method", "scale_preserve", "--out", str(tmp_path / "scale")]) == 2
     assert "exported by scale-cl" in capsys.readouterr().err
     assert not (tmp_path / "fft").exists() and not (tmp_path / "scale").exists()
+
+
+@pytest.mark.parametrize("trust", [None, False, True])
+def test_autotokenizer_loads_an_export_in_a_script_without_a_terminal(exported, workspace, trust):
+    """transformers' AutoTokenizer reads the model's config first, and an export's names custom code (``auto_map``):
+    given no ``trust_remote_code`` it asks whether to run that code (in a terminal it waits 15 s for the answer). With
+    no terminal the question is refused at once; ``trust_remote_code=False`` asks nothing and ``True`` runs the
+    export's own modeling file. Each time the tokenizer loads from its own files, the base's, and the script ends."""
+    folder, _ = exported
+    trusting = "" if trust is None else f", trust_remote_code={trust}"
+    script = (
+        "import sys; from transformers import AutoTokenizer; "
+        f"t = AutoTokenizer.from_pretrained(sys.argv[1]{trusting}); print('IDS', t('a b c').input_ids)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(folder)],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    expected = AutoTokenizer.from_pretrained(workspace / "base")("a b c").input_ids
+    assert f"IDS {expected}" in done.stdout
+    assert ("Do you wish to run the custom code" in done.stdout) == (trust is None)
