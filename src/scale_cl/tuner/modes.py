@@ -28,7 +28,8 @@ def set_method(model: nn.Module, method: str, tau: float | None = None) -> nn.Mo
 
     Sets how every W12 block is applied and resets trainability: every original parameter frozen,
     every new parameter trainable except W12, which trains only for adapt/route and only in
-    collaborative linears (layer >= preserve_layers, module in collab_modules); a grown model's earlier
+    collaborative linears (layer >= preserve_layers, module in collab_modules), where it is allocated (at zero) on
+    first use: switch before building the optimizer, which holds only what exists then; a grown model's earlier
     stages stay frozen (`scale_cl.tuner.stages`). ``tau`` (with ``"route"`` only: refused otherwise) sets
     SCALE-Route's threshold of Eq. 5 (a cosine in [-1, 1]; by default the model keeps its own): it is
     the model's ``ScaleConfig.route_tau``, so what routing uses is what is saved, reloaded and exported;
