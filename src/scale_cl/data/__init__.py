@@ -1,4 +1,5 @@
-"""Data for the biography benchmark: synthetic people, biographies, QA, splits and a BPE tokenizer."""
+"""Data: the biography benchmark's synthetic people, questions and tokenizer, and the corpus path every training
+command reads (sources, tokens, packing, streaming, replay)."""
 
 from scale_cl.data.biography import (
     ATTRIBUTES,
