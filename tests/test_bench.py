@@ -423,7 +423,7 @@ def test_peak_for_mfu_by_card_dtype_or_option():
     assert peak_tflops(None, torch.float32, given=2.5) == (2.5, "given (--peak_tflops)")
 
 
-def test_issue_38_targets_in_step_time_memory_and_counted_flops():
+def test_gpu_targets_in_step_time_memory_and_counted_flops():
     methods = {
         "fft": {"step_s": 1.0, "peak_train_mib": 100.0, "train_flops_per_token": 100.0},
         "lora": {"step_s": 1.2, "train_flops_per_token": 80.0},
@@ -475,7 +475,7 @@ def test_bench_refuses_an_out_of_other_settings_before_measuring(tmp_path, capsy
     assert (earlier / "results.json").read_text() == "{}"
 
 
-def test_issue_53_targets_a_cpu_row_and_a_gpu_row():
+def test_streams_apart_targets_a_cpu_row_and_a_gpu_row():
     methods = {
         "fft": {"step_s": 1.0, "peak_train_mib": 100.0, "mfu": 0.41},
         "lora": {"step_s": 0.8},

@@ -39,7 +39,7 @@ from scale_cl.setting_types import conform, field_types
     ],
     ids=["list-for-a-number", "number-for-a-list", "string-for-a-list", "string-for-a-tuple", "string-for-a-bool"],
 )
-def test_the_issue_s_yaml_rows_are_refused_before_anything_is_written(yaml_text, message, tmp_path, capsys):
+def test_bad_yaml_rows_are_refused_before_anything_is_written(yaml_text, message, tmp_path, capsys):
     config = tmp_path / "bad.yaml"
     config.write_text(yaml_text)
     out = tmp_path / "out"

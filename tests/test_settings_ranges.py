@@ -145,7 +145,7 @@ def commands_settings(path: tuple[str, ...]):
         (["bio", "--preset", "micro", "--config", "{yaml}"], "task1.lr must be > 0, got -0.001", "outputs/bio-micro"),
     ],
 )
-def test_the_issues_examples_name_the_setting_and_write_nothing(argv, message, folder, tmp_path, monkeypatch, capsys):
+def test_out_of_range_examples_name_the_setting_and_write_nothing(argv, message, folder, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     Path("bad.yaml").write_text("task1: {lr: -1e-3}\n")
     assert main([a.replace("{yaml}", "bad.yaml") for a in argv]) == 2
