@@ -31,18 +31,10 @@ PRESETS = ("smollm2", "clean-en", "paper")
 TRAINED, AUTO = "trained", "auto"  # the reading of a model as it trained; the default reading
 DEFAULT_METHOD = "scale_preserve"
 WHY_DEFAULT = (
-    "Default: SCALE-Preserve read with the calibrated router. Its one pass holds the base's exact logits beside its "
-    "own (Theorem 3.1); a gate fitted when training ends, on the training text against text the base writes itself "
-    "(no old data, a fixed cost of one forward pass over 64 sequences a side and the base's sampling), weighs the "
-    "prefix's evidence against each one's confidence at the position. Measured (docs/results/"
-    "forgetting-without-old-data.md, the clean English base learning Korean, three seeds): 98.5% of full "
-    "fine-tuning's learning at 0.5% of its English loss on whole documents, an English passage inside a Korean "
-    "document at 13% of FFT's loss there (the likelihood router: 63%); on the biography benchmark, where every task "
-    "shares one format, 92.2% of the old task kept at 93.7% of the new (three seeds; the likelihood router reads "
-    "the old model alone there). It trains cheapest of the SCALE methods (0.60x FFT's step on an H200 at "
-    "Llama-3.2-1B's shape, 0.44x its FLOPs). It assumes the training text is what the new expert should answer and "
-    "that the base's own samples stand for what it knew; --reading likelihood, confidence or trained read it "
-    "otherwise."
+    "The default method is SCALE-Preserve read with the calibrated router: its one pass holds the base's exact "
+    "logits beside the new expert's, and a gate fitted when training ends (on the training text against text the "
+    "base writes itself: no old data) weighs the two at each position. What it keeps and learns, measured against "
+    "the other methods and readings: docs/results/forgetting-without-old-data.md; --reading chooses another."
 )
 
 
@@ -73,7 +65,7 @@ class TrainConfig(ExperimentConfig):
     )
     method: str = field(
         default=DEFAULT_METHOD,
-        metadata={"help": f"the method that trains; {WHY_DEFAULT}", "choices": METHOD_NAMES},
+        metadata={"help": "the method that trains (why the default: the description above)", "choices": METHOD_NAMES},
     )
     reading: str = field(
         default=AUTO,
