@@ -120,11 +120,12 @@ def main() -> int:
         args.out.write_text(json.dumps(found, indent=1, sort_keys=True) + "\n")
         print(f"{len(found)} cases written to {args.out}")
         return 0
-    if not any(p.is_file() for p in args.before.rglob("*")):  # nothing compared is no evidence of equality
+    files = sum(1 for p in args.before.rglob("*") if p.is_file())
+    if not files:  # nothing compared is no evidence of equality
         print(f"{args.before} holds no file: did the bio run fail?")
         return 1
     differ = compare_bio(args.before, args.after)
-    print("\n".join(differ) or f"every file equal ({sum(1 for p in args.before.rglob('*') if p.is_file())} files)")
+    print("\n".join(differ) or f"every file equal ({files} files)")
     return 1 if differ else 0
 
 
