@@ -18,11 +18,12 @@ from transformers import TrainingArguments
 
 from conftest import ARCHS, VOCAB, make_model, randomize_new_weights, token_batch, upscaled_copy
 from exactness import assert_exact_to_rounding
-from scale_cl.train.chunked_loss import LossTargets, chunkable, slice_positions, sliced_head
+from scale_cl.train.chunked_loss import LossTargets, sliced_head
 from scale_cl.train.distill import CopyTeacher, DistillConfig, HeadTeacher, distill_sum
 from scale_cl.train.trainer import CheckpointingTrainer
 from scale_cl.tuner.layers import is_new_parameter
 from scale_cl.tuner.modes import set_live_settings
+from scale_cl.tuner.sliced_loss import chunkable, slice_positions, use_sliced_loss
 
 pytestmark = pytest.mark.exactness
 
@@ -200,8 +201,8 @@ def test_the_trainer_slices_by_default_and_matches_its_plain_loss(tmp_path):
     losses = {}
     for positions in (0, None):
         trainer = CheckpointingTrainer(model=model, args=args, slice_positions=positions)
-        assert trainer.slices_loss(model, inputs) == (positions is not None)
-        losses[positions] = trainer.compute_loss(model, dict(inputs))
+        losses[positions], outputs = trainer.compute_loss(model, dict(inputs), return_outputs=True)
+        assert (outputs.logits is None) == (positions is not None)  # the model's sliced loss: no logits
     assert_exact_to_rounding(losses[None], exact, stock=losses[0], what="the Trainer's sliced loss")
 
 
@@ -251,7 +252,73 @@ def test_one_slice_is_transformers_loss_bitwise(method):
     model = _model("llama-gqa2-tied", method).float()
     ids, mask, labels = _batch()
     count = (labels[:, 1:] != -100).sum()
+    if method != "fft":
+        use_sliced_loss(model, None)  # the model's own loss: transformers'
     plain = _step(model, lambda: model(input_ids=ids, attention_mask=mask, labels=labels).loss)
     sliced = _step(model, lambda: _sliced(model, ids, mask, LossTargets(labels), count, positions=ids.shape[1]))
     assert torch.equal(sliced[0], plain[0])
     assert all(torch.equal(sliced[1][name], grad) for name, grad in plain[1].items())
+
+
+# The model's own forward: a SCALE model returns the sliced loss whenever it trains on labels
+
+
+def _own_loss(model, ids, mask, labels, **kwargs):
+    outputs = model(input_ids=ids, attention_mask=mask, labels=labels, **kwargs)
+    assert outputs.logits is None  # the sliced loss holds no logits
+    return outputs.loss
+
+
+@pytest.mark.parametrize("method", METHODS[1:])
+@pytest.mark.parametrize("arch", sorted(ARCHS))
+def test_a_scale_models_forward_returns_the_sliced_loss_when_it_trains_on_labels(arch, method):
+    """Upscaling turns it on: the stock Trainer, TRL and a user's own loop get it (here, slices of 2 positions)."""
+    model = _model(arch, method)
+    use_sliced_loss(model, 2)
+    ids, mask, labels = _batch()
+    count = (labels[:, 1:] != -100).sum()
+    _assert_sliced_is_whole(
+        model,
+        lambda m: lambda: _whole(m, ids, mask, labels, count),
+        lambda m: lambda: _own_loss(m, ids, mask, labels),
+    )
+
+
+def test_the_models_sliced_loss_divides_by_the_trainers_count_and_keeps_the_logits_where_it_does_not_train():
+    model = _model("llama-gqa2-tied", "preserve")
+    ids, mask, labels = _batch()
+    with torch.no_grad():
+        total = _whole(model, ids, mask, labels, 1)
+    loss = _own_loss(model, ids, mask, labels, num_items_in_batch=torch.tensor(7))  # accumulated batches' count
+    torch.testing.assert_close(loss, total / 7, rtol=1e-12, atol=0)
+    for training, grad in ((False, True), (True, False)):  # evaluation, or no gradient: the model's own forward
+        with torch.set_grad_enabled(grad):
+            outputs = model.train(training)(input_ids=ids, attention_mask=mask, labels=labels)
+        assert outputs.logits is not None
+        # transformers' loss casts the logits to fp32 (float64 ones too)
+        torch.testing.assert_close(outputs.loss.double(), total / (labels[:, 1:] != -100).sum(), rtol=1e-6, atol=0)
+    use_sliced_loss(model.train(), None)  # turned off: transformers' loss and logits while training
+    assert model(input_ids=ids, attention_mask=mask, labels=labels).logits is not None
+
+
+def test_the_stock_trainer_takes_the_models_sliced_loss(tmp_path):
+    from transformers import Trainer
+
+    model = _model("llama-gqa2-tied", "route")
+    ids, mask, labels = _batch()
+    with torch.no_grad():
+        exact = _whole(model, ids, mask, labels, (labels[:, 1:] != -100).sum())
+    trainer = Trainer(model=model, args=TrainingArguments(tmp_path, report_to=[], use_cpu=True))
+    inputs = {"input_ids": ids, "attention_mask": mask, "labels": labels}
+    loss, outputs = trainer.compute_loss(model, inputs, return_outputs=True)
+    assert outputs.logits is None
+    torch.testing.assert_close(loss, exact, rtol=1e-12, atol=1e-12)
+
+
+def test_a_forward_that_raises_gives_the_head_back():
+    model = _model("llama-gqa2-tied", "preserve")
+    ids, mask, labels = _batch()
+    with pytest.raises(IndexError):
+        model(input_ids=ids + VOCAB, attention_mask=mask, labels=labels)  # no such token
+    assert "forward" not in vars(model.get_output_embeddings())  # its own forward again
+    assert model(input_ids=ids, attention_mask=mask).logits.shape == (*ids.shape, VOCAB)

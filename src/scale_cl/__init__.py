@@ -21,6 +21,7 @@ from scale_cl.tuner.modes import set_method, set_up_logit_scale
 from scale_cl.tuner.restore import load
 from scale_cl.tuner.routing.state import ROUTE_SHARE_KEY
 from scale_cl.tuner.scale_state import scale_config_of
+from scale_cl.tuner.sliced_loss import use_sliced_loss
 from scale_cl.tuner.summary import ParamSummary, parameter_summary
 from scale_cl.tuner.upscale import upscale
 
@@ -53,4 +54,5 @@ __all__ = [
     "set_up_logit_scale",
     "trainable_parameter_count",
     "upscale",
+    "use_sliced_loss",
 ]

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from scale_cl.train.chunked_loss import LossTargets, sliced_head
+from scale_cl.tuner.sliced_loss import use_sliced_loss
 
 
 def synchronize(device: torch.device) -> None:
@@ -32,11 +32,8 @@ def make_optimizer(model: nn.Module, lr: float) -> torch.optim.Optimizer:
 def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, ids: torch.Tensor, sliced: bool = True) -> None:
     """One optimizer step of the causal-LM loss on ``ids``; ``sliced``: the logits a slice at a time, as training
     computes it (`scale_cl.train.chunked_loss`), else transformers' loss over the whole logits."""
-    if not sliced:
-        model(input_ids=ids, labels=ids).loss.backward()
-    else:
-        with sliced_head(model.get_output_embeddings(), LossTargets(ids, ids.shape[0] * (ids.shape[1] - 1))):
-            model(input_ids=ids).logits.backward()
+    use_sliced_loss(model, 0 if sliced else None)
+    model(input_ids=ids, labels=ids).loss.backward()
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
 

@@ -30,8 +30,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from scale_cl.tuner.sliced_loss import IGNORE, at_least_fp32, shifted_labels
+
 NEW_TOKEN_WEIGHTS = ("confidence", "all", "none")
-IGNORE = -100
 
 
 @dataclass(frozen=True)
@@ -52,23 +53,12 @@ class DistillConfig:
             raise ValueError(f"distillation new_tokens must be one of {NEW_TOKEN_WEIGHTS}, got {self.new_tokens!r}")
 
 
-def at_least_fp32(tensor: torch.Tensor) -> torch.Tensor:
-    """``tensor`` in fp32 where it is of lower precision (fp64 stays fp64)."""
-    return tensor.to(torch.promote_types(tensor.dtype, torch.float32))
-
-
 def _teacher_side(teacher_logits: torch.Tensor, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
     """``(p^T, sum_v p^T log p^T)`` at every position (no gradient: the teacher is fixed)."""
     with torch.no_grad():
         logp = F.log_softmax(at_least_fp32(teacher_logits) / temperature, dim=-1)
         p = logp.exp()
         return p, torch.einsum("...v,...v->...", p, logp)
-
-
-def shifted_labels(labels: torch.Tensor) -> torch.Tensor:
-    """The label each position predicts (the next one, as transformers' causal LM loss shifts them); the last
-    position predicts none (``IGNORE``)."""
-    return F.pad(labels, (0, 1), value=IGNORE)[:, 1:]
 
 
 def position_weights(

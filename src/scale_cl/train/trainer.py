@@ -43,10 +43,11 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
 
 from scale_cl.data.replay import REPLAY_KEY
 from scale_cl.files import atomic_write, sha256_of, write_json
-from scale_cl.train.chunked_loss import LossTargets, chunkable, sliced_head
+from scale_cl.train.chunked_loss import LossTargets, sliced_head
 from scale_cl.train.distill import Distillation, distill_sum
 from scale_cl.train.sampler import lean_sampler
 from scale_cl.tuner.io import check_tensors
+from scale_cl.tuner.sliced_loss import chunkable, use_sliced_loss
 
 TRAINABLE_WEIGHTS = "model.safetensors"  # the stock Trainer's name: it resumes these checkpoints too (strict=False)
 LEGACY_TRAINABLE_WEIGHTS = "trainable.safetensors"  # the same file in checkpoints written before 2026-12-04
@@ -110,6 +111,11 @@ class CheckpointingTrainer(Trainer):
         self.distillation = distillation
         self.slice_positions = slice_positions
         self._resumed_from: Path | None = None
+        # the model's own forward computes the sliced loss when it trains on labels (`use_sliced_loss`); a sharded
+        # model's head gathers its weights in its own call, which the slices would repeat: the whole loss there
+        sharded = self.is_fsdp_enabled or self.is_deepspeed_enabled
+        if self.model is not None:
+            use_sliced_loss(self.model, None if sharded else slice_positions)
 
     def compute_loss(
         self,
@@ -125,10 +131,10 @@ class CheckpointingTrainer(Trainer):
         Trainer's loss; else this batch's), then scaled by the same factor the Trainer applies to it.
         """
         from_replay = inputs.pop(REPLAY_KEY, None)
+        if self.distillation is None or not model.training:  # the sliced loss where the model computes it
+            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         if self.slices_loss(model, inputs):
             return self.sliced_loss(model, inputs, return_outputs, num_items_in_batch, from_replay)
-        if self.distillation is None or not model.training:
-            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         outputs, teacher_logits = self.distillation.teacher.run(
             lambda: super(CheckpointingTrainer, self).compute_loss(model, inputs, True, num_items_in_batch), inputs
         )
@@ -146,8 +152,8 @@ class CheckpointingTrainer(Trainer):
         return (loss, outputs) if return_outputs else loss
 
     def slices_loss(self, model: nn.Module, inputs: dict[str, Any]) -> bool:
-        """Whether this training batch's loss is computed a slice of positions at a time (`sliced_loss`): training,
-        ``slice_positions`` not None, the Trainer's own causal-LM loss (no label smoother, no
+        """Whether this distilled training batch's loss is computed a slice of positions at a time (`sliced_loss`):
+        training, ``slice_positions`` not None, the Trainer's own causal-LM loss (no label smoother, no
         ``compute_loss_func``), weights held whole (not sharded: a sharded head gathers its weights in its own call)
         and a head that reads each position alone (`chunkable`)."""
         if not (self.slice_positions is not None and model.training and torch.is_grad_enabled()):
@@ -167,7 +173,7 @@ class CheckpointingTrainer(Trainer):
         num_items_in_batch: Any,
         from_replay: torch.Tensor | None,
     ) -> Any:
-        """The Trainer's causal-LM loss (and the distillation term) with the logits never whole
+        """The Trainer's causal-LM loss and the distillation term with the logits never whole
         (`scale_cl.train.chunked_loss`): divided as the Trainer divides its own."""
         labels = inputs["labels"]
         model_inputs = {k: v for k, v in inputs.items() if k != "labels"}

@@ -33,6 +33,7 @@ from scale_cl.tuner.routing.state import (
     stack_paths_hook,
 )
 from scale_cl.tuner.scale_state import ScaleState, scale_state_of
+from scale_cl.tuner.sliced_loss import use_sliced_loss
 from scale_cl.tuner.stages import check_growable, freeze_stage
 from scale_cl.tuner.streams import streams_apart_class
 from scale_cl.tuner.vocab.rows import split_vocab
@@ -132,6 +133,7 @@ def upscale(model: PreTrainedModel, config: ScaleConfig) -> PreTrainedModel:
     eos = getattr(model.config, "eos_token_id", None)
     route.eos_ids = tuple(eos if isinstance(eos, list | tuple) else [] if eos is None else [eos])
     model.__class__ = scale_class(type(model))
+    use_sliced_loss(model)  # its forward returns the sliced loss when it trains on labels
     set_method(model, config.method)
     return model
 
