@@ -3,7 +3,7 @@
 `set_method` marks the modules whose original input depends on no trainable parameter
 (``constant_input``); they detach it, so the backward pass never runs through a frozen ``W`` or a
 frozen norm there. Route does the same for the preserve half of its stacked batch
-(``constant_preserve_half``) and computes the preserve path's original logits without gradient.
+(``constant_half``) and computes the preserve path's original logits without gradient.
 The parameter gradients must equal those of the plain computation (every such flag off): in fp32, to
 rounding, as close to the plain computation's float64 gradients as its own fp32 gradients are
 (`exactness.assert_exact_to_rounding`).
@@ -38,7 +38,7 @@ def _plain(model):
     plain = copy.deepcopy(model)
     for module in plain.modules():
         if isinstance(module, FAST_MODULES):
-            module.constant_input = module.constant_preserve_half = False
+            module.constant_input = module.constant_half = False
         if hasattr(module, "scale_heads"):  # the attention's original heads: called with the others
             module.scale_heads.constant = module.scale_heads.constant_half = False
     return plain
@@ -143,12 +143,12 @@ def test_constant_input_marks_what_no_w12_reaches(arch, collab, method, first_w1
     assert model.get_output_embeddings().constant_input is constant_head
     # Route's stacked layers (from preserve_layers on) hold a constant preserve half; nothing else does.
     for index, layer in enumerate(layers):
-        flags = {m.constant_preserve_half for m in layer.modules() if isinstance(m, FAST_MODULES)}
+        flags = {m.constant_half for m in layer.modules() if isinstance(m, FAST_MODULES)}
         flags |= {m.scale_heads.constant_half for m in layer.modules() if hasattr(m, "scale_heads")}
         assert flags == {method == "route" and index >= 2}
     set_method(model, "preserve")
     assert all(m.constant_input for m in model.modules() if isinstance(m, FAST_MODULES))
-    assert not any(m.constant_preserve_half for m in model.modules() if isinstance(m, FAST_MODULES))
+    assert not any(m.constant_half for m in model.modules() if isinstance(m, FAST_MODULES))
     assert all(m.scale_heads.constant for m in model.modules() if hasattr(m, "scale_heads"))
 
 
@@ -183,7 +183,7 @@ def test_route_stacked_linear_sends_no_gradient_into_the_preserve_half(use_w12):
     hidden = torch.randn(4, 5, linear.in_features + linear.in_up, generator=torch.Generator().manual_seed(4))
 
     def forward(linear, fast: bool, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        linear.constant_preserve_half = fast
+        linear.constant_half = fast
         leaf = hidden.clone().requires_grad_(True)
         out = linear(leaf)
         out.backward(torch.ones_like(out))
@@ -275,13 +275,13 @@ def test_route_mlp_runs_the_halves_apart_and_keeps_nothing_of_the_preserve_halfs
     set_method(model, "route")
     mlp = model.get_decoder().layers[1].mlp
     up = getattr(mlp, mlp.names[1])
-    assert up.constant_preserve_half and up.use_w12
+    assert up.constant_half and up.use_w12
     hidden = torch.randn(4, 5, up.in_features + up.in_up, generator=torch.Generator().manual_seed(3))
 
     def through(mlp, fast: bool, hidden: torch.Tensor) -> tuple:
         for module in mlp.modules():
             if isinstance(module, ScaleLinear):
-                module.constant_preserve_half = fast
+                module.constant_half = fast
         return _backward_through(mlp, mlp, mlp, hidden)
 
     (out, into, grads, shapes), (ref_out, ref_into, ref_grads, ref_shapes) = (

@@ -19,7 +19,9 @@ import torch
 from conftest import make_model, randomize_new_weights, upscaled_copy
 from exactness import assert_exact_to_rounding
 from scale_cl import set_method
-from scale_cl.tuner.layers import EQ1, HALVES, MERGED, ROUTED, ScaleLinear, set_merged_inference
+from scale_cl.tuner import merged
+from scale_cl.tuner.layers import CONSTANT_HALF, EQ1, MERGED, ROUTED, ScaleLinear
+from scale_cl.tuner.merged import set_merged_inference
 from test_generate import padded_prompts
 
 pytestmark = pytest.mark.exactness
@@ -129,7 +131,7 @@ def test_a_stale_cache_is_outside_the_bound(monkeypatch):
             self._merged = (None, full, bias, full[self.out_features :])
         return self._merged[1:]
 
-    monkeypatch.setattr(ScaleLinear, "_merged_weights", never_rebuilt)
+    monkeypatch.setattr(merged, "merged_weights", never_rebuilt)
     with torch.no_grad():
         model(ids, attention_mask=mask)  # builds every cache
         for linear in linears(model):
@@ -171,7 +173,7 @@ def test_merging_can_be_switched_off():
 def test_the_forms_of_eq1_are_chosen_in_one_place():
     """The flags that pick a faster form of Eq. 1 are read in `ScaleLinear.form` alone: `set_method` and
     `set_merged_inference` write them, every forward asks `form` (a reader finds the choice in one method)."""
-    flags = {"merge_for_inference", "constant_preserve_half"}
+    flags = {"merge_for_inference", "constant_half"}
     readers = set()
     for path in (Path(__file__).parents[1] / "src").rglob("*.py"):
         tree = ast.parse(path.read_text())
@@ -180,7 +182,13 @@ def test_the_forms_of_eq1_are_chosen_in_one_place():
                 for node in ast.walk(function):
                     if isinstance(node, ast.Attribute) and node.attr in flags and isinstance(node.ctx, ast.Load):
                         readers.add((path.name, function.name))
-    assert readers == {("layers.py", "form")}
+    # the attention's own flag of the constant half (`HeadSplitConfig.constant_half`, set by `set_method` too) is
+    # read where the attention picks its form
+    assert readers == {
+        ("layers.py", "form"),
+        ("attention.py", "split_heads_attention"),
+        ("attention.py", "attend_apart"),
+    }
 
 
 def test_each_form_is_the_one_its_moment_takes():
@@ -193,6 +201,6 @@ def test_each_form_is_the_one_its_moment_takes():
         assert (first.form(), last.form()) == (EQ1, MERGED)
         set_merged_inference(model, False)
         assert (first.form(), last.form()) == (EQ1, ROUTED)
-    assert (first.form(), last.form()) == (EQ1, HALVES)
+    assert (first.form(), last.form()) == (EQ1, CONSTANT_HALF)
     model.set_method("adapt")
     assert (first.form(), last.form()) == (EQ1, EQ1)

@@ -202,7 +202,7 @@ def test_preserve_training_keeps_original_stream(arch_name):
     # The full logits moved (training did something) ...
     assert max_diff(up_out.logits, base_out.stock.logits) > 1e-3, "logits still equal base after training"
     # ... but the original-part logits Z are still exactly the base model's.
-    z, z_up = head.parts(seen[-1])
+    z, z_up = head.project(*seen[-1].split((head.hidden_size, head.hidden_up), dim=-1))
     assert_logits_base(z, base_out, "original-part logits Z after preserve training")
     # And the logits are Z + Z_up (the head sums them in one product): as exact as Z + Z_up summed apart.
     exact = run(copy.deepcopy(model).double(), ids, mask).logits

@@ -144,8 +144,9 @@ def test_up_logit_scale_weighs_the_new_streams_logits(alpha):
         logits = model(input_ids=ids, attention_mask=mask).logits
         handle.remove()
         # Z + alpha Z_up from the head's input, written out: in fp32 and on float64 copies
-        z, z_up = head.parts(seen[-1])
-        exact_z, exact_z_up = copy.deepcopy(head).double().parts(seen[-1].double())
+        parts = seen[-1].split((head.hidden_size, head.hidden_up), dim=-1)
+        z, z_up = head.project(*parts)
+        exact_z, exact_z_up = copy.deepcopy(head).double().project(*(part.double() for part in parts))
     assert_exact_to_rounding(logits, exact_z + alpha * exact_z_up, stock=z + alpha * z_up, what=f"alpha {alpha}")
     assert model.scale_config.up_logit_scale == alpha
 

@@ -19,7 +19,8 @@ import torch
 from conftest import ARCHS, greedy, make_model, randomize_new_weights, token_batch, upscaled_copy
 from exactness import assert_exact_to_rounding
 from scale_cl.tuner import streams
-from scale_cl.tuner.layers import ScaleLinear, merged_inference
+from scale_cl.tuner.layers import ScaleLinear
+from scale_cl.tuner.merged import merged_inference
 from scale_cl.tuner.scale_state import decoder_layers
 
 pytestmark = pytest.mark.exactness

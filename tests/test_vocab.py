@@ -88,10 +88,8 @@ def tables(model, width: int, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
         embedding = model.get_input_embeddings()(torch.arange(rows))[..., :width]
         head = model.get_output_embeddings()
         eye = torch.eye(width)
-        if isinstance(head, ScaleHead):
-            logits = head.parts(torch.cat((eye, torch.zeros(width, head.hidden_up)), dim=-1))[0]
-        else:
-            logits = head(eye)
+        scale = isinstance(head, ScaleHead)
+        logits = head.project(eye, torch.zeros(width, head.hidden_up))[0] if scale else head(eye)
     return embedding.clone(), logits.T.clone()
 
 
@@ -287,7 +285,7 @@ def new_row_gradients(method: str, mutate: bool = False) -> tuple[torch.Tensor, 
     fast = gradient(model)
     for module in model.modules():  # the reference: no constant-stream shortcut anywhere
         if isinstance(module, SplitInput):
-            module.constant_input = module.constant_preserve_half = False
+            module.constant_input = module.constant_half = False
         if hasattr(module, "scale_heads"):
             module.scale_heads.constant = module.scale_heads.constant_half = False
     return fast, gradient(model), gradient(copy.deepcopy(model).double())

@@ -28,7 +28,7 @@ from scale_cl.train.reporting import connect_reporting
 from scale_cl.train.route_calibration import RouteCalibration
 from scale_cl.train.sharding import autocast_as_one_process, is_sharded
 from scale_cl.train.trainer import CheckpointingTrainer, complete_checkpoints
-from scale_cl.tuner.layers import set_merged_inference
+from scale_cl.tuner.merged import set_merged_inference
 
 
 def train_model(

@@ -25,7 +25,7 @@ from torch import nn
 from transformers import TrainerCallback
 from transformers.trainer_callback import ExportableState
 
-from scale_cl.tuner.layers import merged_inference
+from scale_cl.tuner.merged import merged_inference
 from scale_cl.tuner.modes import set_live_settings
 
 Batch = dict[str, torch.Tensor]

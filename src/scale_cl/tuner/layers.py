@@ -9,8 +9,6 @@ Theorem 3.1 hold exactly.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -18,8 +16,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from scale_cl.tuner.config import UP_NORMS
+from scale_cl.tuner.merged import merged_product
 from scale_cl.tuner.quant import is_quantized
 from scale_cl.tuner.routing.router import HeadPaths, original_logits, router_named
+from scale_cl.tuner.routing.rows import constant_half_rows, routed_rows
 from scale_cl.tuner.routing.state import RouteState
 
 # The names of what SCALE adds to a module (everything else keeps the base model's names and stays frozen).
@@ -42,13 +42,13 @@ class SplitInput(nn.Module):
     (below the first layer that uses W12): then `original` detaches it, so no gradient is taken
     through the frozen products, which is most of full fine-tuning's backward.
 
-    ``constant_preserve_half`` is its route-mode counterpart in the stacked layers: the rows are
+    ``constant_half`` is its route-mode counterpart in the stacked layers: the rows are
     ``[preserve path; adapt path]`` and W12 never reaches the preserve half, so that half's ``x``
     is constant too (the adapt half's is not).
     """
 
     constant_input: bool = False
-    constant_preserve_half: bool = False
+    constant_half: bool = False
 
     def original(self, x: torch.Tensor) -> torch.Tensor:
         return x.detach() if self.constant_input else x
@@ -56,10 +56,10 @@ class SplitInput(nn.Module):
 
 # The forms in which `ScaleLinear` computes Eq. 1, chosen by `ScaleLinear.form` alone (`ScaleMLP` asks it too).
 # Each is the same product; the first is the math, the others are faster where the moment allows.
-EQ1 = "eq1"  # block by block, the frozen blocks without gradient: training, and any linear without W12
-MERGED = "merged"  # inference with W12: the whole block matrix as one dense product
-ROUTED = "routed"  # route's stacked batch [preserve path; adapt path]: W12 on the adapt half's rows only
-HALVES = "halves"  # route's stacked training batch whose preserve half is constant: each half apart
+EQ1 = "eq1"  # block by block (`blocks`): training, and any linear without W12
+MERGED = "merged"  # inference with W12: the whole block matrix as one dense product (`scale_cl.tuner.merged`)
+ROUTED = "routed"  # route's stacked rows: W12 on the adapt half only (`scale_cl.tuner.routing.rows`)
+CONSTANT_HALF = "constant_half"  # route's stacked training rows whose preserve half is constant: each half apart
 
 
 # Copied to export/modeling_scale.py (TwoPathLinear): change both (tests/test_export_copies.py).
@@ -69,19 +69,10 @@ class ScaleLinear(SplitInput):
     The output is ``[W x + W12 x_up (+ b); W21 x + W22 x_up + bias_up]`` (`blocks`). W12 starts at zero and
     exists only where ``use_w12`` (set by `set_method`) is or was true: a preserve layer neither holds nor computes it.
 
-    `form` picks how the product is computed, in one place; every form is Eq. 1:
-
-    - ``EQ1``, `blocks`: the math, block by block. Training takes it: the frozen blocks need no gradient, and where
-      ``x`` is constant (`SplitInput.original`) none is taken through them.
-    - ``MERGED``, `merged_product`: inference (gradients off: ``generate()``, evaluation) of a linear that uses W12.
-      The whole block matrix as one dense weight, built once and cached until a block changes: one product instead
-      of four and their sums. It equals `blocks` to floating-point rounding, not bitwise. A linear without W12
-      keeps `blocks`: merging it would multiply by a zero block, or (as ``[W x; [W21 W22] h]``) measured slower on
-      a CPU (benchmarks/README.md). `merged_inference` (or ``merge_for_inference = False``) turns it off.
-    - ``ROUTED``, `routed_rows`: route mode (``route.active``): the rows are ``[preserve path; adapt path]`` and W12
-      reaches the adapt half only.
-    - ``HALVES``, `constant_half_rows`: route's stacked training batch where the preserve half's ``x`` is constant
-      (``constant_preserve_half``): each half apart, so no backward runs through the preserve half's frozen products.
+    `forward` is Eq. 1 (`blocks`) but where `form`, the one place the choice is made, picks a faster form of the same
+    product: ``MERGED`` for inference with W12 (`scale_cl.tuner.merged`: one dense product, equal to rounding), and
+    on route's stacked rows ``[preserve path; adapt path]`` ``ROUTED`` and, in training, ``CONSTANT_HALF``
+    (`scale_cl.tuner.routing.rows`: W12 on the adapt half only).
     """
 
     merge_for_inference: bool = True
@@ -103,7 +94,7 @@ class ScaleLinear(SplitInput):
         self.collaborative = collaborative
         self.use_w12 = False
         self.route: RouteState | None = None  # the model's route state, handed over by `upscale`
-        self._merged: tuple | None = None  # the merged inference form's cache, see `_merged_weights`
+        self._merged: tuple | None = None  # the merged inference form's cache (`scale_cl.tuner.merged`)
         if is_quantized(base):  # a quantized frozen base (`scale_cl.tuner.quant`): W x + b is its module's product
             self.quantized_base = base
             self.weight = self.bias = None
@@ -130,8 +121,8 @@ class ScaleLinear(SplitInput):
             )
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        if self.form() == MERGED:
-            return self.merged_product(hidden)
+        if self.form() == MERGED:  # inference with W12: one dense product
+            return merged_product(self, hidden)
         return torch.cat(self.project(*hidden.split((self.in_features, self.in_up), dim=-1)), dim=-1)
 
     def project(self, x: torch.Tensor, x_up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -140,10 +131,10 @@ class ScaleLinear(SplitInput):
             self._merged = None  # training: drop the inference copy and its memory
         form = self.form(whole=False)
         x = self._as_base_input(self.original(x))
-        if form == HALVES:
-            return self.constant_half_rows(x, x_up)
+        if form == CONSTANT_HALF:
+            return constant_half_rows(self, x, x_up)
         if form == ROUTED:
-            return self.routed_rows(x, x_up)
+            return routed_rows(self, x, x_up)
         return self.blocks(x, x_up, self.use_w12)
 
     def blocks(self, x: torch.Tensor, x_up: torch.Tensor, with_w12: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -154,7 +145,7 @@ class ScaleLinear(SplitInput):
         return out, F.linear(x, self.w21, self.bias_up) + F.linear(x_up, self.w22)
 
     def form(self, whole: bool = True) -> str:
-        """How Eq. 1 is computed now (``EQ1``, ``MERGED``, ``ROUTED`` or ``HALVES``; see the class doc): the one
+        """How Eq. 1 is computed now (``EQ1``, ``MERGED``, ``ROUTED`` or ``CONSTANT_HALF``; see the class doc): the one
         place the choice is made. ``whole=False``: for a caller holding the input's two parts, which the merged
         product (over the whole input) does not take."""
         grad = torch.is_grad_enabled()
@@ -163,8 +154,8 @@ class ScaleLinear(SplitInput):
         dense = self.weight is not None and not torch.is_autocast_enabled(self.weight.device.type)
         if whole and self.use_w12 and self.merge_for_inference and not grad and dense:
             return MERGED
-        if self.constant_preserve_half and grad:
-            return HALVES
+        if self.constant_half and grad:
+            return CONSTANT_HALF
         if self.use_w12 and self.route is not None and self.route.active:
             return ROUTED
         return EQ1
@@ -186,68 +177,16 @@ class ScaleLinear(SplitInput):
         low_precision = x.dtype != torch.float32 or torch.is_autocast_enabled(x.device.type)
         return x.contiguous() if self.bias is not None and (low_precision or x.is_cuda) else x
 
-    # The faster forms of the same product (chosen by `form`).
-
-    def routed_rows(self, x: torch.Tensor, x_up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """`blocks` on route's stacked rows ``[preserve path; adapt path]``: W12 is added to the adapt half only."""
-        out = self.original_product(x)
-        half = out.shape[0] // 2
-        out = torch.cat((out[:half], out[half:] + F.linear(x_up[half:], self.w12)))
-        return out, F.linear(x, self.w21, self.bias_up) + F.linear(x_up, self.w22)
-
-    def constant_half_rows(self, x: torch.Tensor, x_up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """`routed_rows` on route's stacked training batch whose preserve half's ``x`` is taken as the constant it
-        is, so autograd runs no backward through its frozen product with W (nor into it from W21), and saves
-        nothing for it. The arithmetic is `blocks`', one half at a time."""
-        half = x.shape[0] // 2
-        x_p, x_a = x[:half].detach(), x[half:]
-        out_a = self.original_product(x_a)
-        if self.use_w12:
-            out_a = out_a + F.linear(x_up[half:], self.w12)
-        out = torch.cat((self.original_product(x_p), out_a))
-        w21 = torch.cat((F.linear(x_p, self.w21, self.bias_up), F.linear(x_a, self.w21, self.bias_up)))
-        return out, w21 + F.linear(x_up, self.w22)
-
-    def project_path(self, x: torch.Tensor, x_up: torch.Tensor, adapt: bool) -> tuple[torch.Tensor, torch.Tensor]:
-        """`blocks` on one path's rows of route's stacked training batch (`ScaleMLP` runs the halves apart): the
-        preserve path's ``x`` is the constant it is there and never meets W12; the adapt path's does."""
+    def project_half(self, x: torch.Tensor, x_up: torch.Tensor, adapt: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """`blocks` on one path's rows of route's stacked training batch whose preserve half is constant (`ScaleMLP`
+        runs the halves apart): the preserve path's ``x`` is the constant it is there and never meets W12; the adapt
+        path's does."""
         self._merged = None  # training: drop the inference copy and its memory
         x = self._as_base_input(self.original(x) if adapt else x.detach())
         return self.blocks(x, x_up, adapt and self.use_w12)
 
-    def merged_product(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Eq. 1 as one dense product with the block matrix; route's stacked batch multiplies its preserve half
-        (W12 taken as zero) by the original rows and ``[W21 W22]`` instead (no zero block read)."""
-        full, bias, bottom = self._merged_weights()
-        if self.route is None or not self.route.active:
-            return F.linear(hidden, full, bias)
-        half = hidden.shape[0] // 2
-        preserve = hidden[:half]
-        preserve = torch.cat(
-            (
-                self.original_product(self._as_base_input(preserve[..., : self.in_features])),
-                F.linear(preserve, bottom, self.bias_up),
-            ),
-            dim=-1,
-        )
-        return torch.cat((preserve, F.linear(hidden[half:], full, bias)))
-
-    def _merged_weights(self) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
-        """The whole block matrix, its bias and ``[W21 W22]``; built once.
-
-        Rebuilt when any block changes: every in-place write (an optimizer step,
-        ``load_state_dict``, ``copy_``) bumps a tensor's version counter, and moving or casting the
-        model gives new storage. (A write through ``.data`` bypasses the counter: call
-        `clear_merged` after one.)
-        """
-        blocks = (self.weight, self.bias, self.w12, self.w21, self.w22, self.bias_up)
-        key = tuple((t.data_ptr(), t._version, t.dtype) for t in blocks if t is not None)
-        if self._merged is None or self._merged[0] != key:
-            full, bias = self.merged_weight(with_w12=True)
-            self._merged = (key, full, bias, full[self.out_features :])  # the bottom rows: a view
-        return self._merged[1:]
-
     def clear_merged(self) -> None:
+        """Drop the merged inference form's cached block matrix (`scale_cl.tuner.merged.merged_weights`)."""
         self._merged = None
 
     def merged_weight(self, with_w12: bool | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -276,34 +215,6 @@ class ScaleLinear(SplitInput):
         )
 
 
-def set_merged_inference(model: nn.Module, enabled: bool) -> None:
-    """From now on every `ScaleLinear` of ``model`` does (or, False, does not) take the merged inference form; off,
-    its cache is dropped too (a sharded model gathers its weights per forward: a merged copy would hold them whole)."""
-    for linear in model.modules():
-        if isinstance(linear, ScaleLinear):
-            linear.merge_for_inference = enabled
-            if not enabled:
-                linear.clear_merged()
-
-
-@contextmanager
-def merged_inference(model: nn.Module, enabled: bool) -> Iterator[nn.Module]:
-    """Within the block, every `ScaleLinear` of ``model`` does (or, False, does not) take the merged
-    inference form with gradients off; restored afterwards."""
-    linears = [m for m in model.modules() if isinstance(m, ScaleLinear)]
-    saved = [m.__dict__.get("merge_for_inference") for m in linears]
-    for linear in linears:
-        linear.merge_for_inference = enabled
-    try:
-        yield model
-    finally:
-        for linear, value in zip(linears, saved, strict=True):
-            if value is None:
-                del linear.merge_for_inference  # back to the class's setting
-            else:
-                linear.merge_for_inference = value
-
-
 class ScaleMLP(nn.Module):
     """The FFN of a widened layer, applying its activation (and gate) to the original and added
     columns separately.
@@ -330,20 +241,20 @@ class ScaleMLP(nn.Module):
             inner = up(hidden)
             inner = act(inner) if gate_name is None else act(getattr(self, gate_name)(hidden)) * inner
             return down(inner)
-        return torch.cat(self.pair(*hidden.split((up.in_features, up.in_up), dim=-1)), dim=-1)
+        return torch.cat(self.project(*hidden.split((up.in_features, up.in_up), dim=-1)), dim=-1)
 
-    def pair(self, x: torch.Tensor, x_up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def project(self, x: torch.Tensor, x_up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The MLP on the input's two parts, its output's two parts (a layer keeping the streams apart,
         `scale_cl.tuner.streams`, never joins them); any form but the merged one."""
         up = getattr(self, self.names[1])
-        if up.form(whole=False) == HALVES:  # route's stacked training batch
+        if up.form(whole=False) == CONSTANT_HALF:  # route's stacked training batch
             half = x.shape[0] // 2
-            preserve = self._parts(x[:half], x_up[:half], adapt=False)
-            adapt = self._parts(x[half:], x_up[half:], adapt=True)
+            preserve = self._project(x[:half], x_up[:half], adapt=False)
+            adapt = self._project(x[half:], x_up[half:], adapt=True)
             return torch.cat((preserve[0], adapt[0])), torch.cat((preserve[1], adapt[1]))
-        return self._parts(x, x_up)
+        return self._project(x, x_up)
 
-    def _parts(
+    def _project(
         self, x: torch.Tensor, x_up: torch.Tensor, adapt: bool | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The MLP on ``[x; x_up]``; ``adapt`` True/False: on one path's half of route's stacked training batch.
@@ -355,7 +266,7 @@ class ScaleMLP(nn.Module):
         up, down, act = getattr(self, up_name), getattr(self, down_name), getattr(self, act_name)
 
         def project(linear: ScaleLinear, x: torch.Tensor, x_up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            return linear.project(x, x_up) if adapt is None else linear.project_path(x, x_up, adapt)
+            return linear.project(x, x_up) if adapt is None else linear.project_half(x, x_up, adapt)
 
         inner, inner_up = project(up, x, x_up)
         if gate_name is None:
@@ -425,9 +336,9 @@ class SplitNorm(SplitInput):
         return self.weight_up * scaled if self.kind == "rms" else scaled * self.weight_up + self.bias_up
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return torch.cat(self.pair(*hidden.split((self.hidden_size, self.hidden_up), dim=-1), whole=hidden), dim=-1)
+        return torch.cat(self.project(*hidden.split((self.hidden_size, self.hidden_up), dim=-1), whole=hidden), dim=-1)
 
-    def pair(
+    def project(
         self, x: torch.Tensor, x_up: torch.Tensor, whole: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The two parts normalised apart (a layer keeping the streams apart, `scale_cl.tuner.streams`, never joins
@@ -525,9 +436,8 @@ class ScaleHead(SplitInput):
         self.weight_up = nn.Parameter(torch.zeros(base.out_features, hidden_up, **factory))
         self.route: RouteState | None = None  # the model's route state, handed over by `upscale`
 
-    def parts(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The original-part logits ``Z`` and the added part ``Z_up``."""
-        x, x_up = hidden.split((self.hidden_size, self.hidden_up), dim=-1)
+    def project(self, x: torch.Tensor, x_up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The original-part logits ``Z`` and the added part ``Z_up``, from the input's two parts."""
         z = original_logits(self.original(x), self.weight, self.bias, self.weight_new)
         return z, F.linear(x_up, self.weight_up)
 

@@ -56,13 +56,13 @@ def set_method(model: nn.Module, method: str, tau: float | None = None) -> nn.Mo
     for module in model.modules():
         if isinstance(module, SplitInput):
             module.constant_input = first_w12 >= len(layers)
-            module.constant_preserve_half = False
+            module.constant_half = False
     for index, layer in enumerate(layers):
         stacked_half = method == "route" and stacked_from is not None and index >= stacked_from and not new_rows
         for module in layer.modules():
             if isinstance(module, SplitInput):
                 module.constant_input = index < first_w12
-                module.constant_preserve_half = stacked_half
+                module.constant_half = stacked_half
             if isinstance(module, ScaleLinear):
                 module.use_w12 = module.collaborative and method != "preserve"
                 if module.use_w12:

@@ -4,9 +4,9 @@ transformers' decoder layer hands one hidden tensor from module to module, so ev
 output's two parts, ``[x; x_up]``, and the next splits them again: per layer two norms, the attention's linears
 and the FFN each concatenate, the attention joins its original and added heads, and in training the backward of
 every split writes a full-width gradient whose constant original part is zeros. Here the layer splits its input
-once, hands the pair ``(x, x_up)`` through the norms (`SplitNorm.pair`), the attention (each linear's
+once, hands the pair ``(x, x_up)`` through the norms (`SplitNorm.project`), the attention (each linear's
 `ScaleLinear.project`, the rotary embedding and the attention function on the original heads and the added ones
-apart, `scale_cl.tuner.attention.attend_apart`) and the FFN (`ScaleMLP.pair`), adds each residual per part, and
+apart, `scale_cl.tuner.attention.attend_apart`) and the FFN (`ScaleMLP.project`), adds each residual per part, and
 joins the two once, at the layer's output. A KV cache stores every head as one tensor: the keys and values are
 joined for it and split again. One mixin per family: `LlamaLayerApart` (Llama, Mistral, Qwen2) and `NeoXLayerApart`
 (GPT-NeoX: fused per-head query-key-value rows, a parallel or sequential residual).
@@ -100,10 +100,10 @@ class LlamaLayerApart(StreamsApartLayer):
     ) -> torch.Tensor:
         norm = self.input_layernorm
         x, x_up = hidden_states.split((norm.hidden_size, norm.hidden_up), dim=-1)
-        normed = norm.pair(x, x_up)
+        normed = norm.project(x, x_up)
         attended = llama_attention_pair(self.self_attn, *normed, position_embeddings, attention_mask, cache, kwargs)
         x, x_up = x + attended[0], x_up + attended[1]  # the residual first, as the stock layer adds it
-        mlp = self.mlp.pair(*self.post_attention_layernorm.pair(x, x_up))
+        mlp = self.mlp.project(*self.post_attention_layernorm.project(x, x_up))
         return torch.cat((x + mlp[0], x_up + mlp[1]), dim=-1)
 
 
@@ -129,13 +129,13 @@ class NeoXLayerApart(StreamsApartLayer):
     ) -> torch.Tensor:
         norm = self.input_layernorm
         x, x_up = hidden_states.split((norm.hidden_size, norm.hidden_up), dim=-1)
-        normed = norm.pair(x, x_up)
+        normed = norm.project(x, x_up)
         attended = neox_attention_pair(self.attention, *normed, position_embeddings, attention_mask, layer_past, kwargs)
         if self.use_parallel_residual:  # mlp + attention + input, in the stock layer's order
-            mlp = self.mlp.pair(*self.post_attention_layernorm.pair(x, x_up))
+            mlp = self.mlp.project(*self.post_attention_layernorm.project(x, x_up))
             return torch.cat((mlp[0] + attended[0] + x, mlp[1] + attended[1] + x_up), dim=-1)
         x, x_up = attended[0] + x, attended[1] + x_up
-        mlp = self.mlp.pair(*self.post_attention_layernorm.pair(x, x_up))
+        mlp = self.mlp.project(*self.post_attention_layernorm.project(x, x_up))
         return torch.cat((mlp[0] + x, mlp[1] + x_up), dim=-1)
 
 
