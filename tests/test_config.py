@@ -226,7 +226,7 @@ def test_ffn_up_zero_works_and_preserves_logits(arch_name, method):
         exact = copy.deepcopy(base).double()(probe_ids()).logits
     cfg = ScaleConfig(hidden_up=hidden_up_for(base), ffn_up=0, method=method, preserve_layers=1, w22_init="random")
     model = upscale(copy.deepcopy(base), cfg)
-    ffn = [m for m in model.modules() if isinstance(m, ScaleLinear) and m.kind == "ffn"]
+    ffn = [m for m in model.modules() if isinstance(m, ScaleLinear) and m.sublayer == "ffn"]
     assert ffn and all(m.w21.shape[0] == 0 or m.in_up == 0 for m in ffn)
     assert model.config.intermediate_size == base.config.intermediate_size
     with torch.no_grad():

@@ -16,7 +16,7 @@ from scale_cl.methods import METHOD_NAMES
 
 
 def _read_along_alpha(runs: dict) -> set[str]:
-    return {method for method, run in runs.items() if run.readings.frontier is not None}
+    return {method for method, run in runs.items() if run.read_plan.frontier is not None}
 
 
 def test_bio_reads_the_models_whose_base_logits_are_exact_with_every_mixing_router(tmp_path: Path):
@@ -24,9 +24,9 @@ def test_bio_reads_the_models_whose_base_logits_are_exact_with_every_mixing_rout
     runs = {m: Task1Run(cfg, None, tmp_path / "task0", m, 0, tmp_path) for m in METHOD_NAMES}
     assert _read_along_alpha(runs) == {"scale_preserve", "scale_route"}
     route = runs["scale_route"]
-    assert route.readings.frontier == cfg.task1.reading_alphas and route.readings.routers == MIXTURE_ROUTERS
+    assert route.read_plan.frontier == cfg.task1.reading_alphas and route.read_plan.routers == MIXTURE_ROUTERS
     assert route.result_path == tmp_path / "seed-0" / "scale_route.json"
-    assert route.readings.frontier_key == route.readings.wise_ft_key == "readings"
+    assert route.read_plan.frontier_key == route.read_plan.wise_ft_key == "readings"
 
 
 def test_cpt_weighs_every_scale_models_new_logits_when_alphas_are_asked(tmp_path: Path):
@@ -37,4 +37,4 @@ def test_cpt_weighs_every_scale_models_new_logits_when_alphas_are_asked(tmp_path
     runs = {m: CptRun(cfg, None, None, None, m, tmp_path) for m in METHOD_NAMES}
     assert _read_along_alpha(runs) == {"scale_preserve", "scale_adapt", "scale_route"}
     assert runs["fft"].result_path == tmp_path / "fft" / "result.json"
-    assert runs["fft"].readings.wise_ft_key == "wise_ft_frontier"
+    assert runs["fft"].read_plan.wise_ft_key == "wise_ft_frontier"

@@ -22,8 +22,8 @@ from scale_cl.tuner.upscale import upscale
 
 
 @dataclass(frozen=True)
-class Reading:
-    """A bench reading: the method row whose model it reads, and how."""
+class InferenceRow:
+    """An inference-only row of the bench: the method row whose model it reads, and how."""
 
     method: str
     setting: str
@@ -33,25 +33,27 @@ class Reading:
 
 
 READINGS = {
-    "route-likelihood": Reading("scale_route", "SCALE-Route read with the likelihood router (one model, one pass)"),
-    "preserve-likelihood": Reading(
+    "route-likelihood": InferenceRow(
+        "scale_route", "SCALE-Route read with the likelihood router (one model, one pass)"
+    ),
+    "preserve-likelihood": InferenceRow(
         "scale_preserve", "SCALE-Preserve read with the likelihood router (its Z is the base's; one model, one pass)"
     ),
-    "preserve-calibrated": Reading(
+    "preserve-calibrated": InferenceRow(
         "scale_preserve",
         "SCALE-Preserve read with the calibrated router (prefix and both confidences; one model, one pass)",
         router="calibrated",
     ),
-    "control": Reading("fft", "FFT's model and the base, mixed by the likelihood router (two models)", True),
-    "control-calibrated": Reading(
+    "control": InferenceRow("fft", "FFT's model and the base, mixed by the likelihood router (two models)", True),
+    "control-calibrated": InferenceRow(
         "fft", "FFT's model and the base, mixed by the calibrated router (two models)", True, router="calibrated"
     ),
-    "preserve-nested": Reading(
+    "preserve-nested": InferenceRow(
         "scale_preserve",
         "SCALE-Preserve after three tasks (grown twice more), read with the nested router (four experts, one pass)",
         experts=4,
     ),
-    "control-nested": Reading(
+    "control-nested": InferenceRow(
         "fft",
         "the base and three FFT models (one per task), mixed by the nested router's posterior (four models)",
         True,

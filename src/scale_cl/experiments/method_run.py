@@ -4,7 +4,7 @@ order.
 A finished run is read back from its result file. Otherwise the method is prepared on the model it starts from,
 given that model's logits as a distillation teacher and SCALE-Route's tau calibrated on old data where its settings
 ask, trained by `scale_cl.train.recipe.train_model` (resuming from its last complete checkpoint), read afterwards
-training nothing (`Readings`), and its result written; its checkpoints are then deleted. An experiment subclasses
+training nothing (`ReadPlan`), and its result written; its checkpoints are then deleted. An experiment subclasses
 `MethodRun` with what it does its own way: the models and data, the Trainer's settings, the evaluation, its messages
 and what its result holds besides.
 """
@@ -40,7 +40,7 @@ GATE_RECIPE = GateRecipe()  # the calibrated router's fit: one recipe for every 
 
 
 @dataclass(frozen=True)
-class Readings:
+class ReadPlan:
     """What is read of the trained model afterwards, training nothing, and the result's keys for each reading."""
 
     frontier: tuple[float, ...] | None  # `up_logit_frontier`'s alphas for the method (its trait); None: not read
@@ -105,7 +105,7 @@ class MethodRun(ABC):
     result_path: Path
     run_dir: Path
     logging_dir: Path
-    readings: Readings
+    read_plan: ReadPlan
     keep_checkpoints = False  # keep the resumable checkpoints once the method has finished
     is_main = True  # this process writes and reads afterwards (under torchrun every process runs the method)
 
@@ -148,9 +148,9 @@ class MethodRun(ABC):
         return result
 
     def read_after(self, model: torch.nn.Module, evaluate: Any, sharded: bool = False) -> dict[str, Any]:
-        """The `Readings` of the trained ``model`` that apply to its method: on the main process (the frontier on
-        every process where the weights are sharded: a forward pass needs them all)."""
-        r, spec, found = self.readings, method_spec(self.method), {}
+        """The readings (`ReadPlan`) of the trained ``model`` that apply to its method: on the main process (the
+        frontier on every process where the weights are sharded: a forward pass needs them all)."""
+        r, spec, found = self.read_plan, method_spec(self.method), {}
         wanted = r.gate_objectives if "calibrated" in r.routers else ()
         calibrate = [fit for objective in wanted if (fit := self.calibrator(objective)) is not None]
         if r.frontier is not None and (self.is_main or sharded):

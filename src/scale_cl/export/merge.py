@@ -79,7 +79,7 @@ def _norm_gains(norm: SplitNorm) -> dict[str, torch.Tensor | None]:
     """A `SplitNorm`'s gains (and biases) concatenated, a grown model's earlier groups first."""
     inner = getattr(norm, INNER, None)
     weight, bias = (norm.weight, getattr(norm, "bias", None)) if inner is None else _norm_gains(inner).values()
-    if norm.kind != "layer":
+    if norm.norm_kind != "layer":
         return {"weight": torch.cat((weight, norm.weight_up)), "bias": None}
     return {"weight": torch.cat((weight, norm.weight_up)), "bias": torch.cat((bias, norm.bias_up))}
 

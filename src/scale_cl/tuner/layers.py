@@ -85,10 +85,10 @@ class ScaleLinear(SplitInput):
         w21: torch.Tensor,
         w22: torch.Tensor,
         collaborative: bool,
-        kind: str = "attn",
+        sublayer: str = "attn",
     ) -> None:
         super().__init__()
-        self.kind = kind  # "attn" or "ffn": the collab_modules name this linear belongs to
+        self.sublayer = sublayer  # "attn" or "ffn": the sublayer (a collab_modules name) this linear is in
         self.in_features, self.out_features = base.in_features, base.out_features
         self.in_up, self.out_up = in_up, out_up
         self.collaborative = collaborative
@@ -210,7 +210,7 @@ class ScaleLinear(SplitInput):
     def extra_repr(self) -> str:
         return (
             f"in={self.in_features}+{self.in_up}, out={self.out_features}+{self.out_up}, "
-            f"bias={self.bias is not None}, kind={self.kind}, collaborative={self.collaborative}, "
+            f"bias={self.bias is not None}, sublayer={self.sublayer}, collaborative={self.collaborative}, "
             f"use_w12={self.use_w12}"
         )
 
@@ -291,7 +291,7 @@ class SplitNorm(SplitInput):
     """Normalises ``x`` with the frozen original norm over ``d`` and ``x_up`` with a new one over ``u``.
 
     A norm over the whole ``d + u`` would let ``x_up`` rescale ``x`` and break preservation, so
-    ``x`` never reads ``x_up``'s statistics (docs/design.md §1). ``kind`` is ``"rms"`` (Llama family) or
+    ``x`` never reads ``x_up``'s statistics (docs/design.md §1). ``norm_kind`` is ``"rms"`` (Llama family) or
     ``"layer"`` (LayerNorm with bias, GPT-NeoX). ``up_norm`` (`ScaleConfig.up_norm`): ``"own"`` normalises
     ``x_up`` by its own statistics; ``"original"`` divides it by the original stream's RMS (``rms``) or
     standard deviation (``layer``, not centred), ``"joint"`` by the whole ``[x; x_up]``'s, so a quiet ``x_up``
@@ -301,13 +301,13 @@ class SplitNorm(SplitInput):
     normalises the whole earlier width ``x`` (its own groups apart), and this norm adds the next group.
     """
 
-    def __init__(self, base: nn.Module, kind: str, hidden_up: int, eps: float, up_norm: str = "own") -> None:
+    def __init__(self, base: nn.Module, norm_kind: str, hidden_up: int, eps: float, up_norm: str = "own") -> None:
         super().__init__()
-        if kind not in ("rms", "layer"):
-            raise ValueError(f"unknown norm kind {kind!r}")
+        if norm_kind not in ("rms", "layer"):
+            raise ValueError(f"unknown norm kind {norm_kind!r}")
         if up_norm not in UP_NORMS:
             raise ValueError(f"unknown up_norm {up_norm!r}")
-        self.kind, self.eps, self.up_norm = kind, eps, up_norm
+        self.norm_kind, self.eps, self.up_norm = norm_kind, eps, up_norm
         if isinstance(base, SplitNorm):  # a grown model's: the earlier stages' norm, frozen, over the whole x
             self.hidden_size, self.hidden_up = base.hidden_size + base.hidden_up, hidden_up
             setattr(self, INNER, base)
@@ -316,24 +316,25 @@ class SplitNorm(SplitInput):
             self.hidden_size, self.hidden_up = base.weight.shape[0], hidden_up
             self.weight = base.weight
             reference = base.weight
-            if kind == "layer":
+            if norm_kind == "layer":
                 self.bias = base.bias
         factory = {"device": reference.device, "dtype": reference.dtype}
         self.weight_up = nn.Parameter(torch.ones(hidden_up, **factory))
-        if kind == "layer":
+        if norm_kind == "layer":
             self.bias_up = nn.Parameter(torch.zeros(hidden_up, **factory))
 
     def _norm(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        if self.kind == "rms":
+        if self.norm_kind == "rms":
             return rms_norm(x, weight, self.eps)
         return F.layer_norm(x, (x.shape[-1],), weight, bias, self.eps)
 
     def _by_other(self, reference: torch.Tensor, x_up: torch.Tensor) -> torch.Tensor:
         """``x_up`` over ``reference``'s RMS (rms) or standard deviation (layer), then the new gain (and bias)."""
         ref = reference.to(torch.float32)
-        stat = ref.pow(2).mean(-1, keepdim=True) if self.kind == "rms" else ref.var(-1, unbiased=False, keepdim=True)
+        rms = self.norm_kind == "rms"
+        stat = ref.pow(2).mean(-1, keepdim=True) if rms else ref.var(-1, unbiased=False, keepdim=True)
         scaled = (x_up.to(torch.float32) * torch.rsqrt(stat + self.eps)).to(x_up.dtype)
-        return self.weight_up * scaled if self.kind == "rms" else scaled * self.weight_up + self.bias_up
+        return self.weight_up * scaled if rms else scaled * self.weight_up + self.bias_up
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         return torch.cat(self.project(*hidden.split((self.hidden_size, self.hidden_up), dim=-1), whole=hidden), dim=-1)
@@ -346,7 +347,7 @@ class SplitNorm(SplitInput):
         if self.up_norm == "joint" and whole is None:
             whole = torch.cat((x, x_up), dim=-1)
         x = self.original(x)
-        bias_up = self.bias_up if self.kind == "layer" else None
+        bias_up = self.bias_up if self.norm_kind == "layer" else None
         if self.up_norm == "own":
             up = self._norm(x_up, self.weight_up, bias_up)
         else:  # over x's statistic ("original") or the whole width's ("joint"); x never reads x_up's
@@ -354,7 +355,7 @@ class SplitNorm(SplitInput):
         inner = getattr(self, INNER, None)
         if inner is not None:
             return inner(x), up
-        return self._norm(x, self.weight, self.bias if self.kind == "layer" else None), up
+        return self._norm(x, self.weight, self.bias if self.norm_kind == "layer" else None), up
 
     def earlier_stages(self) -> list[nn.Module]:
         """A grown model's earlier norms kept inside this one (frozen; none on a model upscaled once)."""
@@ -369,7 +370,7 @@ class SplitNorm(SplitInput):
 
     def extra_repr(self) -> str:
         up = "" if self.up_norm == "own" else f", x_up by the {self.up_norm} statistic"
-        return f"{self.kind}, {'+'.join(map(str, self.groups))}, eps={self.eps}{up}"
+        return f"{self.norm_kind}, {'+'.join(map(str, self.groups))}, eps={self.eps}{up}"
 
 
 class ScaleEmbedding(nn.Module):

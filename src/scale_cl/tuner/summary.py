@@ -38,7 +38,7 @@ class ParamSummary:
 
 def _place(module: nn.Module) -> str:
     if isinstance(module, ScaleLinear):
-        return module.kind
+        return module.sublayer
     if isinstance(module, ScaleEmbedding):
         return "embedding"
     if isinstance(module, ScaleHead):

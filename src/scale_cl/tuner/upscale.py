@@ -94,7 +94,7 @@ def upscale(model: PreTrainedModel, config: ScaleConfig) -> PreTrainedModel:
         model.set_output_embeddings(ScaleHead(head, u))
         model.get_output_embeddings().route = route
         eps = getattr(model.config, spec.config_norm_eps)
-        norm = partial(SplitNorm, kind=spec.norm_kind, hidden_up=u, eps=eps, up_norm=config.up_norm)
+        norm = partial(SplitNorm, norm_kind=spec.norm_kind, hidden_up=u, eps=eps, up_norm=config.up_norm)
         _set(backbone, spec.final_norm, norm(backbone.get_submodule(spec.final_norm)))
         singular = itertools.repeat(None)
         if "svd" in (config.w21_init, config.w22_init):  # the slow part: computed in parallel on a CPU, in order

@@ -61,7 +61,7 @@ from scale_cl.eval.route_separation import auroc, collect_base_weights, mixes_ex
 from scale_cl.experiments.bio.config import BioConfig, backbone_config
 from scale_cl.experiments.bio.datasets import PackedText, PadCollator, QATraining
 from scale_cl.experiments.bio.report import result_path
-from scale_cl.experiments.method_run import GATE_RECIPE, MethodRun, Readings, Training
+from scale_cl.experiments.method_run import GATE_RECIPE, MethodRun, ReadPlan, Training
 from scale_cl.experiments.run_folder import check_output_folder, claim_output_folder
 from scale_cl.files import write_json
 from scale_cl.methods import method_spec
@@ -398,7 +398,7 @@ class Task1Run(MethodRun):
         self.run_dir = self.result_path.with_suffix(".checkpoints")
         self.logging_dir = self.result_path.with_suffix(".logs")
         exact = method_spec(self.method).base_logits_exact  # read too with the routers it was not trained with
-        self.readings = Readings(
+        self.read_plan = ReadPlan(
             frontier=t.reading_alphas if exact else None,
             routers=MIXTURE_ROUTERS,
             wise_ft=t.wise_ft_alphas,

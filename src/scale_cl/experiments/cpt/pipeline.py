@@ -60,7 +60,7 @@ from scale_cl.experiments.base.name import resolve_model_name
 from scale_cl.experiments.cpt.config import VOCAB_TEXT_CHARS, CptConfig
 from scale_cl.experiments.cpt.layer_choice import check_probe_data, choose_layers, describe
 from scale_cl.experiments.cpt.report import RESULT_FILE
-from scale_cl.experiments.method_run import GATE_RECIPE, MethodRun, Readings, Training
+from scale_cl.experiments.method_run import GATE_RECIPE, MethodRun, ReadPlan, Training
 from scale_cl.experiments.run_folder import check_output_folder, claim_output_folder
 from scale_cl.files import atomic_write, write_json
 from scale_cl.methods import method_spec
@@ -339,7 +339,7 @@ class CptRun(MethodRun):
         self.result_path = self.method_dir / RESULT_FILE
         self.run_dir, self.logging_dir = self.method_dir / "run", self.method_dir / "logs"
         scale = method_spec(self.method).is_scale  # every SCALE model is read along alpha
-        self.readings = Readings(
+        self.read_plan = ReadPlan(
             frontier=(e.up_logit_scales or None) if scale else None,
             routers=e.routers,
             wise_ft=e.wise_ft_alphas,
@@ -383,7 +383,7 @@ class CptRun(MethodRun):
         from scale_cl.methods import trainable_parameter_count
 
         cfg, corpus = self.cfg, self.corpus
-        if "calibrated" in (self.reading, *self.readings.routers) and requested_sharding() is not None:
+        if "calibrated" in (self.reading, *self.read_plan.routers) and requested_sharding() is not None:
             raise ValueError(
                 "the calibrated router's gate is fitted on the whole model after training, which sharded weights "
                 "do not hold on one process: train without FSDP, or read it with another router (--reading, "
