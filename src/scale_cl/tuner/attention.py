@@ -18,7 +18,6 @@ masks, generation and the model itself see the model's own implementation, which
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -26,7 +25,8 @@ from typing import Any
 import torch
 from torch import nn
 from transformers import AttentionInterface
-from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+from scale_cl.tuner.hf_compat import ALL_ATTENTION_FUNCTIONS, family_function
 
 SPLIT_HEADS = "scale_split_heads"
 
@@ -73,7 +73,7 @@ def model_attention(module: nn.Module) -> Callable[..., Any]:
     name = module.config.model_config._attn_implementation
     if name not in (None, "eager", SPLIT_HEADS) and name in ALL_ATTENTION_FUNCTIONS:
         return ALL_ATTENTION_FUNCTIONS[name]
-    return sys.modules[type(module).__module__].eager_attention_forward
+    return family_function(module, "eager_attention_forward")
 
 
 def _rows(value: Any, rows: slice, batch: int) -> Any:

@@ -25,32 +25,24 @@ weights in its hooks), in training with GPT-NeoX's hidden dropout on (one mask o
 
 from __future__ import annotations
 
-import sys
 from typing import Any, ClassVar
 
 import torch
 from torch import nn
 
 from scale_cl.tuner.attention import attend_apart
+from scale_cl.tuner.hf_compat import RECORDING_HOOK, family_function, recording_attentions
 from scale_cl.tuner.layers import MERGED, ScaleLinear
 
-try:  # transformers' record of what a forward pass collects (output_attentions); its hooks are named below
-    from transformers.utils.output_capturing import _active_collector
-except ImportError:  # pragma: no cover - another transformers: no collector to ask
-    _active_collector = None
-
-_RECORDING_HOOK = "output_capturing_hook"  # transformers' hook on every attention module, idle unless recording
+# transformers before 5.2x passed a decoder layer its cache by this name, and its cache's ``update`` took other
+# arguments than `attention_pair` gives: the stock forward runs there
+LEGACY_CACHE_ARGUMENT = "past_key_values"
 
 
 def _hooked(module: nn.Module) -> bool:
     """Whether anything but transformers' idle recording hook runs around ``module``'s forward."""
     hooks = [*module._forward_pre_hooks.values(), *module._forward_hooks.values()]
-    return any(getattr(hook, "__name__", "") != _RECORDING_HOOK for hook in hooks)
-
-
-def _recording_attentions() -> bool:
-    collected = None if _active_collector is None else _active_collector.get()
-    return collected is not None and "attentions" in collected
+    return any(getattr(hook, "__name__", "") != RECORDING_HOOK for hook in hooks)
 
 
 class StreamsApartLayer:
@@ -72,14 +64,14 @@ class StreamsApartLayer:
 
     def streams_apart_now(self, kwargs: dict[str, Any]) -> bool:
         """Whether this call keeps the streams apart (module doc: where it cannot, the stock forward runs)."""
-        if not self.keep_streams_apart or "past_key_values" in kwargs:
+        if not self.keep_streams_apart or LEGACY_CACHE_ARGUMENT in kwargs:
             return False
         attention, mlp = getattr(self, self.attention_name), self.mlp
         linears = [getattr(attention, name) for name in self.attention_linears]
         linears += [getattr(mlp, name) for name in mlp.names[:3] if name is not None]
         if any(not isinstance(linear, ScaleLinear) or linear.form() == MERGED for linear in linears):
             return False
-        return not (_recording_attentions() or _hooked(attention) or any(_hooked(linear) for linear in linears))
+        return not (recording_attentions() or _hooked(attention) or any(_hooked(linear) for linear in linears))
 
 
 class LlamaLayerApart(StreamsApartLayer):
@@ -210,7 +202,7 @@ def attention_pair(
     size): each rotated by the module's own rotary function, the keys and values through the KV cache (``update``:
     its ``update``'s extra arguments) joined and split again, and each part's heads attending apart."""
     (query, key, value), (query_up, key_up, value_up) = original, added
-    rotate = sys.modules[type(attention).__module__].apply_rotary_pos_emb  # the module's own, as its forward's
+    rotate = family_function(attention, "apply_rotary_pos_emb")  # the module's own, as its forward's
     cos, sin = position_embeddings
     query, key = rotate(query, key, cos, sin)
     query_up, key_up = rotate(query_up, key_up, cos, sin)
