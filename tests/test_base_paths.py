@@ -1,4 +1,4 @@
-"""Where a run's base model is recorded (issue 41): a local folder as its absolute path, so that a trained model is
+"""Where a run's base model is recorded: a local folder as its absolute path, so that a trained model is
 loaded, evaluated and exported from any directory; a moved base refused with the recorded path and what to do; a
 model name meant as a local path that does not exist refused at once, without asking the hub."""
 

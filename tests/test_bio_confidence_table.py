@@ -1,4 +1,4 @@
-"""benchmarks/bio_confidence_table.py reads issue 50's biography runs: every reading's accuracies and router record,
+"""benchmarks/bio_confidence_table.py reads the confidence runs: every reading's accuracies and router record,
 its oracle (the Task-0 model on Task 0, the new expert alone on Task 1, at the reading's alpha) and Eq. 5's share."""
 
 from __future__ import annotations

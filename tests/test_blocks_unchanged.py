@@ -1,4 +1,4 @@
-"""The data path's blocks are bitwise the blocks of the reader it replaced (issue 49): no results page moves.
+"""The data path's blocks are bitwise the blocks of the reader it replaced: no results page moves.
 
 The expected hashes were computed by the hand-written reader (``data/corpus.py`` at 7c2efb2) on the same fixtures:
 every split (training, held-out, each old-domain set, replay) of several settings, in memory and streamed. The

@@ -1,4 +1,4 @@
-"""The example recipes in ``configs/`` (issue 51): every ``configs/*.yaml`` is read as ``scale-cl train --config FILE``
+"""The example recipes in ``configs/``: every ``configs/*.yaml`` is read as ``scale-cl train --config FILE``
 reads it, into `TrainCommand` with every settings check run (`scale_cl.cli.command.Runner.settings`: the preset, the
 YAML, then the settings' ``check()``), without loading a model or any data, and holds what its header says; every
 ``configs/accelerate/*.yaml`` is YAML that names the launch it is for.

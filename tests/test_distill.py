@@ -1,4 +1,4 @@
-"""The base as a teacher (issue 28, item 1): the KL term, its free teacher in SCALE-Preserve/Route, pseudo-replay."""
+"""The base as a teacher: the KL term, its free teacher in SCALE-Preserve/Route, pseudo-replay."""
 
 from __future__ import annotations
 
@@ -119,7 +119,7 @@ def test_other_methods_distill_from_a_frozen_copy(method):
 
 def test_the_frozen_copy_runs_in_the_stages_precision():
     """With the stage in bf16 the copy of the base runs under bf16 autocast, as the student does (the Trainer's
-    autocast covers the student's forward pass only); in fp32 it runs in fp32 (issue 38)."""
+    autocast covers the student's forward pass only); in fp32 it runs in fp32."""
     base = _base()
     ids, mask = token_batch(padded=False, rows=2, length=7)
     inputs = {"input_ids": ids, "attention_mask": mask, "labels": ids}

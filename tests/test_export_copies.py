@@ -1,6 +1,6 @@
 """The exported model's standalone copies (`scale_cl.export.modeling_scale`, which imports nothing of scale-cl) are
 marked as copies of their sources, and each pair is kept equal: the same code where the copy is verbatim, else a
-named test that compares the two numerically (issue 39). The source side names its copy too."""
+named test that compares the two numerically. The source side names its copy too."""
 
 from __future__ import annotations
 

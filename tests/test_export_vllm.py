@@ -1,4 +1,4 @@
-"""An exported SCALE model keeps vLLM's Transformers-backend contract, checked without vLLM (issue: serving exports).
+"""An exported SCALE model keeps vLLM's Transformers-backend contract, checked without vLLM.
 
 vLLM's Transformers backend (``vllm serve FOLDER --model-impl transformers --trust-remote-code``) sets
 ``config._attn_implementation`` to the attention function it registered ("vllm"), builds the *base* model with

@@ -353,7 +353,7 @@ def test_every_method_saved_before_training_scores_as_its_base(runs, base_scores
 
 @pytest.mark.slow
 def test_a_finished_cpt_method_folder_is_evaluated_as_export_takes_it(runs, tmp_path):
-    """`scale-cl export` takes <out>/<method> (holding model/); eval takes the same folder (issue 41)."""
+    """`scale-cl export` takes <out>/<method> (holding model/); eval takes the same folder."""
     import shutil
 
     shutil.copytree(runs / "scale", tmp_path / "scale_preserve" / "model")

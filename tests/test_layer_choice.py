@@ -1,4 +1,4 @@
-"""SCALE's collaborative layers chosen from a forgetting budget by probe runs (issue 16, part 3)."""
+"""SCALE's collaborative layers chosen from a forgetting budget by probe runs."""
 
 from __future__ import annotations
 

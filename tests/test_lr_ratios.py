@@ -1,4 +1,4 @@
-"""Per-group learning rates (issue 16): W12 at a multiple of the SCALE method's rate."""
+"""Per-group learning rates: W12 at a multiple of the SCALE method's rate."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Methods declare their traits at registration and callers ask the trait, not the name (issue 39): no method name
+"""Methods declare their traits at registration and callers ask the trait, not the name: no method name
 is compared as a string outside `scale_cl.methods`, and each declared trait is what preparing the method does."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The nested-stage router (issue 40): a model grown per task under SCALE-Preserve holds the base's and every
+"""The nested-stage router: a model grown per task under SCALE-Preserve holds the base's and every
 earlier stage's exact logits in one forward pass; the router mixes them by the posterior over experts.
 
 The one pass's fp32 mixture lies as close to the float64 mixture of the models run apart as the fp32 mixture of the

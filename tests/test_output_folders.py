@@ -1,4 +1,4 @@
-"""Unusable output folders are refused before any data or model is loaded (issue 41): an existing file, a folder
+"""Unusable output folders are refused before any data or model is loaded: an existing file, a folder
 that cannot be written, a folder of another kind of run; exit 2 and one line, nothing written."""
 
 from __future__ import annotations

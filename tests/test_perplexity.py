@@ -1,4 +1,4 @@
-"""Perplexity and the split of an old-domain loss into mass on new-domain tokens and ranking (issue 28, item 6)."""
+"""Perplexity and the split of an old-domain loss into mass on new-domain tokens and ranking."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Replay (issue 16): old-domain text mixed into continual pre-training at an exact share of every batch."""
+"""Replay: old-domain text mixed into continual pre-training at an exact share of every batch."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ def test_every_batch_holds_exactly_ratio_times_batch_replay_sequences(ratio, bat
 
 @pytest.mark.parametrize(("ratio", "batch"), [(0.05, 8), (0.01, 8), (0.3, 4)])
 def test_a_share_that_is_not_whole_in_a_batch_runs_on_the_global_schedule(ratio, batch):
-    """1% or 5% of a batch of 8 (issue 28): batches hold floor or ceil of r B, and the share is exact over the run."""
+    """1% or 5% of a batch of 8: batches hold floor or ceil of r B, and the share is exact over the run."""
     assert not whole_per_batch(ratio, batch)
     new, replay = _blocks(400, 0), _blocks(7, 1000)
     mix = ReplayMix(new, replay, ratio, seed=0, batch_size=batch, mark=True)

@@ -1,6 +1,6 @@
 """``report_to``: the Trainer's loss and the run's own metrics go to a logging backend (TensorBoard here), the
 backend is checked before anything is written, and it is no part of any setting that identifies a run; nor is a
-stage's ``device``, nor its ``precision`` at ``auto`` (issue 38: runs made before these settings keep their identity).
+stage's ``device``, nor its ``precision`` at ``auto`` (runs made before these settings keep their identity).
 """
 
 from __future__ import annotations
@@ -166,8 +166,8 @@ def test_device_is_no_part_of_a_runs_identity_and_precision_only_when_given(tmp_
 
 
 def test_a_cpt_folder_made_before_the_device_setting_is_the_same_run(workspace, tmp_path):
-    """A cpt_config.json written before issue 38 (``train.precision: auto``, no ``train.device``) is claimed by the same
-    settings today, on any device; another precision is another run."""
+    """A cpt_config.json written before these settings (``train.precision: auto``, no ``train.device``) is claimed by
+    the same settings today, on any device; another precision is another run."""
     cfg = tiny_config(workspace, ["fft"])
     before = cfg.to_dict()
     del before["train"]["device"]

@@ -1,4 +1,4 @@
-"""SCALE-Route's tau chosen from data (issue 16, part 2): the share it targets, Eq. 5 with it, resume, settings."""
+"""SCALE-Route's tau chosen from data: the share it targets, Eq. 5 with it, resume, settings."""
 
 from __future__ import annotations
 

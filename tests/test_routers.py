@@ -102,7 +102,7 @@ def test_an_unregistered_router_is_refused_with_the_registered_ones():
 
 
 def test_set_method_takes_tau_with_route_only():
-    """tau is Eq. 5's threshold: given with a method that does not route it is refused (issue 41), and nothing
+    """tau is Eq. 5's threshold: given with a method that does not route it is refused, and nothing
     changes, so a later switch to route does not pick it up."""
     model = upscaled_copy(make_model("llama-gqa2-tied"), "route", preserve_layers=1)
     before = scale_config_of(model).route_tau

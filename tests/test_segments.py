@@ -1,4 +1,4 @@
-"""Mixed documents (issue 40, 4b): the layout of a passage inside a host, the loss read per segment, and the router's
+"""Mixed documents: the layout of a passage inside a host, the loss read per segment, and the router's
 separation of old tokens from new ones."""
 
 from __future__ import annotations

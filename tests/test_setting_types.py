@@ -1,4 +1,4 @@
-"""Every setting checked by its declared type (issue 41): the rows of the issue, a generated matrix of wrong-type and
+"""Every setting checked by its declared type: the rows of the issue, a generated matrix of wrong-type and
 out-of-range values for every option of every command (on the command line and in YAML, through the parser in
 process), a property-based test of the conversion, and two subprocess runs that prove the exit code and the empty
 disk."""

@@ -1,5 +1,5 @@
 """Every numeric setting of every command has a declared range: a value outside it is refused with a message that
-names the setting and its range, before the output folder (or anything else) is written (issue 27).
+names the setting and its range, before the output folder (or anything else) is written.
 
 The settings are walked from each command's settings dataclass, so a numeric setting added later without a range
 fails `test_every_numeric_setting_declares_its_range`. Ranges that depend on the model (a SCALE config's
@@ -166,7 +166,7 @@ def test_a_numeric_string_in_yaml_is_read_as_the_number(tmp_path):
         parse_settings(["bio", "--preset", "micro", "--config", str(config)])
 
 
-# --- device and precision (issue 38): the values each takes, and a device that is not there ---------------------
+# --- device and precision: the values each takes, and a device that is not there ---------------------
 
 # The option each training command is refused on when it asks for CUDA on a machine without it.
 CUDA_OPTIONS = {

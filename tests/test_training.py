@@ -323,7 +323,7 @@ def test_hf_trainer_trains_upscaled_model(arch, method, tmp_path):
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_a_stages_device_and_precision_reach_the_trainer(precision, tmp_path):
     """`training_arguments` hands a stage's ``device`` and ``precision`` to the Trainer: ``cpu`` trains on the CPU
-    (on a GPU machine too), ``bf16`` under bf16 autocast; the run records what the Trainer used (issue 38)."""
+    (on a GPU machine too), ``bf16`` under bf16 autocast; the run records what the Trainer used."""
     from scale_cl.train.arguments import training_arguments
     from scale_cl.train.config import StageConfig
     from scale_cl.train.device import used_placement

@@ -1,4 +1,4 @@
-"""The two-model control (issue 40): a trained model and its base mixed by the likelihood router's posterior is the
+"""The two-model control: a trained model and its base mixed by the likelihood router's posterior is the
 same mixture SCALE-Route's likelihood reading computes of its two paths, normalised and causal.
 
 Equal in exact arithmetic: each fp32 result lies as close to the float64 value (of the control of float64 copies) as

@@ -1,4 +1,4 @@
-"""Bad settings in a YAML file are refused before any model loads, for every command, the demo included (issue 51).
+"""Bad settings in a YAML file are refused before any model loads, for every command, the demo included.
 
 Three parts: every command's own ``--config`` example (its ``--help``) is valid settings; a generated matrix of a
 value outside a setting's declared ``choices`` for every such setting of every command, in YAML (the type and range
