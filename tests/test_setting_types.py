@@ -11,7 +11,7 @@ import sys
 import types
 import typing
 from collections.abc import Iterator
-from dataclasses import Field, fields, is_dataclass
+from dataclasses import Field
 from typing import Any
 
 import pytest
@@ -23,7 +23,7 @@ from scale_cl import ScaleConfig
 from scale_cl.bounds import bounds
 from scale_cl.cli import build_parser, commands, main
 from scale_cl.experiments.overrides import apply_overrides, nest
-from scale_cl.setting_types import conform, field_types
+from scale_cl.setting_types import conform, leaf_settings
 
 # --------------------------------------------------------------------------------- the issue's rows
 
@@ -109,21 +109,6 @@ def _leaf_commands() -> Iterator[tuple[str, Any]]:
             yield " ".join(words), sub
 
 
-def _leaf_settings(instance: Any, prefix: str = "", leave_out: tuple = ()) -> Iterator[tuple[str, Field, Any]]:
-    """(option name, field, annotation) of every leaf setting the command line and YAML take."""
-    annotations = field_types(type(instance))
-    for f in fields(instance):
-        value = getattr(instance, f.name)
-        if f.metadata.get("cli") is False or f.name in leave_out:
-            continue
-        if f.metadata.get("inline"):
-            yield from _leaf_settings(value, prefix)
-        elif is_dataclass(value):
-            yield from _leaf_settings(value, f"{prefix}{f.name}.", f.metadata.get("leave_out", ()))
-        else:
-            yield f"{prefix}{f.name}", f, annotations[f.name]
-
-
 def _without_none(annotation: Any) -> Any:
     args = [a for a in typing.get_args(annotation) if a is not type(None)]
     return args[0] if typing.get_origin(annotation) in (typing.Union, types.UnionType) else annotation
@@ -159,7 +144,7 @@ def _out_of_range(f: Field, annotation: Any) -> list[Any]:
 MATRIX = [
     (command_name, name, value)
     for command_name, command in _leaf_commands()
-    for name, f, annotation in _leaf_settings(command.settings())
+    for name, f, _, annotation in leaf_settings(command.settings())
     for value in [*_wrong_types(annotation), *_out_of_range(f, annotation)]
 ]
 
@@ -188,7 +173,7 @@ COMMAND_LINE = list(
     {
         (name, word): (command_name, name, word)
         for command_name, command in reversed(list(_leaf_commands()))
-        for name, f, annotation in _leaf_settings(command.settings())
+        for name, f, _, annotation in leaf_settings(command.settings())
         if not f.metadata.get("positional") and typing.get_origin(_without_none(annotation)) is not dict
         for word in _wrong_words(f, annotation)
     }.values()

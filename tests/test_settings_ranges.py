@@ -9,31 +9,16 @@ fails `test_every_numeric_setting_declares_its_range`. Ranges that depend on the
 from __future__ import annotations
 
 import json
-from dataclasses import fields, is_dataclass
 from pathlib import Path
 
 import pytest
 
 from scale_cl.bounds import bounds, describe
 from scale_cl.cli import commands, main
+from scale_cl.setting_types import leaf_settings
 
 # Settings whose valid range is the model's: the out-of-range value tried, and what the message says.
 MODEL_BOUND = {"options.scale.preserve_layers": ("1000000", "options.scale.preserve_layers=1000000 does not fit")}
-
-
-def leaf_settings(settings, prefix: str = "", leave_out: tuple = ()):
-    """(option name, field, value) of every leaf option of a command's settings (inline sections unprefixed; a
-    section's settings its command does not take, ``leave_out``, skipped)."""
-    for f in fields(settings):
-        if f.metadata.get("cli") is False or f.name in leave_out:
-            continue
-        value = getattr(settings, f.name)
-        if f.metadata.get("inline"):
-            yield from leaf_settings(value, prefix)
-        elif is_dataclass(value):
-            yield from leaf_settings(value, f"{prefix}{f.name}.", f.metadata.get("leave_out", ()))
-        else:
-            yield f"{prefix}{f.name}", f, value
 
 
 def is_numeric(f, value) -> bool:
@@ -48,7 +33,7 @@ def numeric_settings():
     for command in commands():
         for sub in command.subcommands or (command,):
             path = (command.name, sub.name) if command.subcommands else (command.name,)
-            for name, f, value in leaf_settings(sub.settings()):
+            for name, f, value, _ in leaf_settings(sub.settings()):
                 if is_numeric(f, value):
                     yield path, name, f
 
@@ -113,7 +98,7 @@ def test_out_of_range_value_is_named_with_its_range_before_anything_is_written(
     out = tmp_path / "out"
     value, message = MODEL_BOUND.get(name) or (out_of_range(f), f"{name} must be {describe(f.metadata)}")
     argv = [*path, *inputs[" ".join(path)]]
-    if any(option.startswith("out") for option, _, _ in leaf_settings(commands_settings(path))):
+    if any(option.startswith("out") for option, *_ in leaf_settings(commands_settings(path))):
         argv += ["--out", str(out)]
     if isinstance(getattr(f, "default", None), dict) or "dict" in str(f.type):
         argv += [f"--{name}", f"fft={value}"]

@@ -11,7 +11,7 @@ no model built, loaded or even configured (every way to do so fails the test her
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import Field, fields, is_dataclass
+from dataclasses import fields
 from typing import Any
 
 import pytest
@@ -19,6 +19,7 @@ import yaml
 
 from scale_cl.cli import commands, main, parse_settings
 from scale_cl.experiments.overrides import apply_overrides, nest
+from scale_cl.setting_types import leaf_settings
 
 
 def _leaf_commands() -> Iterator[tuple[str, Any]]:
@@ -87,23 +88,10 @@ def _setting(settings: Any, key: str) -> Any:
 # --------------------------------------------------------------------------------- every declared choice, in YAML
 
 
-def _leaf_settings(instance: Any, prefix: str = "", leave_out: tuple = ()) -> Iterator[tuple[str, Field, Any]]:
-    for f in fields(instance):
-        value = getattr(instance, f.name)
-        if f.metadata.get("cli") is False or f.name in leave_out:
-            continue
-        if f.metadata.get("inline"):
-            yield from _leaf_settings(value, prefix)
-        elif is_dataclass(value):
-            yield from _leaf_settings(value, f"{prefix}{f.name}.", f.metadata.get("leave_out", ()))
-        else:
-            yield f"{prefix}{f.name}", f, value
-
-
 CHOICES = [
     (command_name, name, [f"{first}x"] if isinstance(value, (list, tuple)) else f"{first}x")
     for command_name, command in _leaf_commands()
-    for name, f, value in _leaf_settings(command.settings())
+    for name, f, value, _ in leaf_settings(command.settings())
     if f.metadata.get("choices") and name != "preset"  # an unknown preset: tests/test_cli.py
     for first in [str(next(iter(f.metadata["choices"])))]
 ]
@@ -114,7 +102,7 @@ def test_a_value_outside_a_setting_s_choices_is_refused_in_yaml(command_name, na
     """Each such setting, given a near miss of its first valid value: refused naming the setting, with the valid
     values (argparse refuses it on the command line; YAML went around argparse)."""
     command = dict(_leaf_commands())[command_name]
-    f = next(f for n, f, _ in _leaf_settings(command.settings()) if n == name)
+    f = next(f for n, f, *_ in leaf_settings(command.settings()) if n == name)
     from_yaml = yaml.safe_load(yaml.safe_dump(nest([(name, value)])))
     with pytest.raises(ValueError) as refused:
         apply_overrides(command.settings(), from_yaml)

@@ -16,8 +16,9 @@ import functools
 import math
 import types
 import typing
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Iterator, Mapping
+from dataclasses import Field, fields, is_dataclass
+from typing import Any, NamedTuple
 
 TRUE, FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0")
 EXAMPLES: dict[Any, str] = {int: "8", float: "0.001", str: "fft", bool: "true"}
@@ -28,6 +29,32 @@ LIST_EXAMPLES: dict[Any, str] = {int: "[0, 1]", float: "[0.5, 1]", str: "[a, b]"
 def field_types(cls: type) -> dict[str, Any]:
     """The resolved annotations of a dataclass's fields (``from __future__ import annotations`` keeps strings)."""
     return typing.get_type_hints(cls)
+
+
+class Leaf(NamedTuple):
+    """One setting a command takes: its option name (dotted), its dataclass field, its value and its annotation."""
+
+    name: str
+    field: Field
+    value: Any
+    annotation: Any
+
+
+def leaf_settings(settings: Any, prefix: str = "", leave_out: tuple[str, ...] = ()) -> Iterator[Leaf]:
+    """Every leaf setting of a command's settings dataclass, as its command line and YAML name them: an inline
+    section's settings unprefixed, a nested section's as ``section.name``; a field marked ``cli: False`` and a
+    section's settings its command does not take (``leave_out``) skipped."""
+    annotations = field_types(type(settings))
+    for f in fields(settings):
+        if f.metadata.get("cli") is False or f.name in leave_out:
+            continue
+        value = getattr(settings, f.name)
+        if f.metadata.get("inline"):
+            yield from leaf_settings(value, prefix)
+        elif is_dataclass(value):
+            yield from leaf_settings(value, f"{prefix}{f.name}.", f.metadata.get("leave_out", ()))
+        else:
+            yield Leaf(f"{prefix}{f.name}", f, value, annotations[f.name])
 
 
 def described(annotation: Any) -> str:
