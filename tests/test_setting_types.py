@@ -1,7 +1,7 @@
-"""Every setting checked by its declared type: the rows of the issue, a generated matrix of wrong-type and
-out-of-range values for every option of every command (on the command line and in YAML, through the parser in
-process), a property-based test of the conversion, and two subprocess runs that prove the exit code and the empty
-disk."""
+"""Every setting checked by its declared type: hand-written rows, a generated matrix of wrong-type and out-of-range
+values for every option of every command (on the command line and in YAML, through the parser in process), tried by
+one test per kind of annotation and a test that the matrix is complete, a property-based test of the conversion, and
+two subprocess runs that prove the exit code and the empty disk."""
 
 from __future__ import annotations
 
@@ -141,20 +141,49 @@ def _out_of_range(f: Field, annotation: Any) -> list[Any]:
     return [[v] for v in values] if origin in (list, tuple) else values
 
 
+def _kind(annotation: Any) -> str:
+    """The annotation's kind, as the checks see it: bool, int, float, str, list, tuple, dict or other."""
+    kind = _without_none(annotation)
+    origin = typing.get_origin(kind)
+    if origin in (list, tuple, dict):
+        return origin.__name__
+    return kind.__name__ if kind in (bool, int, float, str) else "other"
+
+
+def _by_kind(cases: list[tuple[str, str, Any, str]]) -> dict[str, list[tuple[str, str, Any]]]:
+    grouped: dict[str, list[tuple[str, str, Any]]] = {}
+    for command_name, name, value, kind in cases:
+        grouped.setdefault(kind, []).append((command_name, name, value))
+    return grouped
+
+
+# every setting of every command with each wrong value of its type, and each value just outside its declared range
 MATRIX = [
-    (command_name, name, value)
+    (command_name, name, value, kind)
     for command_name, command in _leaf_commands()
     for name, f, _, annotation in leaf_settings(command.settings())
-    for value in [*_wrong_types(annotation), *_out_of_range(f, annotation)]
+    for values, kind in ((_wrong_types(annotation), _kind(annotation)), (_out_of_range(f, annotation), "range"))
+    for value in values
 ]
+YAML_CASES = _by_kind(MATRIX)
 
 
-@pytest.mark.parametrize(("command_name", "name", "value"), MATRIX, ids=[f"{c}:{n}={v!r}" for c, n, v in MATRIX])
-def test_every_setting_refuses_a_wrong_type_or_range_in_yaml(command_name, name, value):
-    command = dict(_leaf_commands())[command_name]
-    from_yaml = yaml.safe_load(yaml.safe_dump(nest([(name, value)])))  # as a YAML file would give it
-    with pytest.raises(ValueError, match="^" + re.escape(name) + r"(\[|\s)"):
-        apply_overrides(command.settings(), from_yaml)
+@pytest.mark.parametrize("kind", sorted(YAML_CASES))
+def test_every_setting_of_a_kind_refuses_a_wrong_type_or_range_in_yaml(kind):
+    """Each setting of this kind (of every command) given each wrong value in YAML: a ValueError naming it."""
+    accepted = []
+    for command_name, name, value in YAML_CASES[kind]:
+        command = dict(_leaf_commands())[command_name]
+        from_yaml = yaml.safe_load(yaml.safe_dump(nest([(name, value)])))  # as a YAML file would give it
+        try:
+            apply_overrides(command.settings(), from_yaml)
+        except ValueError as err:
+            if re.match(re.escape(name) + r"(\[|\s)", str(err)):
+                continue
+            accepted.append(f"{command_name}:{name}={value!r} refused as {err}")
+            continue
+        accepted.append(f"{command_name}:{name}={value!r} taken")
+    assert not accepted, "\n".join(accepted)
 
 
 def _wrong_words(f: Field, annotation: Any) -> list[str]:
@@ -171,37 +200,56 @@ def _wrong_words(f: Field, annotation: Any) -> list[str]:
 # an option shared by several commands (bio and sweep bio, cpt and base, ...) is parsed by the same code: once each
 COMMAND_LINE = list(
     {
-        (name, word): (command_name, name, word)
+        (name, word): (command_name, name, word, _kind(annotation))
         for command_name, command in reversed(list(_leaf_commands()))
         for name, f, _, annotation in leaf_settings(command.settings())
         if not f.metadata.get("positional") and typing.get_origin(_without_none(annotation)) is not dict
         for word in _wrong_words(f, annotation)
     }.values()
 )
+COMMAND_LINE_CASES = _by_kind(COMMAND_LINE)
 PARSERS: dict[str, Any] = {}
 
 
-@pytest.mark.parametrize(
-    ("command_name", "name", "value"), COMMAND_LINE, ids=[f"{c}:{n}={v!r}" for c, n, v in COMMAND_LINE]
-)
-def test_every_option_refuses_a_wrong_type_or_range_on_the_command_line(command_name, name, value, capsys):
+@pytest.mark.parametrize("kind", sorted(COMMAND_LINE_CASES))
+def test_every_option_of_a_kind_refuses_a_wrong_type_or_range_on_the_command_line(kind, capsys):
     """Refused by argparse (exit 2, the option named) or by the settings' checks (a ValueError naming it, which
     the command prints with exit 2): never a traceback of another kind."""
-    words = command_name.split()
-    parser = PARSERS.setdefault(command_name, build_parser(words))
-    argv = [*words, f"--{name}", str(value)]
-    try:
-        args = parser.parse_args(argv)
-    except SystemExit as exit_info:
-        assert exit_info.code == 2 and f"--{name}" in capsys.readouterr().err
-        return
-    with pytest.raises(ValueError, match=re.escape(name)):
-        args.func.settings(args)
+    accepted = []
+    for command_name, name, value in COMMAND_LINE_CASES[kind]:
+        words = command_name.split()
+        if command_name not in PARSERS:
+            PARSERS[command_name] = build_parser(words)
+        parser = PARSERS[command_name]
+        try:
+            args = parser.parse_args([*words, f"--{name}", str(value)])
+        except SystemExit as exit_info:
+            if not (exit_info.code == 2 and f"--{name}" in capsys.readouterr().err):
+                accepted.append(f"{command_name} --{name} {value}: exit {exit_info.code}")
+            continue
+        try:
+            args.func.settings(args)
+        except ValueError as err:
+            if name not in str(err):
+                accepted.append(f"{command_name} --{name} {value}: refused as {err}")
+            continue
+        accepted.append(f"{command_name} --{name} {value}: taken")
+    assert not accepted, "\n".join(accepted)
 
 
-def test_the_matrix_covers_every_command_and_hundreds_of_values():
-    assert {c for c, _, _ in MATRIX} == {name for name, _ in _leaf_commands()}
+def test_the_matrix_covers_every_command_every_kind_and_hundreds_of_values():
+    """Complete: every command's settings are tried; every setting is of a kind with wrong values (or a declared
+    range); so a setting whose check is dropped fails its kind's test above."""
+    assert {c for c, *_ in MATRIX} == {name for name, _ in _leaf_commands()}
     assert len(MATRIX) > 500 and len(COMMAND_LINE) > 150
+    untried = [
+        f"{command_name}:{name}"
+        for command_name, command in _leaf_commands()
+        for name, f, _, annotation in leaf_settings(command.settings())
+        if not _wrong_types(annotation) and not _out_of_range(f, annotation) and _kind(annotation) != "other"
+    ]
+    assert not untried, untried
+    assert set(YAML_CASES) >= {"bool", "int", "float", "str", "list", "tuple", "dict", "range"}
 
 
 # --------------------------------------------------------------------------------- the conversion's properties
