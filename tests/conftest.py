@@ -67,6 +67,14 @@ def hf_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf-cache"))
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The files holding end-to-end (slow) tests first: pytest-xdist hands out whole files in collection order
+    (``--dist loadfile``), so the long ones start at once on both workers and the short ones fill in at the end,
+    instead of one long file running alone last. The order within a file, and of the other files, is kept."""
+    slow_files = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in slow_files)
+
+
 def _llama_like(config_cls, model_cls, heads: int, kv_heads: int, tied: bool, **extra):
     config = config_cls(
         vocab_size=VOCAB,
