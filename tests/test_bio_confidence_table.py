@@ -1,4 +1,4 @@
-"""benchmarks/bio_confidence_table.py reads the confidence runs: every reading's accuracies and router record,
+"""measurements/bio_confidence_table.py reads the confidence runs: every reading's accuracies and router record,
 its oracle (the Task-0 model on Task 0, the new expert alone on Task 1, at the reading's alpha) and Eq. 5's share."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import importlib.util
 import json
 from pathlib import Path
 
-SCRIPT = Path(__file__).parent.parent / "benchmarks" / "bio_confidence_table.py"
+SCRIPT = Path(__file__).parent.parent / "measurements" / "bio_confidence_table.py"
 
 
 def _module():

@@ -2,8 +2,8 @@
 
 The expected hashes were computed by the hand-written reader (``data/corpus.py`` at 7c2efb2) on the same fixtures:
 every split (training, held-out, each old-domain set, replay) of several settings, in memory and streamed. The
-clean-base corpora (`benchmarks/cpt_corpus.py`, the clean base's tokenizer) are checked the same way when they are
-on this machine (``outputs/``): `benchmarks/corpus_block_hashes.py` prints their hashes.
+clean-base corpora (`measurements/cpt_corpus.py`, the clean base's tokenizer) are checked the same way when they are
+on this machine (``outputs/``): `measurements/corpus_block_hashes.py` prints their hashes.
 """
 
 from __future__ import annotations
@@ -162,7 +162,8 @@ CLEAN_MODEL = ROOT / "outputs" / "clean-en" / "model"
 
 def clean_cases() -> dict[str, CorpusConfig]:
     """The corpora the clean-base results were measured on: cpt's clean-en preset (with and without English replay,
-    benchmarks/cpt_clean_replay.sh) and the base's own (paths relative to the repository, as the presets name them)."""
+    measurements/cpt_clean_replay.sh) and the base's own (paths relative to the repository, as the presets name
+    them)."""
     from dataclasses import replace
 
     from scale_cl.experiments.base.config import preset as base_preset

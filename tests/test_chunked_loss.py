@@ -315,6 +315,18 @@ def test_the_stock_trainer_takes_the_models_sliced_loss(tmp_path):
     torch.testing.assert_close(loss, exact, rtol=1e-12, atol=1e-12)
 
 
+def test_a_flop_count_of_a_training_step_runs_the_models_own_loss():
+    """torch's FlopCounterMode tracks modules with gradient hooks that cannot follow a gradient taken inside the
+    forward pass: under it the model computes transformers' loss (what `count_flops` counts)."""
+    from scale_cl.eval.cost import train_flops_per_token
+
+    model = _model("llama-gqa2-tied", "preserve").float()
+    ids = _batch()[0]
+    counted = train_flops_per_token(model, ids)
+    use_sliced_loss(model, None)
+    assert counted == train_flops_per_token(model, ids) > 0
+
+
 def test_a_forward_that_raises_gives_the_head_back():
     model = _model("llama-gqa2-tied", "preserve")
     ids, mask, labels = _batch()

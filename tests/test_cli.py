@@ -399,7 +399,7 @@ def _script_arrays(text: str) -> tuple[str, dict[str, list[str]]]:
 
 def documented_command_lines() -> list[tuple[str, list[str]]]:
     """Every ``scale-cl ...`` (or ``... -m scale_cl.cli ...``) command in the fenced code blocks of the README,
-    docs/ and benchmarks/README.md, and in benchmarks/*.sh: (where, argv after the program). A script's array
+    docs/ and measurements/README.md, and in measurements/*.sh: (where, argv after the program). A script's array
     (``common=(...)``, over several lines) is spliced where it is expanded (``"${common[@]}"``); a shell variable
     stands for a value (``1``), ``"$@"`` and an unknown array for nothing, a trailing ``...`` for more options, and
     ``--help`` is left out (it only prints)."""
@@ -409,8 +409,8 @@ def documented_command_lines() -> list[tuple[str, list[str]]]:
 
     root = Path(__file__).resolve().parents[1]
     found = []
-    sources = [root / "README.md", *sorted((root / "docs").rglob("*.md")), root / "benchmarks" / "README.md"]
-    for path in [*sources, *sorted((root / "benchmarks").glob("*.sh"))]:
+    sources = [root / "README.md", *sorted((root / "docs").rglob("*.md")), root / "measurements" / "README.md"]
+    for path in [*sources, *sorted((root / "measurements").glob("*.sh"))]:
         text = path.read_text()
         if path.suffix == ".md":
             blocks = re.findall(r"^[ \t]*```(\w*)\n(.*?)^[ \t]*```", text, flags=re.S | re.M)  # fences in pairs
@@ -456,7 +456,7 @@ def test_the_docs_document_commands():
 
 @pytest.mark.parametrize(("where", "argv"), DOCUMENTED, ids=[where for where, _ in DOCUMENTED])
 def test_every_documented_command_parses(where, argv, tmp_path):
-    """Every command line the README, docs/ and benchmarks/ show still parses into its command's settings (a
+    """Every command line the README, docs/ and measurements/ show still parses into its command's settings (a
     ``--config FILE`` named there is read as an empty one)."""
     empty = tmp_path / "empty.yaml"
     empty.write_text("{}\n")

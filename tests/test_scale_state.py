@@ -21,7 +21,7 @@ def test_no_code_reads_the_state_from_the_config_by_string_keys():
     """``config.scale_cl`` (the untyped dict the state once was) is gone: no module of src, scripts, examples or
     tests touches an attribute of that name."""
     found = []
-    for folder in ("src", "scripts", "examples", "tests", "benchmarks"):
+    for folder in ("src", "scripts", "examples", "tests", "measurements"):
         for path in (ROOT / folder).rglob("*.py"):
             for node in ast.walk(ast.parse(path.read_text())):
                 if isinstance(node, ast.Attribute) and node.attr == "scale_cl":

@@ -28,7 +28,7 @@ from scale_cl.train.chunked_loss import slice_positions
 GIB = 1024**3
 # Activation bytes per token at SmolLM2-135M's shape (30 layers, hidden 576, vocabulary 49,152; +192/+192 for SCALE),
 # fp32 on the CPU, 4 x 256 tokens: the bench's peak training memory minus parameters, gradients and AdamW state
-# (benchmarks/README.md, "Measured: SmolLM2-135M's shape", run 4, 2026-11-22). Split into the logits' part
+# (measurements/README.md, "Measured: SmolLM2-135M's shape", run 4, 2026-11-22). Split into the logits' part
 # (12 bytes per vocabulary entry: logits, log-probabilities, their gradient) and the rest, per layer and hidden unit.
 _MEASURED_MIB = {
     "fft": 1874,
@@ -41,7 +41,7 @@ _MEASURED_MIB = {
 }
 _SHAPE = {"layers": 30, "hidden": 576, "vocab": 49152, "hidden_up": 192, "tokens": 1024}
 # Training FLOP/s the bench measured (train FLOPs per token x tokens per second). One H200, Llama-3.2-1B's shape,
-# 16 x 1,024 tokens, bf16 (benchmarks/README.md, "The bench at Llama-3.2-1B's shape", 2026-11-26); the 2-core CPU,
+# 16 x 1,024 tokens, bf16 (measurements/README.md, "The bench at Llama-3.2-1B's shape", 2026-11-26); the 2-core CPU,
 # SmolLM2's shape, fp32 (run 4). Methods not timed there take FFT's rate.
 RATES = {
     "h200": {"fft": 405.4e12, "scale_preserve": 293.5e12, "scale_adapt": 326.5e12, "scale_route": 283.5e12},

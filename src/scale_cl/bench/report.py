@@ -95,7 +95,7 @@ def machine_info(device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
         "transformers": transformers.__version__,
         "peft": peft.__version__,
         # The memory allocator: on a CPU, one that returns freed blocks to the system makes every large tensor
-        # page-fault afresh, which costs the methods with more activation memory most (benchmarks/README.md).
+        # page-fault afresh, which costs the methods with more activation memory most (measurements/README.md).
         "allocator": {name: os.environ[name] for name in ALLOCATOR_VARIABLES if os.environ.get(name)},
         # SDPA's cuDNN kernel, switched off on CUDA as for training (scale_cl.train.device)
         "cudnn_attention": torch.backends.cuda.cudnn_sdp_enabled() if device.type == "cuda" else None,

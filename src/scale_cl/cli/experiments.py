@@ -150,7 +150,7 @@ BASE = experiment_command(
         "Q4_1, which any update partly repairs), it has nothing to repair, so English perplexity rising during "
         "continual pre-training is forgetting. Built once: a re-run resumes an interrupted build and reuses a "
         "finished one. The clean-en preset takes ~25 min on 2 CPU cores; its corpus comes from "
-        "`python benchmarks/cpt_corpus.py --corpora english-base` (Debian documentation packages)."
+        "`python measurements/cpt_corpus.py --corpora english-base` (Debian documentation packages)."
     ),
     examples=(
         "  scale-cl base                                   # outputs/clean-en/model, what --model clean-en names\n"

@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
+from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 
 IGNORE = -100  # the label transformers' losses ignore
 
@@ -43,7 +44,7 @@ def slice_positions(batch: int, positions: int, hidden: int, vocab: int) -> int:
     over ``ceil(vocab / hidden)``) but at least half the hidden width's rows, each rounded up to a power of two.
 
     The floor: every slice writes the head's whole weight gradient once, which outweighs the slice's own logits below
-    ``hidden / 2`` rows (benchmarks/README.md)."""
+    ``hidden / 2`` rows (measurements/README.md)."""
     liger = math.ceil(batch * positions / math.ceil(vocab / hidden))
     rows = 2 ** math.ceil(math.log2(max(1, liger, math.ceil(hidden / 2))))
     return max(1, min(positions, rows // batch))
@@ -188,6 +189,8 @@ class SlicedLoss:
             return None
         if torch.compiler.is_compiling() or kwargs.get("return_dict") is False or "shift_labels" in kwargs:
             return None
+        if is_in_torch_dispatch_mode():  # a FLOP count (FlopCounterMode), fake tensors: their trackers cannot
+            return None  # follow a gradient taken inside the forward pass
         head = model.get_output_embeddings()
         if head is None or not chunkable(head) or _sharded(head):
             return None

@@ -61,7 +61,7 @@ def read_english(cfg: BaseBuildConfig) -> list[str]:
     if not cfg.data.train:
         raise ValueError(
             "no English text given: pass --data.train FILE... (.txt/.jsonl/.parquet, globs, hf:...); "
-            "`python benchmarks/cpt_corpus.py --corpora english-base` builds the default corpus"
+            "`python measurements/cpt_corpus.py --corpora english-base` builds the default corpus"
         )
     check_corpus(cfg.data)
     texts = [t for t in split_documents(cfg.data, "train") if t.strip()]

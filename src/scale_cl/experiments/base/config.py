@@ -19,7 +19,7 @@ from scale_cl.experiments.experiment import ExperimentConfig
 from scale_cl.train.config import StageConfig
 
 PRESETS = ("clean-en", "micro")
-CORPUS = "outputs/corpora/english-base"  # written by benchmarks/cpt_corpus.py (Debian documentation packages)
+CORPUS = "outputs/corpora/english-base"  # written by measurements/cpt_corpus.py (Debian documentation packages)
 
 
 @dataclass
@@ -88,7 +88,7 @@ class BaseBuildConfig(ExperimentConfig):
         if not self.data.train:
             raise ValueError(
                 "no English text given: pass --data.train FILE... (.txt/.jsonl/.parquet, globs, hf:...); "
-                "`python benchmarks/cpt_corpus.py --corpora english-base` builds the default corpus"
+                "`python measurements/cpt_corpus.py --corpora english-base` builds the default corpus"
             )
 
 

@@ -22,7 +22,7 @@ def resolve_model_name(name: str) -> str:
     if not is_built(CLEAN_EN_DIR):
         raise FileNotFoundError(
             f"model {CLEAN_EN!r} is the clean English base that `scale-cl base` builds into {CLEAN_EN_DIR.parent} "
-            f"(relative to {Path.cwd()}), and it is not built there: run `python benchmarks/cpt_corpus.py --corpora "
+            f"(relative to {Path.cwd()}), and it is not built there: run `python measurements/cpt_corpus.py --corpora "
             "english-base` then `scale-cl base` (~25 min on 2 CPU cores), or pass --model with the model folder"
         )
     return str(CLEAN_EN_DIR.resolve())

@@ -26,7 +26,7 @@ from scale_cl.tuner.config import ScaleConfig
 from scale_cl.tuner.routing.calibrated import OBJECTIVES
 
 PRESETS = ("smollm2", "clean-en", "paper")
-CORPORA = "outputs/corpora"  # written by benchmarks/cpt_corpus.py from Debian and PyPI packages
+CORPORA = "outputs/corpora"  # written by measurements/cpt_corpus.py from Debian and PyPI packages
 # Section 5 / Table 1: LLaMA Pro 2e-4, SCALE 1e-3 (FFT, LoRA and Freeze take the stage's lr, 1e-5)
 PAPER_RATES = {"llama_pro": 2e-4, "scale_preserve": 1e-3, "scale_adapt": 1e-3, "scale_route": 1e-3}
 # The clean-en preset's rates (FFT takes the stage's lr, 1e-3: it learns Korean to perplexity ~7.5 in 100 steps

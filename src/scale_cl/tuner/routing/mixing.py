@@ -3,7 +3,7 @@
 The likelihood and nested routers mix full-vocabulary distributions at every position. That work is elementwise
 and memory-bound: written as ``log_softmax`` per expert and a ``logaddexp`` / ``logsumexp`` over them, each step
 materialises a (B, T, V) fp32 tensor (200 MB at 4 x 256 positions and SmolLM2's 49,152 tokens), and on a CPU the
-fresh allocations and the passes through main memory cost more than the arithmetic (`benchmarks/mixture_time.py`).
+fresh allocations and the passes through main memory cost more than the arithmetic (`measurements/mixture_time.py`).
 
 So where no gradient is needed (inference, reading a trained model) the two functions here work a few positions
 at a time, in buffers that stay in the CPU's cache (on a GPU: chunks of bounded size, few kernel launches), and
