@@ -23,7 +23,7 @@ from scale_cl.experiments.cpt.config import AUTO_MEASUREMENTS
 from scale_cl.experiments.train.config import TRAINED, TrainConfig
 from scale_cl.methods import method_spec
 from scale_cl.remote_code import own_code_kwargs
-from scale_cl.train.chunked_loss import slice_positions
+from scale_cl.tuner.sliced_loss import slice_positions
 
 GIB = 1024**3
 # Activation bytes per token at SmolLM2-135M's shape (30 layers, hidden 576, vocabulary 49,152; +192/+192 for SCALE),
