@@ -1,11 +1,12 @@
 """One process of `test_fsdp.py`: an upscaled tiny Llama trained under FSDP2 (``fully_shard``) on CPU/gloo.
 
-    python -m torch.distributed.run --standalone --nproc_per_node 2 tests/fsdp_worker.py METHOD OUT STOP [RESUME]
+    python -m torch.distributed.run --standalone --nproc_per_node 2 tests/fsdp_worker.py METHOD OUT SAVE [FROM]
 
-Trains `STEPS` optimizer steps on `batches()` (each rank its share of every batch); after step STOP it writes a
-sharded checkpoint (model and optimizer, `torch.distributed.checkpoint`) to OUT/checkpoint and, when STOP <
-STEPS, exits as a killed run would. With RESUME it loads that checkpoint first and trains the remaining steps.
-Rank 0 writes the full state dict (OUT/final.safetensors) and what sharding did (OUT/sharding.json).
+Trains `STEPS` optimizer steps on `batches()` (each rank its share of every batch); after step SAVE it writes a
+sharded checkpoint (model and optimizer, `torch.distributed.checkpoint`) to OUT/checkpoint and trains on. With FROM
+(another run's OUT) it starts in new processes from FROM/checkpoint, as a run killed after that checkpoint resumes,
+and trains the remaining steps. Rank 0 writes the full state dict (OUT/final.safetensors) and what sharding did
+(OUT/sharding.json).
 """
 
 from __future__ import annotations
@@ -57,8 +58,8 @@ def step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, ids: torch.Te
 
 
 def main() -> None:
-    method, out, stop = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3])
-    resume = len(sys.argv) > 4
+    method, out, save = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3])
+    resume = Path(sys.argv[4]) / "checkpoint" if len(sys.argv) > 4 else None
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     model = build(method)
@@ -67,21 +68,18 @@ def main() -> None:
     fully_shard(model)
     optimizer = optimizer_for(model)
     first = 0
-    if resume:
+    if resume is not None:
         model_state, optim_state = get_state_dict(model, optimizer)
         state = {"model": model_state, "optim": optim_state, "step": torch.tensor(0)}
-        dcp.load(state, checkpoint_id=str(out / "checkpoint"))
+        dcp.load(state, checkpoint_id=str(resume))
         set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
         first = int(state["step"])
     for index, ids in enumerate(batches()[first:], start=first + 1):
         step(model, optimizer, ids, [rank], world)
-        if index == stop and not resume:
+        if index == save and resume is None:
             model_state, optim_state = get_state_dict(model, optimizer)
             state = {"model": model_state, "optim": optim_state, "step": torch.tensor(index)}
             dcp.save(state, checkpoint_id=str(out / "checkpoint"))
-            if stop < STEPS:
-                _finish()
-                return  # a run killed after its checkpoint
     full = get_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))[0]
     if rank == 0:
         save_file({k: v.contiguous() for k, v in full.items()}, out / "final.safetensors")

@@ -10,14 +10,19 @@ the base model's; only the main process may write; a killed 2-process run must r
 (no float64 run to measure from), so the bound is how far the one-process run moves when the same global batch is
 summed in another valid order, one micro-batch of 4 instead of 2 x 2 accumulated
 (`exactness.assert_within_noise`).
+
+Each command started costs seconds of imports, so the module starts few: the one-process references run in this
+process (on the CPU, as the 2-process runs), and the 2-process run of every method is the killed-and-resumed one
+(killed in its first method, the others then run uninterrupted).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import sys
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
@@ -27,6 +32,10 @@ from safetensors.torch import load_file
 
 from conftest import cpt_argv, kill_when, run_launch, tiny_config
 from exactness import assert_within_noise, max_error
+from scale_cl.data import tokens as tokens_module
+from scale_cl.data.corpus import CorpusConfig, build_corpus
+from scale_cl.experiments.cpt.config import CptConfig
+from scale_cl.experiments.cpt.pipeline import run_cpt
 from scale_cl.train.trainer import CHECKPOINT_META
 
 pytestmark = [
@@ -99,28 +108,56 @@ def _assert_same_training(actual: Path, one: Path, other_order: Path, method: st
         assert_within_noise(got[name], want[name], noise=max_error(noise[name], want[name]), what=f"{method} {name}")
 
 
+# 4 steps, a checkpoint and an evaluation every 2: steps before and after the kill, >= 2 optimizer steps in all
+STEPS, EVERY = 4, 2
+
+
+def _config(workspace: Path, methods: list[str]) -> CptConfig:
+    cfg = tiny_config(workspace, methods, steps=STEPS, save_every=EVERY)
+    return replace(cfg, eval=replace(cfg.eval, every=EVERY))
+
+
+def _in_process(cfg: CptConfig, out: Path) -> None:
+    """``cfg``'s run as one process, in this one: the command's own pipeline, on the CPU (as the 2-process runs,
+    whatever GPU there is), without the seconds of imports a command started costs."""
+    run_cpt(replace(cfg, train=replace(cfg.train, device="cpu")), out)
+
+
+@dataclass
+class Runs:
+    one: Path  # the single-process run
+    two: Path  # the 2-process run, killed after its first checkpoint and resumed
+    stdout: str  # the resumed 2-process run's
+    other: Path  # the single-process run with each batch as one micro-batch
+    checkpoint: Path  # the 2-process run's checkpoint it was killed after
+    killed: set[str]  # that checkpoint's files when it was killed (none: there was no checkpoint)
+    finished: bool  # its first method had finished when it was killed
+
+
 @pytest.fixture(scope="module")
-def runs(workspace, tmp_path_factory) -> tuple[Path, Path, str, Path]:
-    """(single-process output, 2-process output, 2-process stdout, single-process output with each batch as one
-    micro-batch) of the same command."""
-    cfg = tiny_config(workspace, METHODS, steps=6, save_every=3)
+def runs(workspace, tmp_path_factory) -> Runs:
+    """The runs of the same command: one process, two processes (killed and resumed), and the one-process run with
+    the same batches summed in another order."""
+    cfg = _config(workspace, METHODS)
     one, two, other = (tmp_path_factory.mktemp(name) for name in ("one", "two", "other_order"))
-    _run(cpt_argv(cfg, one))
-    stdout = _run(_torchrun(cpt_argv(cfg, two)))
-    _run(cpt_argv(replace(cfg, train=replace(cfg.train, micro_batch_size=cfg.train.batch_size)), other))
-    return one, two, stdout, other
+    _in_process(cfg, one)
+    _in_process(replace(cfg, train=replace(cfg.train, micro_batch_size=cfg.train.batch_size)), other)
+    command = _torchrun(cpt_argv(cfg, two))
+    target = two / "scale_adapt" / "run" / f"checkpoint-{EVERY}" / CHECKPOINT_META
+    kill_when(command, _env(), target)  # torchrun and both workers
+    killed = {p.name for p in target.parent.iterdir()} if target.is_file() else set()
+    finished = (two / "scale_adapt" / "result.json").exists()
+    return Runs(one, two, _run(command), other, target.parent, killed, finished)
 
 
 def test_two_processes_train_the_same_weights_as_one(runs):
-    one, two, _, other = runs
     for method in METHODS:
-        _assert_same_training(two, one, other, method)
+        _assert_same_training(runs.two, runs.one, runs.other, method)
 
 
 def test_frozen_weights_stay_bitwise_the_base_models(runs, workspace):
-    _, two, _, _ = runs
     base = load_file(workspace / "base" / "model.safetensors")
-    trained = _weights(two, "freeze")
+    trained = _weights(runs.two, "freeze")
     frozen = [n for n in base if n.startswith(("model.embed_tokens.", "model.layers.0."))]
     top = [n for n in base if n.startswith("model.layers.2.")]
     assert frozen and top and set(frozen + top) <= set(trained)
@@ -129,12 +166,12 @@ def test_frozen_weights_stay_bitwise_the_base_models(runs, workspace):
 
 
 def test_only_the_main_process_writes(runs):
-    _, two, stdout, _ = runs
+    two, stdout = runs.two, runs.stdout
     results = json.loads((two / "results.json").read_text())
     assert list(results["methods"]) == METHODS
     for method in METHODS:
         records = _metrics(two, method)
-        assert [r["step"] for r in records] == [0, 3, 6], "one evaluation record per step"
+        assert [r["step"] for r in records] == [0, EVERY, STEPS], "one evaluation record per step"
         assert records == json.loads((two / method / "result.json").read_text())["curve"]
         assert not (two / method / "run").exists()
     assert not [p for p in two.rglob("*") if p.name.endswith(".tmp")]
@@ -143,28 +180,18 @@ def test_only_the_main_process_writes(runs):
     assert all(stdout.count(f"[cpt] {method}: lr") == 1 for method in METHODS)
 
 
-def test_killed_two_process_run_resumes_to_the_same_weights(runs, workspace, tmp_path):
-    one, _, _, other = runs
-    cfg = tiny_config(workspace, ["scale_adapt"], steps=6, save_every=3)
-    out = tmp_path / "killed"
-    command = _torchrun(cpt_argv(cfg, out))
-    target = out / "scale_adapt" / "run" / "checkpoint-3" / CHECKPOINT_META
-    kill_when(command, _env(), target, timeout=120)  # torchrun and both workers
-    assert target.is_file() and not (out / "scale_adapt" / "result.json").exists(), "killed mid-run"
-    files = {p.name for p in target.parent.iterdir()}
-    assert {"rng_state_0.pth", "rng_state_1.pth"} <= files, "a checkpoint holds the RNG state of both processes"
-
-    assert f"[train] resuming from {target.parent}" in _run(command)
-    _assert_same_training(out, one, other, "scale_adapt")
-    assert [r["step"] for r in _metrics(out, "scale_adapt")] == [0, 3, 6]
+def test_killed_two_process_run_resumes_to_the_same_weights(runs):
+    assert runs.killed and not runs.finished, "killed mid-run"
+    assert {"rng_state_0.pth", "rng_state_1.pth"} <= runs.killed, "a checkpoint holds the RNG state of both processes"
+    assert f"[train] resuming from {runs.checkpoint}" in runs.stdout
+    _assert_same_training(runs.two, runs.one, runs.other, "scale_adapt")
+    assert [r["step"] for r in _metrics(runs.two, "scale_adapt")] == [0, EVERY, STEPS]
 
 
 def test_a_two_process_sweep_writes_once_and_matches_the_single_process_run(runs, workspace, tmp_path):
     """`scale-cl sweep cpt` under torchrun: every process trains, the main one alone evaluates and writes."""
-    one, _, _, other = runs
-    cfg = tiny_config(workspace, ["scale_adapt"], steps=6, save_every=3)
     out = tmp_path / "sweep"
-    cli = cpt_argv(cfg, out)
+    cli = cpt_argv(_config(workspace, ["scale_adapt"]), out)
     at = cli.index("cpt")
     stdout = _run(
         _torchrun([*cli[:at], "sweep", "cpt", "--lr-scales", "1", "2", "--reference", "scale_adapt", *cli[at + 1 :]])
@@ -174,12 +201,12 @@ def test_a_two_process_sweep_writes_once_and_matches_the_single_process_run(runs
     results = json.loads((out / "results.json").read_text())
     at_preset = next(p for p in results["points"] if p["scale"] == 1.0)
     # The x1 run is the plain `cpt` run of the same settings (single process): the same learning.
-    want = torch.tensor(_metrics(one, "scale_adapt")[-1]["learning_ppl"])
-    noise = max_error(torch.tensor(_metrics(other, "scale_adapt")[-1]["learning_ppl"]), want)
+    want = torch.tensor(_metrics(runs.one, "scale_adapt")[-1]["learning_ppl"])
+    noise = max_error(torch.tensor(_metrics(runs.other, "scale_adapt")[-1]["learning_ppl"]), want)
     got = torch.tensor(at_preset["metrics"]["learning"])
     assert_within_noise(got, want, noise=noise, what="the x1 point's learning perplexity")
     for metrics in (out / "points").glob("*/scale_adapt/metrics.jsonl"):
-        assert [json.loads(line)["step"] for line in metrics.read_text().splitlines()] == [0, 3, 6]
+        assert [json.loads(line)["step"] for line in metrics.read_text().splitlines()] == [0, EVERY, STEPS]
 
 
 SHARDED_TOKENS = """
@@ -189,6 +216,7 @@ from accelerate import PartialState
 from transformers import AutoTokenizer
 from scale_cl.data import tokens as tokens_module
 from scale_cl.data.corpus import CorpusConfig, build_corpus
+from scale_cl.experiments.cpt.config import CptConfig
 
 state = PartialState(cpu=True)
 rows = []
@@ -207,22 +235,38 @@ with open(f"{sys.argv[4]}/rank-{state.process_index}.json", "w") as out:
 """
 
 
-def test_each_rank_tokenises_its_own_shard_and_every_rank_packs_the_one_process_blocks(workspace, tmp_path):
+def _blocks_alone(workspace: Path, cache: Path, monkeypatch) -> dict:
+    """What `SHARDED_TOKENS` reports as one process, computed in this one (no command started)."""
+    from transformers import AutoTokenizer
+
+    rows = []
+    encode = tokens_module._encode_batch
+
+    def counting(batch, *args, **kwargs):
+        rows.append(len(batch["text"]))
+        return encode(batch, *args, **kwargs)
+
+    monkeypatch.setattr(tokens_module, "_encode_batch", counting)
+    config = CorpusConfig(train=[str(workspace / "new.jsonl")], seq_len=32, heldout_fraction=0.1, cache_dir=str(cache))
+    blocks = build_corpus(config, AutoTokenizer.from_pretrained(workspace / "base")).train.blocks
+    return {"rank": 0, "tokenised": sum(rows), "blocks": hashlib.sha256(blocks.numpy().tobytes()).hexdigest()[:16]}
+
+
+def test_each_rank_tokenises_its_own_shard_and_every_rank_packs_the_one_process_blocks(
+    workspace, tmp_path, monkeypatch
+):
     """Under torchrun no rank tokenises the whole corpus: each maps its contiguous half into the cache, then every
     rank reads both halves, and the training blocks are those one process packs."""
     script = tmp_path / "tokens.py"
     script.write_text(SHARDED_TOKENS)
-    args = [str(workspace / "new.jsonl"), str(tmp_path / "cache-{}"), str(workspace / "base")]
+    # each rank writes its own file: two ranks' lines on one shared stdout can interleave mid-line (seen in CI)
+    written = tmp_path / "results-two"
+    written.mkdir()
+    args = [str(workspace / "new.jsonl"), str(tmp_path / "cache-two"), str(workspace / "base"), str(written)]
+    _run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(script), *args])
+    both = sorted((json.loads(path.read_text()) for path in written.glob("rank-*.json")), key=lambda r: r["rank"])
 
-    def results(command: list[str], cache: str) -> list[dict]:
-        # each rank writes its own file: two ranks' lines on one shared stdout can interleave mid-line (seen in CI)
-        written = tmp_path / f"results-{cache}"
-        written.mkdir()
-        _run([*command, str(script), *(a.format(cache) for a in args), str(written)])
-        return sorted((json.loads(path.read_text()) for path in written.glob("rank-*.json")), key=lambda r: r["rank"])
-
-    alone = results([sys.executable], "one")
-    both = results([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"], "two")
+    alone = [_blocks_alone(workspace, tmp_path / "cache-one", monkeypatch)]
     documents = len((workspace / "new.jsonl").read_text().splitlines())
     assert [r["tokenised"] for r in alone] == [documents]
     assert [r["tokenised"] for r in both] == [documents // 2, documents - documents // 2], "each rank its own half"

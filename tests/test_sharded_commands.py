@@ -14,6 +14,10 @@ this project's machines (no GPU); DeepSpeed has no CPU build here, so ZeRO-3 run
 fp32 or bf16 only (no float64 run to measure from), so the bound is how far the one-process run moves when the same
 global batch is summed in another valid order, one micro-batch of 4 instead of 2 x 2 accumulated, in the same
 precision (`exactness.assert_within_noise`).
+
+Each command started costs seconds of imports, so the module starts few: the one-process references run in this
+process (on the CPU, as the sharded runs), and the sharded run of both methods is the killed-and-resumed one (killed
+in SCALE-Route, its first method; SCALE-Preserve then runs uninterrupted).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import importlib.util
 import json
 import os
 import sys
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
@@ -32,12 +37,14 @@ from safetensors.torch import load_file
 from conftest import cpt_argv, kill_when, run_launch, tiny_config
 from exactness import assert_within_noise, max_error
 from scale_cl.cli import main
+from scale_cl.experiments.cpt.config import CptConfig
+from scale_cl.experiments.cpt.pipeline import run_cpt
 from scale_cl.train.trainer import CHECKPOINT_META
 
 ROOT = Path(__file__).parent.parent
 CONFIGS = ROOT / "configs" / "accelerate"
 LAUNCH_ON_CPU = Path(__file__).parent / "fsdp_cpu_launch.py"
-METHODS = ["scale_preserve", "scale_route"]
+METHODS = ["scale_route", "scale_preserve"]  # the sharded run is killed in its first
 # As tests/test_distributed.py: two ranks add the same two micro-batch gradients accumulation adds; the bound admits
 # the rounding of another reduction order, while a different data order moves weights by ~1e-3.
 LAUNCHER_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
@@ -127,28 +134,49 @@ def _one_micro_batch(argv: list[str]) -> list[str]:
     return [*argv[: at + 1], argv[argv.index("--train.batch_size") + 1], *argv[at + 2 :]]
 
 
+def _in_process(cfg: CptConfig, out: Path, **train) -> None:
+    """``cfg``'s run as one process, in this one (``train``: settings changed): the command's own pipeline, on the
+    CPU (as the sharded runs, whatever GPU there is), without the seconds of imports a command started costs."""
+    run_cpt(replace(cfg, train=replace(cfg.train, device="cpu", **train)), out)
+
+
 @pytest.fixture(scope="module")
 def one_process(workspace, tmp_path_factory) -> tuple[Path, Path]:
     """(the single-process run, the same with each batch as one micro-batch)."""
     one, other = tmp_path_factory.mktemp("one"), tmp_path_factory.mktemp("other_order")
     cfg = tiny_config(workspace, METHODS, steps=6, save_every=3)
-    _run(cpt_argv(cfg, one))
-    _run(_one_micro_batch(cpt_argv(cfg, other)))
+    _in_process(cfg, one)
+    _in_process(cfg, other, micro_batch_size=cfg.train.batch_size)
     return one, other
 
 
+@dataclass
+class Sharded:
+    out: Path  # the sharded run of METHODS, killed after SCALE-Route's first checkpoint and resumed
+    stdout: str  # the resumed run's
+    checkpoint: Path  # the checkpoint it was killed after (its meta file)
+    meta: dict | None  # that meta file when it was killed (None: there was none)
+    shards: list[str]  # that checkpoint's *.distcp files then
+    finished: bool  # SCALE-Route had finished when it was killed
+
+
 @pytest.fixture(scope="module")
-def fsdp_on_cpu(workspace, tmp_path_factory) -> tuple[Path, str]:
+def fsdp_on_cpu(workspace, tmp_path_factory) -> Sharded:
     out = tmp_path_factory.mktemp("fsdp")
-    stdout = _run(_launch("fsdp2.yaml", cpt_argv(tiny_config(workspace, METHODS, steps=6, save_every=3), out)))
-    return out, stdout
+    command = _launch("fsdp2.yaml", cpt_argv(tiny_config(workspace, METHODS, steps=6, save_every=3), out))
+    target = out / "scale_route" / "run" / "checkpoint-3" / CHECKPOINT_META
+    kill_when(command, _env(), target)  # the launcher and both workers
+    meta = json.loads(target.read_text()) if target.is_file() else None
+    shards = sorted(p.name for p in target.parent.rglob("*.distcp"))
+    finished = (out / "scale_route" / "result.json").exists()
+    return Sharded(out, _run(command), target, meta, shards, finished)
 
 
 @pytest.mark.slow
 @pytest.mark.exactness
 @needs_gloo
 def test_fsdp2_trains_the_same_weights_as_one_process(one_process, fsdp_on_cpu):
-    out, stdout = fsdp_on_cpu
+    out, stdout = fsdp_on_cpu.out, fsdp_on_cpu.stdout
     assert stdout.count("sharded (fsdp) across 2 processes") == len(METHODS), "the run was sharded, said once"
     _assert_same_training(out, one_process, METHODS)
     # SCALE-Preserve never uses W12: under sharding too it holds and saves none.
@@ -176,7 +204,7 @@ def test_fsdp2_in_bf16_trains_as_one_process_in_bf16(one_process, workspace, tmp
     cfg = tiny_config(workspace, METHODS, steps=6, save_every=3)
     argv = [*cpt_argv(cfg, tmp_path), "--train.precision", "bf16"]
     one, sharded = tmp_path / "one", tmp_path / "sharded"
-    _run([*argv, "--out", str(one)])
+    _in_process(cfg, one, precision="bf16")
     stdout = _run(_launch("fsdp2.yaml", [*argv, "--out", str(sharded)]))
     assert stdout.count("sharded (fsdp) across 2 processes") == len(METHODS)
     _assert_same_weights(sharded, one, one_process, METHODS)
@@ -210,7 +238,7 @@ def _fp32_readings(cfg, folder: Path) -> dict[str, torch.Tensor]:
 @pytest.mark.slow
 @needs_gloo
 def test_fsdp2_writes_once(fsdp_on_cpu):
-    out, stdout = fsdp_on_cpu
+    out, stdout = fsdp_on_cpu.out, fsdp_on_cpu.stdout
     for method in METHODS:
         assert [r["step"] for r in _metrics(out, method)] == [0, 3, 6], "one record per evaluation"
         assert not (out / method / "run").exists()
@@ -221,20 +249,14 @@ def test_fsdp2_writes_once(fsdp_on_cpu):
 @pytest.mark.slow
 @pytest.mark.exactness
 @needs_gloo
-def test_a_killed_fsdp2_run_resumes_from_its_sharded_checkpoint(one_process, workspace, tmp_path):
-    out = tmp_path / "killed"
-    command = _launch("fsdp2.yaml", cpt_argv(tiny_config(workspace, ["scale_route"], steps=6, save_every=3), out))
-    target = out / "scale_route" / "run" / "checkpoint-3" / CHECKPOINT_META
-    kill_when(command, _env(), target)  # the launcher and both workers
-    assert target.is_file() and not (out / "scale_route" / "result.json").exists(), "killed mid-run"
-    meta = json.loads(target.read_text())
-    assert meta["format"] == "accelerate" and meta["global_step"] == 3
-    shards = sorted(p.name for p in target.parent.rglob("*.distcp"))
+def test_a_killed_fsdp2_run_resumes_from_its_sharded_checkpoint(one_process, fsdp_on_cpu):
+    run = fsdp_on_cpu
+    assert run.meta is not None and not run.finished, "killed mid-run"
+    assert run.meta["format"] == "accelerate" and run.meta["global_step"] == 3
+    shards = run.shards
     assert len(shards) >= 2 and {s.split("_")[2] for s in shards} >= {"0", "1"}, f"each process's shards: {shards}"
-
-    stdout = _run(command)
-    assert f"[train] resuming from {target.parent}" in stdout
-    _assert_same_training(out, one_process, ["scale_route"])
+    assert f"[train] resuming from {run.checkpoint.parent}" in run.stdout
+    _assert_same_training(run.out, one_process, ["scale_route"])
 
 
 def test_commands_that_do_not_shard_refuse_before_writing(workspace, tmp_path, monkeypatch, capsys):
