@@ -4,11 +4,14 @@ Every export is loaded in a fresh Python (``-I``, the repository's ``src`` remov
 check that ``import scale_cl`` fails) with ``AutoModelForCausalLM.from_pretrained``: ``trust_remote_code``
 for SCALE models, without it for the baselines (plain checkpoints of their stock class). Its logits on a
 left-padded batch must match the in-library model's within 1e-5 and its greedy tokens (KV cache, route's
-two paths in it) must be equal. One subprocess loads a whole batch of exports, to keep this file fast.
+two paths in it) must be equal. One subprocess loads every export of the two module fixtures, to keep this file
+fast.
 
 The exported logits (and a router's weights) must be as close to the in-library model's float64 logits as the
 in-library fp32 model's are (`exactness.assert_exact_to_rounding`): the export merges the blocks into one weight and
 sums in another order, so it rounds differently, as far as the library does and no farther, whatever the CPU's kernels.
+
+The real SmolLM2-135M's export is checked in tests/test_smollm2.py, which loads that model once for all its checks.
 """
 
 from __future__ import annotations
@@ -41,7 +44,6 @@ from scale_cl.export.export import export_model
 from scale_cl.export.merge import FAMILIES
 from scale_cl.methods import REGISTRY, prepare
 from scale_cl.models import BaseModelRef, load_base, save_trained
-from scale_cl.models.smollm2 import INSTALL_HINT, load_smollm2, smollm2_gguf
 from scale_cl.train.trainer import CHECKPOINT_META
 from scale_cl.tuner.arch import SPECS
 from scale_cl.tuner.io import CONFIG_NAME
@@ -338,10 +340,9 @@ def perturb_trainable(model, seed: int = 3):
 
 
 # ----------------------------------------------------------------------------------- SCALE exports
-@pytest.fixture(scope="module")
-def scale_exports(tmp_path_factory):
-    """Every tiny architecture x preserve/adapt/route, exported and loaded in one clean subprocess."""
-    root = tmp_path_factory.mktemp("scale_exports")
+def build_scale_exports(root: Path) -> tuple[list[dict], dict[str, dict[str, torch.Tensor]]]:
+    """Every tiny architecture x preserve/adapt/route (and the routers, grown models, quiet options), exported into
+    ``root``: (their jobs for the clean Python, the in-library readings)."""
     ids, mask = padded_prompts()
     jobs, expected = [], {}
     for arch, method in SCALE_CASES:
@@ -396,8 +397,29 @@ def scale_exports(tmp_path_factory):
     expected[TAU_CASE] = reference(model, ids, mask)
     export_model(model, root / TAU_CASE)
     jobs.append(job(TAU_CASE, root / TAU_CASE, True, ids, mask))
-    got, summary = load_in_clean_python(jobs, root)
-    return root, expected, got, summary, mask
+    return jobs, expected
+
+
+@pytest.fixture(scope="module")
+def clean_loads(tmp_path_factory, workspace) -> dict[str, tuple]:
+    """This file's two batches of exports (`build_scale_exports`, `build_other_exports`), loaded in one clean Python:
+    its start (torch, transformers) is most of a batch's loading time. Per batch: (its folder, the in-library
+    readings, the clean Python's, the summary, the mask)."""
+    roots = {name: tmp_path_factory.mktemp(name) for name in ("other_exports", "scale_exports")}
+    other_jobs, other_expected = build_other_exports(roots["other_exports"], workspace)
+    scale_jobs, scale_expected = build_scale_exports(roots["scale_exports"])
+    got, summary = load_in_clean_python(other_jobs + scale_jobs, tmp_path_factory.mktemp("clean_loads"))
+    mask = padded_prompts()[1]
+    return {
+        "other_exports": (roots["other_exports"], other_expected, got, summary, mask),
+        "scale_exports": (roots["scale_exports"], scale_expected, got, summary, mask),
+    }
+
+
+@pytest.fixture(scope="module")
+def scale_exports(clean_loads):
+    """Every tiny architecture x preserve/adapt/route, exported and loaded in the clean Python."""
+    return clean_loads["scale_exports"]
 
 
 TAU_CASE = "route-tau-set-saved-loaded"
@@ -675,10 +697,9 @@ def cpt_run(workspace: Path, root: Path, method: str, **options) -> tuple[Path, 
     return run / method, model
 
 
-@pytest.fixture(scope="module")
-def other_exports(tmp_path_factory, workspace):
-    """Baselines (in memory and a LoRA run), a sharded SCALE export and a SCALE run, in one clean subprocess."""
-    root = tmp_path_factory.mktemp("other_exports")
+def build_other_exports(root: Path, workspace: Path) -> tuple[list[dict], dict[str, dict[str, torch.Tensor]]]:
+    """Baselines (in memory and a LoRA run), a sharded SCALE export and a SCALE run, exported into ``root``: (their
+    jobs for the clean Python, the in-library readings)."""
     ids, mask = padded_prompts()
     jobs, expected = [], {}
 
@@ -717,8 +738,13 @@ def other_exports(tmp_path_factory, workspace):
         expected[method] = reference(model, run_ids, mask)
         assert main(["export", str(method_dir), str(root / f"{method}-export")]) == 0
         jobs.append(job(method, root / f"{method}-export", method == "scale_route", run_ids, mask, tokenizer=True))
-    got, summary = load_in_clean_python(jobs, root)
-    return root, expected, got, summary, mask
+    return jobs, expected
+
+
+@pytest.fixture(scope="module")
+def other_exports(clean_loads):
+    """Baselines (in memory and a LoRA run), a sharded SCALE export and a SCALE run, loaded in the clean Python."""
+    return clean_loads["other_exports"]
 
 
 @pytest.mark.parametrize("name", ["fft", "freeze", "llama_pro", "lora-in-memory", "lora"])
@@ -888,32 +914,3 @@ def test_export_source_settings_are_options():
         "float16",
         "1GB",
     )
-
-
-# ------------------------------------------------------------------------- a real pre-trained model
-@pytest.mark.slow
-@pytest.mark.smollm2
-@pytest.mark.skipif(smollm2_gguf() is None, reason=f"SmolLM2-135M not installed ({INSTALL_HINT})")
-@pytest.mark.parametrize("method", ["route"])  # its adapt path is SCALE-Adapt's (every method: the tiny models')
-def test_smollm2_export_matches(tmp_path, method):
-    """SmolLM2-135M (tied embeddings, 9 query / 3 kv heads, 30 layers) upscaled, exported and loaded clean."""
-    base, tokenizer = load_smollm2()
-    tokenizer.padding_side = "left"
-    batch = tokenizer(["The capital of France is", "Once upon a time, in a small village,"], padding=True)
-    ids, mask = torch.tensor(batch["input_ids"]), torch.tensor(batch["attention_mask"])
-    config = ScaleConfig(hidden_up=192, ffn_up=192, method=method, preserve_layers=-4, w21_init="random")
-    model = randomize_new_weights(upscale(base, config).eval(), seed=4, w12_scale=0.02, head_scale=0.02)
-    expected = reference(model, ids, mask)
-    export_model(model, tmp_path / "export", tokenizer=tokenizer, max_shard_size="200MB")
-    jobs = [
-        job(method, tmp_path / "export", True, ids, mask),
-        job("fp64", tmp_path / "export", True, ids, mask, float64=True),
-    ]
-    got, _ = load_in_clean_python(jobs, tmp_path)
-    # In fp32, 30 layers round each of the two models' logits ~6e-5 away from their exact (fp64) value on the
-    # project's CPU (measured 2026-11-25; another CPU stayed under 1e-5): the export is bounded by the library's own
-    # distance (assert_matches), and the arithmetic compared in fp64 too, where the two agree to ~5e-14 (1e-10 is
-    # ~1.5e4 float64 epsilons of logits ~30, where 30 layers' rounding is ~1e2 of them; a missing term is far outside).
-    assert_matches(got[method], expected, mask)
-    diff = (got["fp64"]["logits"][mask.bool()] - expected["exact_logits"][mask.bool()]).abs().max().item()
-    assert diff <= 1e-10, f"fp64 logits differ by {diff}"

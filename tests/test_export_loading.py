@@ -110,11 +110,13 @@ def test_an_export_is_not_upscaled_again(exported):
 
 @pytest.mark.slow
 def test_cpt_trains_an_export(exported, workspace, tmp_path):
-    """``cpt --model EXPORTED`` (full fine-tuning of the exported model) runs to its end and saves the model."""
+    """``cpt --model EXPORTED`` (full fine-tuning of the exported model) runs to its end and saves the model; in this
+    process, as tests/test_cpt.py runs its runs (a fresh Python would only add its imports)."""
     cfg = tiny_config(workspace, ["fft"], steps=2, save_every=2)
     cfg.model = str(exported[0])
-    result = subprocess.run(cpt_argv(cfg, tmp_path / "run"), capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stderr[-3000:]
+    argv = cpt_argv(cfg, tmp_path / "run")
+    assert argv[1:4] == ["-m", "scale_cl.cli", "cpt"]
+    assert main(argv[3:]) == 0
     saved = json.loads((tmp_path / "run" / "fft" / "model" / "config.json").read_text())
     assert saved["model_type"] == "scale_llama" and saved["auto_map"]["AutoModelForCausalLM"].startswith("modeling_")
 
@@ -142,27 +144,45 @@ def test_train_plans_an_export_and_refuses_to_upscale_it(exported, workspace, tm
     assert not (tmp_path / "fft").exists() and not (tmp_path / "scale").exists()
 
 
-@pytest.mark.parametrize("trust", [None, False, True])
-def test_autotokenizer_loads_an_export_in_a_script_without_a_terminal(exported, workspace, trust):
-    """transformers' AutoTokenizer reads the model's config first, and an export's names custom code (``auto_map``):
-    given no ``trust_remote_code`` it asks whether to run that code (in a terminal it waits 15 s for the answer). With
-    no terminal the question is refused at once; ``trust_remote_code=False`` asks nothing and ``True`` runs the
-    export's own modeling file. Each time the tokenizer loads from its own files, the base's, and the script ends."""
-    folder, _ = exported
-    trusting = "" if trust is None else f", trust_remote_code={trust}"
-    script = (
-        "import sys; from transformers import AutoTokenizer; "
-        f"t = AutoTokenizer.from_pretrained(sys.argv[1]{trusting}); print('IDS', t('a b c').input_ids)"
-    )
+TRUSTS = (None, False, True)  # in this order in one script: a case that runs the export's code comes last
+TOKENIZER_SCRIPT = """
+import sys
+from transformers import AutoTokenizer
+for case in sys.argv[2:]:
+    trusting = {} if case == "None" else {"trust_remote_code": case == "True"}
+    print("CASE", case, flush=True)
+    t = AutoTokenizer.from_pretrained(sys.argv[1], **trusting)
+    print("IDS", t("a b c").input_ids, flush=True)
+print("CASE end", flush=True)
+"""
+
+
+@pytest.fixture(scope="module")
+def tokenizer_script(exported) -> tuple[subprocess.CompletedProcess, dict[str, str]]:
+    """One script without a terminal loading the export's tokenizer each way of `TRUSTS` (a Python start each would
+    triple the time): (the finished process, its output per case)."""
     done = subprocess.run(
-        [sys.executable, "-c", script, str(folder)],
+        [sys.executable, "-c", TOKENIZER_SCRIPT, str(exported[0]), *map(str, TRUSTS)],
         stdin=subprocess.DEVNULL,
         capture_output=True,
         text=True,
         timeout=120,
         env={**os.environ, "HF_HUB_OFFLINE": "1"},
     )
+    parts = done.stdout.split("CASE ")[1:]
+    return done, {part.split("\n", 1)[0]: part for part in parts}
+
+
+@pytest.mark.parametrize("trust", TRUSTS)
+def test_autotokenizer_loads_an_export_in_a_script_without_a_terminal(tokenizer_script, workspace, trust):
+    """transformers' AutoTokenizer reads the model's config first, and an export's names custom code (``auto_map``):
+    given no ``trust_remote_code`` it asks whether to run that code (in a terminal it waits 15 s for the answer). With
+    no terminal the question is refused at once; ``trust_remote_code=False`` asks nothing and ``True`` runs the
+    export's own modeling file. Each time the tokenizer loads from its own files, the base's, and the script ends."""
+    done, cases = tokenizer_script
     assert done.returncode == 0, done.stderr[-2000:]
+    assert "end" in cases  # every case returned: none waited for an answer
     expected = AutoTokenizer.from_pretrained(workspace / "base")("a b c").input_ids
-    assert f"IDS {expected}" in done.stdout
-    assert ("Do you wish to run the custom code" in done.stdout) == (trust is None)
+    output = cases[str(trust)]
+    assert f"IDS {expected}" in output
+    assert ("Do you wish to run the custom code" in output) == (trust is None)
