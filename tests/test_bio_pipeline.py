@@ -38,9 +38,17 @@ def _train_with(monkeypatch, train_model) -> None:
 
 
 @pytest.fixture(scope="module")
-def finished(tmp_path_factory) -> tuple[Path, dict]:
+def stages(tmp_path_factory) -> Path:
+    """One cache of the tokenizer and stage-1/2 models for the tests whose promise is about Task 1 (stages 1-2
+    are keyed by every setting they depend on, so a test of other settings still trains its own): each would
+    otherwise train the same stages again. Tests of the stages' own caching keep a cache of their own."""
+    return tmp_path_factory.mktemp("bio-cache")
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory, stages) -> tuple[Path, dict]:
     out = tmp_path_factory.mktemp("bio") / "run"
-    return out, pipeline.run_bio(micro(), out)
+    return out, pipeline.run_bio(micro(), out, stages)
 
 
 @pytest.mark.slow
@@ -114,14 +122,14 @@ def test_micro_run_writes_figure_tables_and_curves_for_every_method(finished):
 
 
 @pytest.mark.slow
-def test_rerun_recomputes_nothing(finished, monkeypatch):
+def test_rerun_recomputes_nothing(finished, stages, monkeypatch):
     out, results = finished
 
     def no_training(*args, **kwargs):
         raise AssertionError("a finished stage was trained again")
 
     _train_with(monkeypatch, no_training)
-    again = pipeline.run_bio(micro(), out)
+    again = pipeline.run_bio(micro(), out, stages)
     assert again["methods"].keys() == results["methods"].keys()
     for method in results["methods"]:
         assert again["methods"][method]["runs"] == results["methods"][method]["runs"]
@@ -129,8 +137,10 @@ def test_rerun_recomputes_nothing(finished, monkeypatch):
 
 @pytest.mark.slow
 def test_killed_run_resumes_without_redoing_finished_work(tmp_path, monkeypatch):
+    """Killed in LoRA, after stages 1-2 and FFT, before Freeze: the rerun trains LoRA and Freeze only. Its own cache
+    (its stages are part of what must not be redone), pre-trained one epoch: what is resumed is the same."""
     out = tmp_path / "run"
-    cfg = micro(methods=["fft", "lora", "scale_route"])
+    cfg = micro(methods=["fft", "lora", "freeze"], pretrain={"epochs": 1})
     real = pipeline.train_model
     calls: list[str] = []
 
@@ -157,15 +167,17 @@ def test_killed_run_resumes_without_redoing_finished_work(tmp_path, monkeypatch)
 
     _train_with(monkeypatch, counted)
     results = pipeline.run_bio(cfg, out)
-    assert len(calls) == 2 and calls[0].startswith("Peft")  # lora and scale_route only
-    assert set(results["methods"]) == {"fft", "lora", "scale_route"}
+    assert len(calls) == 2 and calls[0].startswith("Peft")  # lora and freeze only
+    assert set(results["methods"]) == {"fft", "lora", "freeze"}
     assert (out / "seed-0" / "fft.json").read_bytes() == fft_before
     assert not list(out.rglob("*.tmp"))
 
 
 @pytest.mark.slow
 def test_interrupted_stage_cache_is_not_taken_as_finished(tmp_path, monkeypatch):
+    """Its own cache (a stage is what is cut short), pre-trained one epoch: the stage is saved the same way."""
     out = tmp_path / "run"
+    cfg = micro(methods=["fft"], pretrain={"epochs": 1})
     real_save = pipeline.GPTNeoXForCausalLM.save_pretrained
 
     def half_written(self, path, **kwargs):
@@ -175,11 +187,11 @@ def test_interrupted_stage_cache_is_not_taken_as_finished(tmp_path, monkeypatch)
 
     monkeypatch.setattr(pipeline.GPTNeoXForCausalLM, "save_pretrained", half_written)
     with pytest.raises(OSError, match="disk full"):
-        pipeline.run_bio(micro(methods=["fft"]), out)
+        pipeline.run_bio(cfg, out)
     assert not [p for p in (out / "cache").iterdir() if p.name.startswith("stage") and not p.name.endswith(".tmp")]
 
     monkeypatch.setattr(pipeline.GPTNeoXForCausalLM, "save_pretrained", real_save)
-    results = pipeline.run_bio(micro(methods=["fft"]), out)  # the re-run redoes the stage and finishes
+    results = pipeline.run_bio(cfg, out)  # the re-run redoes the stage and finishes
     assert set(results["methods"]) == {"fft"}
 
 
@@ -213,12 +225,12 @@ def test_bad_settings_are_refused_before_anything_is_written(tmp_path, overrides
 
 
 @pytest.mark.slow
-def test_output_folder_of_another_config_is_refused_and_left_intact(finished):
+def test_output_folder_of_another_config_is_refused_and_left_intact(finished, stages):
     out, _ = finished
-    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    before = {p: p.read_bytes() for p in [*out.rglob("*"), *stages.rglob("*")] if p.is_file()}
     with pytest.raises(ValueError, match=r"another configuration \(differs in: task1.max_steps\)"):
-        pipeline.run_bio(micro(task1={"max_steps": 3}), out)
-    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+        pipeline.run_bio(micro(task1={"max_steps": 3}), out, stages)
+    assert {p: p.read_bytes() for p in [*out.rglob("*"), *stages.rglob("*")] if p.is_file()} == before
 
 
 def test_cli_options_reach_the_settings():
@@ -245,8 +257,9 @@ def test_cli_runs_with_yaml_and_command_line_overrides(tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_attribute_subset_is_trained_and_reported(tmp_path):
-    results = pipeline.run_bio(micro(methods=["fft"], data={"attributes": ["major", "birth_city"]}), tmp_path / "r")
+def test_attribute_subset_is_trained_and_reported(tmp_path, stages):
+    cfg = micro(methods=["fft"], data={"attributes": ["major", "birth_city"]})
+    results = pipeline.run_bio(cfg, tmp_path / "r", stages)
     record = results["methods"]["fft"]["runs"][0]["curve"][-1]
     assert set(record["task0"]) == {"overall", "major", "birth_city"}
     assert "| fft | " in (tmp_path / "r" / "results.md").read_text().split("per attribute")[1]
@@ -266,19 +279,20 @@ def _without_wall_times(results: dict) -> dict:
     return {m: [timeless(run) for run in r["runs"]] for m, r in results["methods"].items()}
 
 
-def test_task1_nan_loss_stops_the_method_before_it_is_saved(tmp_path, capsys):
+def test_task1_nan_loss_stops_the_method_before_it_is_saved(tmp_path, stages, capsys):
     out = tmp_path / "run"
     with pytest.raises(NonFiniteLossError, match=r"loss became (nan|inf|-inf) at step \d+"):
-        pipeline.run_bio(micro(methods=["fft"], task1={"lr": 1e30}), out)
+        pipeline.run_bio(micro(methods=["fft"], task1={"lr": 1e30}), out, stages)
     assert "stage 3 (seed 0): fft" in capsys.readouterr().out, "stages 1-2 trained; Task 1 stopped"
     assert not (out / "seed-0" / "fft.json").exists(), "a diverged method must not be saved as finished"
     assert not (out / "results.json").exists()
 
 
-def test_cli_exits_1_with_the_error_when_training_diverges(tmp_path, capsys):
+def test_cli_exits_1_with_the_error_when_training_diverges(tmp_path, stages, capsys):
     from scale_cl.cli import main
 
     argv = ["bio", "--preset", "micro", "--methods", "fft", "--task1.lr", "1e30", "--out", str(tmp_path / "run")]
+    argv += ["--cache", str(stages)]
     assert main(argv) == 1
     assert "scale-cl bio: error: the training loss became" in capsys.readouterr().err
 
@@ -326,23 +340,23 @@ def _task1_runs(monkeypatch, extra: list | None = None) -> dict[str, dict]:
 
 
 @pytest.mark.slow
-def test_killed_task1_run_resumes_from_its_checkpoint_bitwise(tmp_path, monkeypatch):
+def test_killed_task1_run_resumes_from_its_checkpoint_bitwise(tmp_path, stages, monkeypatch):
     cfg = micro(methods=["lora", "scale_route"])
     straight_weights = _task1_runs(monkeypatch)
-    straight = pipeline.run_bio(cfg, tmp_path / "straight")  # short: no checkpoint
+    straight = pipeline.run_bio(cfg, tmp_path / "straight", stages)  # short: no checkpoint
     assert not list((tmp_path / "straight").rglob("checkpoint-*"))
 
     monkeypatch.setattr(pipeline, "CHECKPOINT_MINUTES", 0.0)  # a checkpoint at every evaluation but the last
     out = tmp_path / "killed"
     _task1_runs(monkeypatch, [_Stop(3, KeyboardInterrupt())])
     with pytest.raises(KeyboardInterrupt):
-        pipeline.run_bio(cfg, out)
+        pipeline.run_bio(cfg, out, stages)
     run_dir = out / "seed-0" / "lora.checkpoints"
     assert [p.name for p in complete_checkpoints(run_dir)] == ["checkpoint-2"]
     assert not (out / "seed-0" / "lora.json").exists()
 
     resumed_weights = _task1_runs(monkeypatch)
-    resumed = pipeline.run_bio(cfg, out)
+    resumed = pipeline.run_bio(cfg, out, stages)
     assert _without_wall_times(resumed) == _without_wall_times(straight), "the resumed curve differs"
     for method in cfg.methods:
         a, b = straight_weights[method], resumed_weights[method]
@@ -353,18 +367,18 @@ def test_killed_task1_run_resumes_from_its_checkpoint_bitwise(tmp_path, monkeypa
 
 
 @pytest.mark.slow
-def test_task1_nan_after_a_checkpoint_names_it_and_a_rerun_resumes(tmp_path, monkeypatch):
+def test_task1_nan_after_a_checkpoint_names_it_and_a_rerun_resumes(tmp_path, stages, monkeypatch):
     monkeypatch.setattr(pipeline, "CHECKPOINT_MINUTES", 0.0)
     out = tmp_path / "run"
     cfg = micro(methods=["scale_route"])
     _task1_runs(monkeypatch, [_Poison(2)])
     checkpoint = out / "seed-0" / "scale_route.checkpoints" / "checkpoint-2"
     with pytest.raises(NonFiniteLossError, match=rf"loss became nan at step 3.*{checkpoint}"):
-        pipeline.run_bio(cfg, out)
+        pipeline.run_bio(cfg, out, stages)
     assert not (out / "seed-0" / "scale_route.json").exists()
     assert [p.name for p in complete_checkpoints(checkpoint.parent)] == ["checkpoint-2"]
     _task1_runs(monkeypatch)
-    results = pipeline.run_bio(cfg, out)
+    results = pipeline.run_bio(cfg, out, stages)
     assert [r["step"] for r in results["methods"]["scale_route"]["runs"][0]["curve"]] == expected_steps(cfg)
 
 
@@ -428,10 +442,10 @@ def test_early_evaluation_schedule_is_dense_first_then_sparse():
         PeriodicEval(lambda model: {}, every=50, early_every=-1)
 
 
-def test_qa_people_trains_task0_qa_on_fewer_people_and_shares_stage_1(tmp_path, monkeypatch):
+def test_qa_people_trains_task0_qa_on_fewer_people_and_shares_stage_1(stages, monkeypatch):
     """``data.qa_people`` shrinks only stage 2's people (and the QA-trained view with it): stage 1 is
     reused from a shared cache, the held-out people stay the same."""
-    cache = tmp_path / "cache"
+    cache = stages
     full = micro(methods=["fft"])
     few = apply_overrides(full, {"data": {"qa_people": 5}})
     data, fewer = pipeline.build_data(full, cache), pipeline.build_data(few, cache)
@@ -520,7 +534,7 @@ def test_medium_preset_is_small_twice_as_wide_and_valid():
 
 
 @pytest.mark.slow
-def test_pseudo_replay_mixes_in_the_task0_models_own_text_sampled_once(tmp_path, monkeypatch):
+def test_pseudo_replay_mixes_in_the_task0_models_own_text_sampled_once(tmp_path, stages, monkeypatch):
     """A quarter of every Task-1 batch is text the Task-0 model sampled (loss on every token), drawn once per seed and
     Task-0 model and cached beside the stage models, so a second run with the same cache samples nothing."""
     cfg = micro(
@@ -534,7 +548,7 @@ def test_pseudo_replay_mixes_in_the_task0_models_own_text_sampled_once(tmp_path,
     monkeypatch.setattr(
         pipeline, "task1_training_data", lambda *a, **k: datasets.append(training_data(*a, **k)) or datasets[-1]
     )
-    cache = tmp_path / "cache"
+    cache = stages
     pipeline.run_bio(cfg, tmp_path / "a", cache)
     assert draws == [(8, 12)]
     mix = datasets[0]

@@ -73,10 +73,17 @@ PER_TASK = {"sequence.growth": "per_task", "options.scale.router": "nested", "ta
 
 
 @pytest.fixture(scope="module")
-def per_task(tmp_path_factory) -> tuple[Path, dict]:
+def stages(tmp_path_factory) -> Path:
+    """One cache of the tokenizer and stage-1/2 models for the module: its tests are about the tasks after stage 2,
+    and each would otherwise train the same stages again (their keys hold every setting they depend on)."""
+    return tmp_path_factory.mktemp("bio-sequence-cache")
+
+
+@pytest.fixture(scope="module")
+def per_task(tmp_path_factory, stages) -> tuple[Path, dict]:
     out = tmp_path_factory.mktemp("bio-sequence") / "per-task"
     cfg = micro_sequence(**PER_TASK, methods=["fft", "scale_preserve", "lora"])
-    return out, sequence.run_bio_sequence(cfg, out)
+    return out, sequence.run_bio_sequence(cfg, out, stages)
 
 
 def test_fft_s_control_mixes_the_task0_model_and_each_task_s_model_and_preserve_reads_its_stages(per_task):
@@ -135,7 +142,7 @@ def test_per_task_growth_grows_scale_and_lora_and_their_cost(per_task):
     assert results["methods"]["fft"]["runs"][0]["growth"] == "once"
 
 
-def test_a_killed_sequence_resumes_to_the_same_result(per_task, tmp_path, monkeypatch):
+def test_a_killed_sequence_resumes_to_the_same_result(per_task, stages, tmp_path, monkeypatch):
     """Killed during task 3 (after task 2 was saved): the re-run rebuilds the model (grown twice), loads its state
     and ends with bitwise the uninterrupted run's rows."""
     reference, _ = per_task
@@ -152,11 +159,11 @@ def test_a_killed_sequence_resumes_to_the_same_result(per_task, tmp_path, monkey
     out = tmp_path / "run"
     for method in ("scale_preserve", "lora"):  # killed in one, the next run finishes it and is killed in the other
         with pytest.raises(KeyboardInterrupt):
-            sequence.run_bio_sequence(cfg, out)
+            sequence.run_bio_sequence(cfg, out, stages)
         state = out / "seed-0" / f"{method}.tasks"
         assert json.loads((state / "progress.json").read_text())["tasks_done"] == 2
         assert set(load_file(state / "task-2.safetensors")) and not (state / "task-1.safetensors").exists()
-    sequence.run_bio_sequence(cfg, out)
+    sequence.run_bio_sequence(cfg, out, stages)
     trained = [("scale_preserve", t) for t in (1, 2, 3, 3)] + [("lora", t) for t in (1, 2, 3, 3)]
     assert calls == trained + [("fft", t) for t in (1, 2, 3)]  # each re-run trains task 3 only
     for method in cfg.methods:
@@ -165,7 +172,7 @@ def test_a_killed_sequence_resumes_to_the_same_result(per_task, tmp_path, monkey
         assert got["rows"] == want["rows"] and got["parameters"] == want["parameters"]
 
 
-def test_a_sequence_trains_every_task_and_keeps_earlier_stages_frozen(tmp_path, monkeypatch):
+def test_a_sequence_trains_every_task_and_keeps_earlier_stages_frozen(tmp_path, stages, monkeypatch):
     """Each task moves what the method trains; under per-task growth an earlier stage's weights never move again."""
     cfg = micro_sequence(**{"sequence.growth": "per_task", "methods": ["scale_adapt"]})
     real, seen = sequence.train_model, []
@@ -179,7 +186,7 @@ def test_a_sequence_trains_every_task_and_keeps_earlier_stages_frozen(tmp_path, 
         return trainer
 
     monkeypatch.setattr(sequence, "train_model", watched)
-    sequence.run_bio_sequence(cfg, tmp_path / "run")
+    sequence.run_bio_sequence(cfg, tmp_path / "run", stages)
     assert len(seen) == TASKS
     for task, (moved, trainable, names) in enumerate(seen, start=1):
         assert moved and moved <= trainable
@@ -190,7 +197,7 @@ def test_a_sequence_trains_every_task_and_keeps_earlier_stages_frozen(tmp_path, 
 
 
 @pytest.mark.parametrize("kind", ("stacked", "merged"))
-def test_lora_adds_an_adapter_per_task(kind, tmp_path, monkeypatch):
+def test_lora_adds_an_adapter_per_task(kind, tmp_path, stages, monkeypatch):
     """Stacked: each task trains only its own adapter, the earlier ones act and stay frozen (inference FLOPs grow);
     merged: the finished adapter is merged into the weights and a fresh one trains (parameters stay the same)."""
     cfg = micro_sequence(**{"sequence.growth": "per_task", "sequence.lora_per_task": kind, "methods": ["lora"]})
@@ -203,7 +210,7 @@ def test_lora_adds_an_adapter_per_task(kind, tmp_path, monkeypatch):
         return trainer
 
     monkeypatch.setattr(sequence, "train_model", watched)
-    results = sequence.run_bio_sequence(cfg, tmp_path / "run")
+    results = sequence.run_bio_sequence(cfg, tmp_path / "run", stages)
     run = results["methods"]["lora"]["runs"][0]
     costs = run["parameters"]
     assert run["growth"] == f"per_task ({kind})"
@@ -237,12 +244,12 @@ def test_sequence_refusals_before_anything_is_written(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_calibrated_sequence_reads_each_task_with_a_gate_fitted_on_its_questions(tmp_path):
+def test_a_calibrated_sequence_reads_each_task_with_a_gate_fitted_on_its_questions(tmp_path, stages):
     """options.scale.router calibrated: after task k, SCALE-Preserve grown per task (k + 1 experts) is read with a gate
     fitted on task k's training questions against the Task-0 model's samples; its row records the gate and the fit.
     FFT's control (the Task-0 model and each task's model) is fitted the same way."""
     cfg = micro_sequence(**{**PER_TASK, "options.scale.router": "calibrated"}, methods=["fft", "scale_preserve"])
-    results = sequence.run_bio_sequence(cfg, tmp_path / "run")["methods"]
+    results = sequence.run_bio_sequence(cfg, tmp_path / "run", stages)["methods"]
     preserve = results["scale_preserve"]["runs"][0]
     fits = [row["gate_fit"] for row in preserve["rows"][1:]]
     assert [fit["experts"] for fit in fits] == [2, 3, 4]

@@ -60,9 +60,21 @@ def _assert_reads_the_base(record: dict, base: tuple[torch.Tensor, torch.Tensor]
     assert_exact_to_rounding(_reading(record), exact, stock=stock, what=what)
 
 
+@pytest.fixture
+def no_figures(monkeypatch):
+    """Skip drawing the figures (matplotlib: about a third of a tiny run's time) where a test checks none; the
+    figures of every method's curve are checked on `finished_run`."""
+    import scale_cl.experiments.cpt.report as report
+
+    monkeypatch.setattr(report, "plot", lambda results, out: [])
+
+
 @pytest.fixture(scope="module")
 def finished_run(workspace, tmp_path_factory) -> tuple[CptConfig, Path, dict]:
-    cfg = tiny_config(workspace, ["scale_preserve", "scale_route", "freeze", "llama_pro"])
+    """One run read every way the tests look at (up-logit and WiSE-FT frontiers too): readings after training
+    change no curve or saved model, so the tests share it instead of each training the same methods again."""
+    cfg = tiny_config(workspace, ["scale_preserve", "scale_route", "freeze", "llama_pro", "fft"])
+    cfg = replace(cfg, eval=replace(cfg.eval, up_logit_scales=(0.0, 0.5, 1.0), wise_ft_alphas=(0.0, 0.5, 1.0)))
     out = tmp_path_factory.mktemp("run")
     return cfg, out, run_cpt(cfg, out)
 
@@ -133,17 +145,22 @@ def _trainable_weights(path: Path) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.slow
-def test_resume_after_sigkill_gives_bitwise_the_same_weights(workspace, tmp_path):
-    cfg = tiny_config(workspace, ["scale_adapt"], steps=40, save_every=4)
+def test_resume_after_sigkill_gives_bitwise_the_same_weights(workspace, tmp_path, no_figures):
+    """Only the killed run needs a process of its own: the uninterrupted run and the resume go through the same
+    command in this process (each command started costs ~5 s of imports). The resume refuses a folder of another
+    configuration, so it also shows that the command line and ``cfg`` are one run."""
+    from scale_cl.cli import main
+
+    cfg = tiny_config(workspace, ["scale_adapt"], steps=16, save_every=4)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
 
     straight = tmp_path / "straight"
-    subprocess.run(cpt_argv(cfg, straight), check=True, env=env, capture_output=True)
+    assert main(cpt_argv(cfg, straight)[3:]) == 0
 
     killed = tmp_path / "killed"
     process = subprocess.Popen(cpt_argv(cfg, killed), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     target = killed / "scale_adapt" / "run" / "checkpoint-8" / CHECKPOINT_META
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + 300
     while not target.is_file() and process.poll() is None and time.monotonic() < deadline:
         time.sleep(0.02)
     process.send_signal(signal.SIGKILL)
@@ -152,15 +169,15 @@ def test_resume_after_sigkill_gives_bitwise_the_same_weights(workspace, tmp_path
     checkpoints = sorted((killed / "scale_adapt" / "run").glob("checkpoint-*"))
     assert checkpoints, "the killed run left at least one complete checkpoint"
 
-    subprocess.run(cpt_argv(cfg, killed), check=True, env=env, capture_output=True)
+    assert main(cpt_argv(cfg, killed)[3:]) == 0
     a, b = _trainable_weights(straight / "scale_adapt"), _trainable_weights(killed / "scale_adapt")
     assert a.keys() == b.keys()
     assert all(torch.equal(a[n], b[n]) for n in a), "resumed weights differ from the uninterrupted run"
     steps = [json.loads(x)["step"] for x in (killed / "scale_adapt" / "metrics.jsonl").read_text().splitlines()]
-    assert steps == sorted(set(steps)) and steps[-1] == 40, "metrics after the checkpoint are recorded once"
+    assert steps == sorted(set(steps)) and steps[-1] == 16, "metrics after the checkpoint are recorded once"
 
 
-def test_checkpoints_hold_only_trainable_weights(workspace, tmp_path, monkeypatch):
+def test_checkpoints_hold_only_trainable_weights(workspace, tmp_path, monkeypatch, no_figures):
     import scale_cl.experiments.cpt.pipeline as pipeline
 
     cfg = tiny_config(workspace, ["scale_adapt"], steps=4, save_every=2)
@@ -240,7 +257,7 @@ def test_saved_full_model_loads_with_transformers_alone(finished_run):
 
 @pytest.mark.slow
 @pytest.mark.exactness
-def test_gradient_checkpointing_trains_the_same_weights(workspace, tmp_path, monkeypatch):
+def test_gradient_checkpointing_trains_the_same_weights(workspace, tmp_path, monkeypatch, no_figures):
     """The same weights as without it, to the plain run's own rounding: no farther from the plain run's weights than
     the plain run with each batch as one micro-batch (4 for 2 x 2: another order of the same sums) lies (the command
     trains in fp32 only; no float64 run to measure from). The recomputed forward pass is the same arithmetic, so
@@ -280,12 +297,11 @@ def test_gradient_checkpointing_trains_the_same_weights(workspace, tmp_path, mon
 
 @pytest.mark.slow
 @pytest.mark.exactness
-def test_up_logit_frontier_reevaluates_the_trained_model_at_each_alpha(workspace, tmp_path):
+def test_up_logit_frontier_reevaluates_the_trained_model_at_each_alpha(finished_run):
     """--eval.up_logit_scales: alpha 1 is the run's own last record, alpha 0 is SCALE-Preserve's base model
     (its step-0 perplexities, Theorem 3.1), and the saved model keeps the alpha it trained with."""
-    cfg = tiny_config(workspace, ["scale_preserve", "scale_route", "freeze"])
-    cfg = replace(cfg, eval=replace(cfg.eval, up_logit_scales=(0.0, 0.5, 1.0)))
-    results = run_cpt(cfg, tmp_path / "run")
+    cfg, out, results = finished_run
+    assert cfg.eval.up_logit_scales == (0.0, 0.5, 1.0)
     preserve = results["methods"]["scale_preserve"]
     frontier = {point["alpha"]: point for point in preserve["up_logit_frontier"] if "router" not in point}
     first, last = preserve["curve"][0], preserve["curve"][-1]
@@ -303,8 +319,8 @@ def test_up_logit_frontier_reevaluates_the_trained_model_at_each_alpha(workspace
     _assert_reads_the_base(frontier[0.0], base, "SCALE-Preserve at alpha 0")
     assert last["learning_ppl"] < frontier[0.5]["learning_ppl"] < first["learning_ppl"]
     assert "up_logit_frontier" not in results["methods"]["freeze"]  # not a SCALE model: nothing to weigh
-    assert "### The new stream's weight (Z + alpha Z_up)" in (tmp_path / "run" / "results.md").read_text()
-    model, _, _ = load_trained(tmp_path / "run" / "scale_preserve" / "model")
+    assert "### The new stream's weight (Z + alpha Z_up)" in (out / "results.md").read_text()
+    model, _, _ = load_trained(out / "scale_preserve" / "model")
     assert model.scale_config.up_logit_scale == 1.0
     # SCALE-Route is also read with route_exact (an evaluation option: trained with it, Route cannot learn) and with
     # the likelihood router.
@@ -318,13 +334,13 @@ def test_up_logit_frontier_reevaluates_the_trained_model_at_each_alpha(workspace
     assert route[2]["learning_ppl"] == results["methods"]["scale_route"]["curve"][-1]["learning_ppl"]  # as above
     assert len({p["learning_ppl"] for p in route}) == len(route), "each reading is its own evaluation"
     assert 0 < route[-1]["route_preserve_share"]["heldout"] < 1, "the likelihood router's share is the mean w"
-    model, _, _ = load_trained(tmp_path / "run" / "scale_route" / "model")
+    model, _, _ = load_trained(out / "scale_route" / "model")
     assert model.scale_config.route_exact is False and model.scale_config.up_logit_scale == 1.0
     assert model.scale_config.router == "cosine"
 
 
 @pytest.mark.slow
-def test_the_two_model_control_reads_fft_with_its_base(workspace, tmp_path, monkeypatch):
+def test_the_two_model_control_reads_fft_with_its_base(workspace, tmp_path, monkeypatch, no_figures):
     """--eval.likelihood_control: FFT's trained model mixed with the base by the likelihood router, evaluated as
     one model (scale_cl.eval.mixture) and shown in results.md; a routing method reads its own router instead. The
     calibrated router's gate is fitted on both (the same recipe) from the training text and the base's samples: no
@@ -398,12 +414,11 @@ def test_the_two_model_control_reads_fft_with_its_base(workspace, tmp_path, monk
 
 @pytest.mark.slow
 @pytest.mark.exactness
-def test_wise_ft_frontier_interpolates_fft_towards_the_base(workspace, tmp_path):
+def test_wise_ft_frontier_interpolates_fft_towards_the_base(finished_run, workspace):
     """--eval.wise_ft_alphas: alpha 1 is FFT's own last record, alpha 0 the base model (step 0), and the saved
     model is the trained one."""
-    cfg = tiny_config(workspace, ["fft", "scale_preserve"])
-    cfg = replace(cfg, eval=replace(cfg.eval, wise_ft_alphas=(0.0, 0.5, 1.0)))
-    results = run_cpt(cfg, tmp_path / "run")
+    cfg, out, results = finished_run
+    assert cfg.eval.wise_ft_alphas == (0.0, 0.5, 1.0)
     fft = results["methods"]["fft"]
     frontier = {point["alpha"]: point for point in fft["wise_ft_frontier"]}
     first, last = fft["curve"][0], fft["curve"][-1]
@@ -412,6 +427,6 @@ def test_wise_ft_frontier_interpolates_fft_towards_the_base(workspace, tmp_path)
     _assert_reads_the_base(frontier[0.0], _base_readings(cfg), "WiSE-FT at alpha 0")
     assert frontier[0.5]["learning_ppl"] not in (first["learning_ppl"], last["learning_ppl"])
     assert "wise_ft_frontier" not in results["methods"]["scale_preserve"]
-    model, _, _ = load_trained(tmp_path / "run" / "fft" / "model")
+    model, _, _ = load_trained(out / "fft" / "model")
     base = AutoModelForCausalLM.from_pretrained(workspace / "base")
     assert not torch.equal(model.model.layers[0].mlp.up_proj.weight, base.model.layers[0].mlp.up_proj.weight)
