@@ -64,10 +64,14 @@ step() {
 has() { "$PYTHON" -c "import $1" > /dev/null 2>&1; }
 
 if [ "$DRY_RUN" -eq 1 ]; then
+  # one torch thread a process: the toy models gain nothing from two, and on a shared CPU (CI runs the check beside
+  # another test worker) two threads spin against each other (bio-micro took 3x the CPU time)
+  export OMP_NUM_THREADS=1
   DEVICE=(--device cpu)
   TESTS=(--collect-only)
   BENCH_SHAPE=(--shapes tiny --batch 2 --seq 16 --warmup 1 --rounds 1 --threads 1 --skip-memory)
-  BIO_METHODS=(--methods fft)
+  # every stage still runs: pre-training one epoch of the micro corpus, not two; Task 1 two steps, not four
+  BIO_METHODS=(--methods fft --pretrain.epochs 1 --task1.max_steps 2)
 else
   DEVICE=(--device cuda)
   TESTS=()
@@ -94,10 +98,12 @@ step bench 150 "$PYTHON" "${BENCH[@]}" --methods fft lora scale_preserve scale_a
 # Issue 49: `scale-cl train` at the bench's shape and batch, SCALE-Preserve, bf16, streamed from a corpus made here
 # (synthetic biographies, 8 files, two loader workers), killed with SIGKILL once its first checkpoint is written and
 # run again to the end: its tokens/s against the bench's step, the loss, the checkpoint resumed. A dry run: the tiny
-# shape, more (tiny) steps so that the kill lands mid-run.
+# shape, batches of 8 x 64 tokens, so that the first checkpoint (30 steps, 240 blocks) is past the first corpus file's
+# blocks (about 210: the stream's saved position is a bookmark in a later file) and the kill lands with 60 steps and
+# two checkpoints still to go.
 if [ "$DRY_RUN" -eq 1 ]; then
-  TRAIN=(--shape tiny --people 200 --first-checkpoint 500 -- --data.seq_len 16 --train.batch_size 2
-    --train.micro_batch_size 2 --train.max_steps 1500 --train.save_every 500 --eval.every 500
+  TRAIN=(--shape tiny --people 200 --first-checkpoint 30 -- --data.seq_len 64 --train.batch_size 8
+    --train.micro_batch_size 8 --train.max_steps 90 --train.save_every 30 --eval.every 30
     --options.scale.hidden_up 32 --options.scale.ffn_up 128 --options.scale.preserve_layers 1 --train.device cpu)
 else
   TRAIN=(--shape llama-1b --people 2000 --first-checkpoint 20 -- --data.seq_len 1024 --train.batch_size 16

@@ -10,7 +10,22 @@ from pathlib import Path
 
 import pytest
 
+from conftest import _kill_tree
+
 ROOT = Path(__file__).parent.parent
+
+
+def run_check(command: list[str], timeout: float) -> subprocess.CompletedProcess:
+    """``subprocess.run`` that, past ``timeout``, kills the check's whole process tree: killing bash alone would leave
+    a step's ``timeout`` and the training runs under it going on, beside the next tests."""
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as process:
+        try:
+            stdout, stderr = process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            _kill_tree(process.pid)
+            process.communicate()
+            raise
+    return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
 
 
 @pytest.mark.slow
@@ -25,15 +40,18 @@ def test_the_dry_run_runs_every_step_and_summarises(tmp_path):
         "--python",
         sys.executable,
     ]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    done = run_check(command, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     found = json.loads((out / "summary.json").read_text())
     assert found["dry_run"] and found["budget_s"] == 600
     steps = {s["step"]: s["rc"] for s in found["steps"]}
     assert steps == {"versions": 0, "tests": 0, "bio-micro": 0, "bench": 0, "train": 0, "bench-readings": 0}
     train = found["train"]  # issue 49: killed after its first checkpoint, resumed, finished
-    assert train["resumed"] and train["steps"] == 1500 and "checkpoint-500" in train["checkpoints"]
+    assert "killed (SIGKILL) after checkpoint-30" in (out / "train.log").read_text(), "the kill landed mid-run"
+    assert train["resumed"] and train["steps"] == 90 and "checkpoint-30" in train["checkpoints"]
     assert train["stream_position"], "every checkpoint saved the stream's position"
+    position = json.loads((out / "train" / "run" / "checkpoint-30" / "stream.json").read_text())
+    assert position["emitted"] == 240 and position["bookmark"]["blocks"] > 0, "resumed at a bookmark past the start"
     assert train["tokens_per_s"] > 0 and train["first_loss"] > train["last_loss"]
     assert found["tests"]["collected"] > 100  # the GPU-gated tests exist and are selected
     assert found["bio_micro"] is not None
@@ -46,7 +64,7 @@ def test_the_dry_run_runs_every_step_and_summarises(tmp_path):
     assert summary.startswith("# GPU check (dry run") and "The issues' targets" in summary
     assert (
         "train (scale_preserve, streamed, killed after a checkpoint and resumed: yes, at the stream's saved position: "
-        "yes): 1500 steps" in summary
+        "yes): 90 steps" in summary
     )
     assert "Inference read with the likelihood router at tiny" in summary
 
