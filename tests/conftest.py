@@ -151,11 +151,29 @@ def make_model(name: str, seed: int = 0):
 
 @pytest.fixture(autouse=True, scope="session")
 def _one_torch_thread():
-    """The models are tiny: intra-op threads only contend on a shared 2-core machine (10x slower)."""
-    before = torch.get_num_threads()
+    """The models are tiny: intra-op threads only contend on a shared 2-core machine (10x slower), in this process
+    and in the commands the tests start (``OMP_NUM_THREADS``, unless a test sets its own)."""
+    before, environ = torch.get_num_threads(), os.environ.get("OMP_NUM_THREADS")
     torch.set_num_threads(1)
+    os.environ["OMP_NUM_THREADS"] = "1"
     yield
     torch.set_num_threads(before)
+    if environ is None:
+        os.environ.pop("OMP_NUM_THREADS", None)
+    else:
+        os.environ["OMP_NUM_THREADS"] = environ
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _imports_out_of_the_collector():
+    """The objects of the imports (torch, transformers: millions) kept out of the garbage collector's passes: every
+    run's ``gc.collect()`` (accelerate calls it after each method) then walks what the tests made, not them."""
+    import gc
+
+    gc.collect()
+    gc.freeze()
+    yield
+    gc.unfreeze()
 
 
 def token_batch(
