@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One prepared GPU check (issue 38): the card and versions, the GPU-gated tests, a micro `scale-cl bio` run in bf16,
+# One prepared GPU check: the card and versions, the GPU-gated tests, a micro `scale-cl bio` run in bf16,
 # `scale-cl bench` at Llama-3.2-1B's shape (eager, the likelihood readings' inference, then torch.compile'd for
 # FFT and SCALE-Preserve), and `scale-cl train` at that shape (streamed, killed after a checkpoint and resumed at
 # the stream's saved position), into
@@ -95,7 +95,7 @@ BENCH=(-m scale_cl.cli bench "${BENCH_SHAPE[@]}" "${DEVICE[@]}" --skip-upscale -
 # imports torch and builds the 1B model again (the first H200 check ran out of time with both in one step).
 step bench 150 "$PYTHON" "${BENCH[@]}" --methods fft lora scale_preserve scale_adapt scale_route --skip-memory \
   --out "$OUT/bench"
-# Issue 49: `scale-cl train` at the bench's shape and batch, SCALE-Preserve, bf16, streamed from a corpus made here
+# `scale-cl train` at the bench's shape and batch, SCALE-Preserve, bf16, streamed from a corpus made here
 # (synthetic biographies, 8 files, two loader workers), killed with SIGKILL once its first checkpoint is written and
 # run again to the end: its tokens/s against the bench's step, the loss, the checkpoint resumed. A dry run: the tiny
 # shape, batches of 8 x 64 tokens, so that the first checkpoint (30 steps, 240 blocks) is past the first corpus file's
@@ -119,7 +119,7 @@ else
   step bench-memory 120 "$PYTHON" "${BENCH[@]}" --methods fft scale_preserve --skip-training --skip-flops \
     --out "$OUT/bench-memory"
 fi
-# Issue 53: the same peaks with transformers' whole-logit loss (the bench and training slice it by default), at the
+# the same peaks with transformers' whole-logit loss (the bench and training slice it by default), at the
 # shape's 128k vocabulary: the sliced loss's memory against it.
 if [ "$DRY_RUN" -eq 1 ]; then
   echo "[gpu-check] bench-memory-whole: not run in a dry run (as bench-memory)"
@@ -128,7 +128,7 @@ else
     --loss whole --out "$OUT/bench-memory-whole"
 fi
 
-# Issue 40: the one-pass likelihood readings' inference (forward and generate()) against FFT's, and the control.
+# the one-pass likelihood readings' inference (forward and generate()) against FFT's, and the control.
 step bench-readings 120 "$PYTHON" -m scale_cl.cli bench "${BENCH_SHAPE[@]}" "${DEVICE[@]}" --skip-upscale \
   --skip-training --skip-memory --no-progress --methods fft scale_preserve \
   --readings preserve-likelihood control preserve-nested --out "$OUT/bench-readings"

@@ -411,7 +411,7 @@ def test_preserve_backward_has_no_original_stream():
     cfg = scale_configs(shape, BenchConfig(shapes=("llama-1b",)))["preserve"]
     fft, preserve = fft_floor(shape.make_config(), 256), scale_floor(shape.make_config(), cfg, 256)
     assert preserve.backward < 0.1 * fft.backward
-    assert 0.4 < preserve.train / fft.train < 0.5  # issue 38's hand count: ~3.3 / 7.4 GFLOP per token
+    assert 0.4 < preserve.train / fft.train < 0.5  # the hand count: ~3.3 / 7.4 GFLOP per token
 
 
 def test_peak_for_mfu_by_card_dtype_or_option():

@@ -1,4 +1,4 @@
-"""The biography benchmark as a sequence of tasks (issue 29): the cohorts, the metrics' definitions, a micro run of
+"""The biography benchmark as a sequence of tasks: the cohorts, the metrics' definitions, a micro run of
 each strategy end to end (matrix, growth, figures), resuming a killed sequence bitwise, and the refusals."""
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ def test_metrics_are_the_standard_definitions():
         continual_metrics([[1.0, 0.5]])
 
 
-# per-task growth, SCALE-Preserve read (and trained) with the nested router, FFT with its control (issue 40)
+# per-task growth, SCALE-Preserve read (and trained) with the nested router, FFT with its control
 PER_TASK = {"sequence.growth": "per_task", "options.scale.router": "nested", "task1.likelihood_control": True}
 
 

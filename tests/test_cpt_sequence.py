@@ -1,4 +1,4 @@
-"""Continual pre-training as a sequence of domains (issue 29): the perplexity matrix with the old domain, the metrics
+"""Continual pre-training as a sequence of domains: the perplexity matrix with the old domain, the metrics
 on -ln(perplexity), per-task growth, resuming a killed sequence bitwise, and the refusals."""
 
 from __future__ import annotations

@@ -71,7 +71,7 @@ QUIET_CASES = {
     ),
     "quiet-adapt-neox": ("neox-sequential-rot1.0", "adapt", {"up_norm": "joint", "embed_up_init": "zero"}),
 }
-# Models grown more than once (issue 29): each stage's (method, options); the norms' groups with their statistics.
+# Models grown more than once: each stage's (method, options); the norms' groups with their statistics.
 GROWN_CASES = {
     "grown-llama-adapt-route": ("llama-gqa2-tied", [("adapt", {"up_norm": "joint"}), ("route", {})]),
     "grown-neox-preserve-adapt-route": (
@@ -84,7 +84,7 @@ GROWN_CASES = {
         [("preserve", {"up_norm": "original", "w22_init": "zero"}), ("adapt", {})],
     ),
 }
-# The likelihood router (issue 28): the two paths' mixture by the running likelihood ratio, with a KV cache and beams.
+# The likelihood router: the two paths' mixture by the running likelihood ratio, with a KV cache and beams.
 LIKELIHOOD = {"router": "likelihood", "router_prior": 0.3, "router_decay": 0.9}
 LIKELIHOOD_CASES = {  # name: (architecture, method, preserve_layers)
     "likelihood-route-llama": ("llama-gqa2-tied", "route", 1),
@@ -92,10 +92,10 @@ LIKELIHOOD_CASES = {  # name: (architecture, method, preserve_layers)
     "likelihood-route-no-collaborative-layer": ("llama-mqa", "route", 3),
     "likelihood-preserve": ("llama-gqa4-untied", "preserve", 1),  # its Z is the base's: one path
 }
-# The nested router (issue 40): SCALE-Preserve grown twice, its base's and each stage's logits mixed in one pass.
+# The nested router: SCALE-Preserve grown twice, its base's and each stage's logits mixed in one pass.
 NESTED_CASE = "nested-preserve-grown-twice"
 NESTED = {"router": "nested", "router_prior": 0.3, "router_decay": 0.9}
-# The confidence routers (issue 50): each expert weighed by its confidence (and the hybrid's prefix posterior), in
+# The confidence routers: each expert weighed by its confidence (and the hybrid's prefix posterior), in
 # Route's two paths, Preserve's one and a grown model's nested experts. name: (architecture, method, grown, settings)
 CONFIDENCE = {"router_prior": 0.3, "router_decay": 0.9, "router_temperature": 0.05}
 CONFIDENCE_CASES = {
@@ -104,7 +104,7 @@ CONFIDENCE_CASES = {
     "confidence-preserve": ("llama-gqa4-untied", "preserve", False, {"router": "confidence"}),
     "hybrid-preserve-grown-twice": ("llama-gqa4-untied", "preserve", True, {"router": "hybrid"}),
 }
-# The calibrated router (issue 63): a fitted gate over the same evidence. name: (architecture, method, grown)
+# The calibrated router: a fitted gate over the same evidence. name: (architecture, method, grown)
 CALIBRATED = {
     "router": "calibrated",
     "router_prior": 0.3,

@@ -1,4 +1,4 @@
-"""One GPU (issue 38): every command end to end on CUDA in bf16 and in fp32, Theorem 3.1 on CUDA for every
+"""One GPU: every command end to end on CUDA in bf16 and in fp32, Theorem 3.1 on CUDA for every
 architecture and SCALE method, and bf16-autocast training that leaves the frozen weights bitwise.
 
 Every CUDA case is skipped, with the reason, where torch sees no CUDA device; its ids hold ``cuda`` (``pytest

@@ -1,4 +1,4 @@
-"""scripts/gpu_check.sh, the one prepared GPU check (issue 38): its dry run on the CPU runs every step's command at
+"""scripts/gpu_check.sh, the one prepared GPU check: its dry run on the CPU runs every step's command at
 toy sizes, so a wrong option or a broken summary is found here, before the check is taken on a GPU."""
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def test_the_dry_run_runs_every_step_and_summarises(tmp_path):
     assert found["dry_run"] and found["budget_s"] == 600
     steps = {s["step"]: s["rc"] for s in found["steps"]}
     assert steps == {"versions": 0, "tests": 0, "bio-micro": 0, "bench": 0, "train": 0, "bench-readings": 0}
-    train = found["train"]  # issue 49: killed after its first checkpoint, resumed, finished
+    train = found["train"]  # killed after its first checkpoint, resumed, finished
     assert "killed (SIGKILL) after checkpoint-30" in (out / "train.log").read_text(), "the kill landed mid-run"
     assert train["resumed"] and train["steps"] == 90 and "checkpoint-30" in train["checkpoints"]
     assert train["stream_position"], "every checkpoint saved the stream's position"
@@ -58,7 +58,7 @@ def test_the_dry_run_runs_every_step_and_summarises(tmp_path):
     names = {t["target"] for t in found["targets"]}
     for method in ("scale_preserve", "scale_adapt", "scale_route"):
         assert f"{method} training FLOPs counted / its floor" in names and f"{method} step time / fft (GPU)" in names
-    assert "preserve-likelihood forward time / fft (1 / its speed ratio)" in names  # issue 40's, from bench-readings
+    assert "preserve-likelihood forward time / fft (1 / its speed ratio)" in names  # from bench-readings
     assert set(found["readings"]["tiny"]) == {"preserve-likelihood", "control", "preserve-nested"}
     summary = (out / "summary.md").read_text()
     assert summary.startswith("# GPU check (dry run") and "The issues' targets" in summary
@@ -119,7 +119,7 @@ def test_the_summary_reads_a_gpu_run(tmp_path):
     summary = (tmp_path / "summary.md").read_text()
     assert "| tests | **failed** (exit 1) | 150 (180) |" in summary
     assert "| 38 | llama-1b | scale_preserve step time / fft (GPU) | 0.500 | <= 0.6 | yes |" in summary
-    assert summary.count("scale_preserve step time / fft (GPU)") == 1  # issue 38's read from the eager bench alone
+    assert summary.count("scale_preserve step time / fft (GPU)") == 1  # read from the eager bench alone
     assert (
         "| 40 | llama-1b | preserve-likelihood forward time / fft (1 / its speed ratio) | 1.250 | <= 1.5 | yes |"
         in summary

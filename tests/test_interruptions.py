@@ -1,4 +1,4 @@
-"""Interruptions end cleanly (issue 41): Ctrl-C exits 130 and SIGTERM 143, each with one line saying what is kept
+"""Interruptions end cleanly: Ctrl-C exits 130 and SIGTERM 143, each with one line saying what is kept
 and the command that resumes; no traceback."""
 
 from __future__ import annotations

@@ -191,13 +191,13 @@ def test_fsdp2_in_bf16_trains_as_one_process_in_bf16(one_process, workspace, tmp
     """Mixed precision under FSDP2 is the one-process run's (`scale_cl.train.sharding.autocast_as_one_process`):
     fp32 weights and gradients, bf16 products under autocast. accelerate's own FSDP2 policy (bf16 parameters, bf16
     gradient reduction, no autocast; the launcher applies it as accelerate does on GPUs) moved 1-2% of these
-    weights by up to 3e-3 after 6 steps (issue 38's failure on one GPU, reproduced here); now they agree to float32
+    weights by up to 3e-3 after 6 steps (a failure once seen on one GPU, reproduced here); now they agree to float32
     rounding, as in fp32.
 
     The weights: both runs compute the same bf16 products of the same micro-batches and differ in the order the fp32
     gradients are reduced alone, so the bound is the fp32 runs' (one process, and one micro-batch of 4), measured
     6e-8 here. Not the bf16 one-process run's own other-order distance: moving bf16 roundings, that grows to 2e-3 in
-    6 AdamW steps and would admit issue 38's 3e-3. The evaluations agree to bf16 rounding: one process evaluates
+    6 AdamW steps and would admit that 3e-3. The evaluations agree to bf16 rounding: one process evaluates
     SCALE-Route in the merged inference form, a sharded run in the split form (`set_merged_inference`), equal to
     rounding (5e-5 of a perplexity here in bf16; 1e-7 in fp32); the bound is the bf16 evaluations' own distance from
     the fp32 evaluation of the same weights."""
