@@ -297,7 +297,10 @@ def test_the_models_sliced_loss_divides_by_the_trainers_count_and_keeps_the_logi
         assert outputs.logits is not None
         # transformers' loss casts the logits to fp32 (float64 ones too)
         torch.testing.assert_close(outputs.loss.double(), total / (labels[:, 1:] != -100).sum(), rtol=1e-6, atol=0)
-    use_sliced_loss(model.train(), None)  # turned off: transformers' loss and logits while training
+    loss_first, logits, *_ = model.train()(input_ids=ids, attention_mask=mask, labels=labels, return_dict=False)
+    assert logits is not None  # a tuple asked for: transformers' own (loss, logits, ...)
+    torch.testing.assert_close(loss_first.double(), total / (labels[:, 1:] != -100).sum(), rtol=1e-6, atol=0)
+    use_sliced_loss(model, None)  # turned off: transformers' loss and logits while training
     assert model(input_ids=ids, attention_mask=mask, labels=labels).logits is not None
 
 
