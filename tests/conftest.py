@@ -33,8 +33,9 @@ from transformers import (
 from scale_cl import ScaleConfig, upscale
 from scale_cl.data.corpus import CorpusConfig
 from scale_cl.data.tokenizer import train_bpe_tokenizer
-from scale_cl.experiments.cpt.config import CptConfig, CptTrainConfig, EvalConfig
+from scale_cl.experiments.cpt.config import CptConfig
 from scale_cl.experiments.settings import MethodSettings
+from scale_cl.experiments.train.sections import EvalSection, TrainSection
 
 VOCAB = 96
 
@@ -345,10 +346,10 @@ def tiny_config(root: Path, methods: list[str], steps: int = 6, save_every: int 
             heldout_fraction=0.1,
             max_eval_sequences=6,
         ),
-        train=CptTrainConfig(
+        train=TrainSection(
             lr=1e-3, max_steps=steps, batch_size=4, micro_batch_size=2, save_every=save_every, schedule="linear"
         ),
-        eval=EvalConfig(every=3, batch_size=3, representation_sequences=2),
+        eval=EvalSection(every=3, batch_size=3, representation_sequences=2),
         options=MethodSettings(
             scale=ScaleConfig(hidden_up=32, ffn_up=32, method="route", preserve_layers=1),
             freeze_layers=1,

@@ -101,7 +101,7 @@ def test_a_recipe_s_header_gives_the_commands_that_run_it(path):
 
 def test_the_eight_gpu_recipe_runs_under_fsdp2():
     """The recipe names the FSDP2 launch and sets nothing that sharded weights refuse
-    (`scale_cl.experiments.cpt.pipeline.validate`: a quantized base, automatic layers, WiSE-FT, the two-model
+    (`scale_cl.experiments.train.prepare.validate`: a quantized base, automatic layers, WiSE-FT, the two-model
     control)."""
     path = CONFIGS / "train-llama-3.2-1b-8gpu.yaml"
     assert "configs/accelerate/fsdp2.yaml" in path.read_text()

@@ -25,7 +25,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from conftest import cpt_argv, tiny_config
 from exactness import assert_exact_to_rounding, assert_within_noise, max_error
 from scale_cl.experiments.cpt.config import CptConfig
-from scale_cl.experiments.cpt.pipeline import load_run_corpus, run_cpt
+from scale_cl.experiments.cpt.pipeline import run_cpt
+from scale_cl.experiments.train.corpus import load_run_corpus
 from scale_cl.models import load_trained
 from scale_cl.train.trainer import CHECKPOINT_META, TRAINABLE_WEIGHTS
 
@@ -178,10 +179,10 @@ def test_resume_after_sigkill_gives_bitwise_the_same_weights(workspace, tmp_path
 
 
 def test_checkpoints_hold_only_trainable_weights(workspace, tmp_path, monkeypatch, no_figures):
-    import scale_cl.experiments.cpt.pipeline as pipeline
+    import scale_cl.experiments.method_run as method_run
 
     cfg = tiny_config(workspace, ["scale_adapt"], steps=4, save_every=2)
-    monkeypatch.setattr(pipeline.shutil, "rmtree", lambda *a, **k: None)  # keep the checkpoints to look at
+    monkeypatch.setattr(method_run.shutil, "rmtree", lambda *a, **k: None)  # keep the checkpoints to look at
     run_cpt(cfg, tmp_path)
     checkpoint = tmp_path / "scale_adapt" / "run" / "checkpoint-4"
     weights = load_file(checkpoint / TRAINABLE_WEIGHTS)

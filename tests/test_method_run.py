@@ -11,7 +11,7 @@ from scale_cl.eval.mixture import MIXTURE_ROUTERS
 from scale_cl.experiments.bio import config as bio_config
 from scale_cl.experiments.bio.pipeline import Task1Run
 from scale_cl.experiments.cpt import config as cpt_config
-from scale_cl.experiments.cpt.pipeline import CptRun
+from scale_cl.experiments.train.method import CorpusRun
 from scale_cl.methods import METHOD_NAMES
 
 
@@ -31,10 +31,10 @@ def test_bio_reads_the_models_whose_base_logits_are_exact_with_every_mixing_rout
 
 def test_cpt_weighs_every_scale_models_new_logits_when_alphas_are_asked(tmp_path: Path):
     cfg = cpt_config.preset("smollm2")
-    runs = {m: CptRun(cfg, None, None, None, m, tmp_path) for m in METHOD_NAMES}
+    runs = {m: CorpusRun(cfg, None, None, None, m, tmp_path) for m in METHOD_NAMES}
     assert _read_along_alpha(runs) == set(), "no eval.up_logit_scales: no frontier"
     cfg = replace(cfg, eval=replace(cfg.eval, up_logit_scales=(0.5, 1.0)))
-    runs = {m: CptRun(cfg, None, None, None, m, tmp_path) for m in METHOD_NAMES}
+    runs = {m: CorpusRun(cfg, None, None, None, m, tmp_path) for m in METHOD_NAMES}
     assert _read_along_alpha(runs) == {"scale_preserve", "scale_adapt", "scale_route"}
     assert runs["fft"].result_path == tmp_path / "fft" / "result.json"
     assert runs["fft"].read_plan.wise_ft_key == "wise_ft_frontier"

@@ -12,6 +12,7 @@ import scale_cl.experiments.bio.pipeline as bio_pipeline
 import scale_cl.experiments.cpt.pipeline as cpt_pipeline
 import scale_cl.experiments.run_folder as run_folder
 import scale_cl.experiments.train.pipeline as train_pipeline
+import scale_cl.experiments.train.prepare as train_prepare
 from scale_cl.cli import main
 
 # each command and what it would load first: reaching it means the folder was not checked first
@@ -20,7 +21,7 @@ COMMANDS = {
     "cpt": (["cpt", "--preset", "clean-en"], cpt_pipeline, "base_model_config"),
     "base": (["base", "--preset", "clean-en"], base_build, "read_english"),
     "sweep bio": (["sweep", "bio", "--preset", "micro"], bio_pipeline, "build_data"),
-    "sweep cpt": (["sweep", "cpt", "--preset", "clean-en"], cpt_pipeline, "base_model_config"),
+    "sweep cpt": (["sweep", "cpt", "--preset", "clean-en"], train_prepare, "base_model_config"),
     "train": (["train", "--preset", "clean-en"], train_pipeline, "base_model_config"),
 }
 

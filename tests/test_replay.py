@@ -14,7 +14,9 @@ from conftest import tiny_config
 from scale_cl.data.corpus import CorpusConfig, build_corpus, is_stream, read_documents
 from scale_cl.data.replay import REPLAY_KEY, ReplayMix, ReplayStream, is_replay, replay_before, whole_per_batch
 from scale_cl.experiments.cpt.config import CptConfig
-from scale_cl.experiments.cpt.pipeline import load_run_corpus, run_cpt, training_data
+from scale_cl.experiments.cpt.pipeline import run_cpt
+from scale_cl.experiments.train.corpus import load_run_corpus
+from scale_cl.experiments.train.prepare import training_data
 
 
 def _blocks(rows: int, start: int, width: int = 4) -> torch.Tensor:

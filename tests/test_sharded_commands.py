@@ -225,7 +225,7 @@ def _fp32_readings(cfg, folder: Path) -> dict[str, torch.Tensor]:
     """The last evaluation of the trained model in ``folder`` (learning, forgetting) in fp32 instead of bf16, on the
     run's evaluation data."""
     from scale_cl.eval.perplexity import perplexity
-    from scale_cl.experiments.cpt.pipeline import load_run_corpus
+    from scale_cl.experiments.train.corpus import load_run_corpus
     from scale_cl.models import load_trained
 
     model, tokenizer, _ = load_trained(folder / "model")

@@ -25,10 +25,10 @@ from transformers import AutoConfig
 from exactness import assert_exact_to_rounding
 from scale_cl.cli import build_parser, main, parse_settings
 from scale_cl.experiments.base.config import preset as base_preset
-from scale_cl.experiments.cpt.config import CptDataConfig, CptTrainConfig, EvalConfig
 from scale_cl.experiments.settings import MethodSettings
 from scale_cl.experiments.train.config import TrainConfig, fifth_of, preset
 from scale_cl.experiments.train.pipeline import run_train
+from scale_cl.experiments.train.sections import DataSection, EvalSection, TrainSection
 from scale_cl.train.arguments import check_extra_arguments, training_arguments
 from scale_cl.train.callbacks import LossLog, SaveEveryMinutes
 from scale_cl.train.config import StageConfig
@@ -65,7 +65,7 @@ def config(
         preset="smollm2",
         model=str(workspace / "base"),
         method=method,
-        data=CptDataConfig(
+        data=DataSection(
             train=train,
             old_eval=[f"toy={workspace / 'old.jsonl'}"],
             seq_len=32,
@@ -73,7 +73,7 @@ def config(
             max_eval_sequences=6,
             **data,
         ),
-        train=CptTrainConfig(
+        train=TrainSection(
             lr=1e-3,
             tokens=tokens,
             batch_size=4,
@@ -83,7 +83,7 @@ def config(
             schedule="linear",
             logging_steps=2,  # a multiple of save_every: each logged loss is that of the same steps after a resume
         ),
-        eval=EvalConfig(every=3, batch_size=3, representation_sequences=2),
+        eval=EvalSection(every=3, batch_size=3, representation_sequences=2),
         options=MethodSettings(
             scale=ScaleConfig(hidden_up=32, ffn_up=32, method="preserve", preserve_layers=1),
             freeze_layers=1,

@@ -550,10 +550,10 @@ def test_extend_vocab_option_is_parsed_and_checked():
     cfg = parse_settings(["cpt", "--data.extend_vocab", "16", "--data.train", "x.jsonl"]).cpt
     assert cfg.data.extend_vocab == 16 and cfg.data.train == ["x.jsonl"]
     assert parse_settings(["cpt"]).cpt.data.extend_vocab == 0
-    from scale_cl.experiments.cpt.config import CptDataConfig
+    from scale_cl.experiments.train.sections import DataSection
 
     with pytest.raises(ValueError, match=r"data\.extend_vocab"):
-        CptDataConfig(extend_vocab=-1)
+        DataSection(extend_vocab=-1)
 
 
 def test_cpt_extend_vocab_larger_than_the_text_fails_before_anything_is_written(workspace, tmp_path):

@@ -19,8 +19,8 @@ from typing import Any
 import torch
 
 from scale_cl.data.corpus import eval_sets
-from scale_cl.experiments.cpt.config import AUTO_MEASUREMENTS
 from scale_cl.experiments.train.config import TRAINED, TrainConfig
+from scale_cl.experiments.train.sections import AUTO_MEASUREMENTS
 from scale_cl.methods import method_spec
 from scale_cl.remote_code import own_code_kwargs
 from scale_cl.tuner.sliced_loss import slice_positions
@@ -257,7 +257,7 @@ def plan_config(cfg: TrainConfig) -> tuple[Any, str]:
 
     from scale_cl.bench.shapes import shape_of_hub_id
     from scale_cl.data.corpus import check_corpus
-    from scale_cl.experiments.cpt.pipeline import base_model_config, base_model_ref
+    from scale_cl.experiments.train.prepare import base_model_config, base_model_ref
 
     check_corpus(cfg.data)
     shape = shape_of_hub_id(cfg.model)

@@ -91,8 +91,9 @@ BIO = experiment_command(
 
 
 def run_cpt_command(settings: CptCommand) -> int:
-    from scale_cl.experiments.cpt.pipeline import process_state, run_cpt
+    from scale_cl.experiments.cpt.pipeline import run_cpt
     from scale_cl.experiments.cpt.sequence import run_cpt_sequence
+    from scale_cl.experiments.train.prepare import process_state
 
     out = Path(settings.out or f"outputs/cpt-{settings.cpt.preset}")
     if settings.cpt.sequence.then:
@@ -175,9 +176,9 @@ def run_train_command(settings: TrainCommand) -> int:
         print(f"[train] the plan for {out} (--dry_run: nothing was loaded or written)")
         print(plan(cfg, config, settings.processes, note))
         return 0
-    from scale_cl.experiments.cpt.pipeline import base_model_config, process_state
     from scale_cl.experiments.run_folder import check_output_folder
     from scale_cl.experiments.train.pipeline import CONFIG_FILE, FIGURE, MODEL_DIR, run_train
+    from scale_cl.experiments.train.prepare import base_model_config, process_state
 
     check_output_folder(out, CONFIG_FILE, None)  # a bad --out before the model is looked up
     cfg = settings.fitted(base_model_config(settings.train))

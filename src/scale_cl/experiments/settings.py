@@ -68,7 +68,7 @@ class MethodSettings:
         metadata={
             "help": "SCALE-Adapt/Route: choose options.scale.preserve_layers and collab_modules by short probe runs "
             "instead (the setting that learns most within the forgetting budget; needs data.replay for the "
-            "old-domain measurement; scale_cl.experiments.cpt.layer_choice)"
+            "old-domain measurement; scale_cl.experiments.train.layer_choice)"
         },
     )
     auto_layers_budget: float = field(
@@ -197,7 +197,7 @@ class MethodSettings:
         return {**options, **quant} if spec.quantizable_base else options
 
     def chooses_layers(self, method: str) -> bool:
-        """Whether ``method``'s L_fp and collaborative modules come from probe runs (`..cpt.layer_choice`)."""
+        """Whether ``method``'s L_fp and collaborative modules come from probe runs (`..train.layer_choice`)."""
         return "auto_layers" in settings_of(method) and self.auto_layers
 
     def calibrates_route(self, method: str) -> bool:

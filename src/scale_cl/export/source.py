@@ -28,8 +28,8 @@ from scale_cl.tuner.io import CONFIG_NAME, read_meta
 from scale_cl.tuner.scale_state import scale_config_of
 
 MODEL_DIR = "model"  # a cpt method folder's saved model
-RESULT_FILE = "result.json"  # a finished cpt method's summary (scale_cl.experiments.cpt.report)
-RUN_CONFIG = "cpt_config.json"  # a cpt run folder's settings (scale_cl.experiments.cpt.pipeline)
+RESULT_FILE = "result.json"  # a finished cpt method's summary (scale_cl.experiments.train.method.RESULT_FILE)
+RUN_CONFIG = "cpt_config.json"  # a cpt run folder's settings (scale_cl.experiments.cpt.pipeline.CONFIG_FILE)
 TRAIN_CONFIG = "train_config.json"  # a `scale-cl train` run's settings, in its own folder (scale_cl.experiments.train)
 TRAINING_CHECKPOINT = "checkpoint.json"  # a resumable training checkpoint (scale_cl.train.trainer)
 EXPECTED = (

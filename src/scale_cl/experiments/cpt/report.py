@@ -7,9 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from scale_cl.experiments.cpt.config import CptConfig
+from scale_cl.experiments.train.method import RESULT_FILE
 from scale_cl.files import atomic_write, write_json, write_text
-
-RESULT_FILE = "result.json"
 
 
 def result_path(out: Path, method: str) -> Path:

@@ -31,7 +31,6 @@ from scale_cl.data.tokens import eos_id
 from scale_cl.eval.continual import continual_metrics
 from scale_cl.eval.perplexity import perplexity
 from scale_cl.experiments.cpt.config import CptConfig
-from scale_cl.experiments.cpt.report import RESULT_FILE
 from scale_cl.experiments.method_run import GATE_RECIPE
 from scale_cl.experiments.run_folder import check_output_folder, claim_output_folder
 from scale_cl.experiments.sequence_progress import (
@@ -41,6 +40,7 @@ from scale_cl.experiments.sequence_progress import (
     read_with_fitted_gate,
     task_cost,
 )
+from scale_cl.experiments.train.method import RESULT_FILE
 from scale_cl.files import write_json, write_text
 from scale_cl.models import BaseModelRef, load_base
 from scale_cl.train.callbacks import PeriodicEval
@@ -53,9 +53,9 @@ COST_TOKENS = 64  # the first evaluation set's first tokens: the one sequence ea
 
 def validate_sequence(cfg: CptConfig) -> None:
     """What a sequence of domains needs, and the options it does not take yet, refused by name before any writing."""
-    from scale_cl.experiments.cpt.pipeline import process_state
+    from scale_cl.experiments.train.prepare import process_state
 
-    cfg.check()  # the settings' own checks, the sequence's among them (`scale_cl.experiments.cpt.config.check_run`)
+    cfg.check()  # the settings' own checks, the sequence's among them (`scale_cl.experiments.train.sections.check_run`)
     if process_state().num_processes > 1:
         raise ValueError("a sequence of domains (sequence.then) runs in one process for now")
     for _, source in cfg.sequence.tasks()[1:]:
@@ -104,7 +104,7 @@ def run_method_sequence(
     cfg: CptConfig, ref: BaseModelRef, trains: list[tuple[str, Any]], evals: dict[str, Any], method: str, out: Path
 ) -> dict[str, Any]:
     """Every task in turn for one method (module doc); returns (and saves) its result."""
-    from scale_cl.experiments.cpt.pipeline import run_placement, total_steps, training_arguments
+    from scale_cl.experiments.train.prepare import run_placement, total_steps, training_arguments
     from scale_cl.methods import method_spec, prepare
 
     method_dir = out / method
@@ -260,7 +260,8 @@ def sequence_markdown(cfg: CptConfig, results: dict[str, dict[str, Any]]) -> str
 
 def run_cpt_sequence(cfg: CptConfig, out: Path) -> dict[str, Any]:
     """Run (or resume) every method through the sequence of domains into ``out``; returns the results by method."""
-    from scale_cl.experiments.cpt.pipeline import CONFIG_FILE, base_model_config, base_model_ref, validate
+    from scale_cl.experiments.cpt.pipeline import CONFIG_FILE
+    from scale_cl.experiments.train.prepare import base_model_config, base_model_ref, validate
 
     out = Path(out)
     refuse_sharding("scale-cl cpt --sequence.then", "its stages evaluate and save on the main process alone")

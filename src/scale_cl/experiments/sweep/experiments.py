@@ -180,7 +180,7 @@ class CptExperiment:
     @property
     def is_main_process(self) -> bool:
         """Under torchrun / accelerate launch every process runs the sweep; only the main one writes."""
-        from scale_cl.experiments.cpt.pipeline import process_state
+        from scale_cl.experiments.train.prepare import process_state
 
         return process_state().is_main_process
 
@@ -200,7 +200,7 @@ class CptExperiment:
             )
 
     def validate(self, cfg: Any) -> None:
-        from scale_cl.experiments.cpt.pipeline import base_model_config, validate
+        from scale_cl.experiments.train.prepare import base_model_config, validate
 
         self.refuse_sequence(cfg)
         if self._base_config is None:
@@ -215,14 +215,9 @@ class CptExperiment:
     def prepare(self, out: Path) -> dict[str, float]:
         """Corpus, reference hidden states and the base model's evaluation (once, on the run's device and in its
         precision, as the runs evaluate); returns the base metrics."""
-        from scale_cl.experiments.cpt.pipeline import (
-            base_model_ref,
-            base_placement,
-            evaluate_method,
-            load_run_corpus,
-            process_state,
-            reference_hidden,
-        )
+        from scale_cl.experiments.train.corpus import load_run_corpus
+        from scale_cl.experiments.train.measure import evaluate_method, reference_hidden
+        from scale_cl.experiments.train.prepare import base_model_ref, base_placement, process_state
         from scale_cl.models import load_base
 
         ref = base_model_ref(self.cfg)
@@ -257,7 +252,7 @@ class CptExperiment:
 
     def run(self, cfg: Any, method: str, point_dir: Path) -> dict[str, float]:
         """Train the point once per seed (data order and initialisation); its metrics are the means over seeds."""
-        from scale_cl.experiments.cpt.pipeline import run_method
+        from scale_cl.experiments.train.method import RunOptions, run_method
 
         s = self._state
         finals = []
@@ -269,9 +264,7 @@ class CptExperiment:
                 s["reference"],
                 method,
                 self._seed_dir(point_dir, seed),
-                s["initial"],
-                save_model=self.save_models,
-                pseudo_replay_cache=s["out"],
+                RunOptions(initial=s["initial"], save_model=self.save_models, pseudo_replay_cache=s["out"]),
             )
             if "curve" not in result:  # only the main process evaluates
                 return {}

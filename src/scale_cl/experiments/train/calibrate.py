@@ -13,10 +13,10 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from scale_cl.experiments.cpt.report import RESULT_FILE
 from scale_cl.experiments.method_run import GATE_RECIPE
 from scale_cl.experiments.overrides import apply_overrides
 from scale_cl.experiments.train.config import TrainConfig, preset
+from scale_cl.experiments.train.method import RESULT_FILE
 from scale_cl.experiments.train.pipeline import CONFIG_FILE, MODEL_DIR
 from scale_cl.files import write_json
 from scale_cl.train.router_fit import RouterFit, check_routed, fit_router, gate_blocks
@@ -37,7 +37,8 @@ def run_config(run: Path) -> TrainConfig:
 def calibrate_run(run: str | Path) -> RouterFit:
     """Fit the gate of the model in ``run`` (module doc), save the model read by it; the fit."""
     from scale_cl.data.tokens import eos_id
-    from scale_cl.experiments.cpt.pipeline import base_model_ref, load_run_corpus
+    from scale_cl.experiments.train.corpus import load_run_corpus
+    from scale_cl.experiments.train.prepare import base_model_ref
     from scale_cl.methods import method_spec
     from scale_cl.models import load_base, load_trained, read_run_file, save_trained
     from scale_cl.tuner.vocab import vocab_rows

@@ -1,8 +1,8 @@
 """`scale-cl train`'s settings: one method, one model, a real corpus; presets ``smollm2``, ``clean-en`` and ``paper``.
 
-The sections are continual pre-training's own (`scale_cl.experiments.cpt.config`: ``data``, ``train``, ``eval``,
-``options``), so a setting is spelt and checked the same way in both commands, and both train through one path
-(`scale_cl.experiments.cpt.pipeline.run_method`).
+The sections (``data``, ``train``, ``eval``, ``options``) are every corpus run's
+(`scale_cl.experiments.train.sections`), so a setting is spelt and checked the same way in `train`, `cpt` and
+`sweep cpt`, and all three train through one path (`scale_cl.experiments.train.method.run_method`).
 """
 
 from __future__ import annotations
@@ -11,17 +11,17 @@ from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 from scale_cl.experiments.base.name import CLEAN_EN
-from scale_cl.experiments.cpt.config import (
+from scale_cl.experiments.experiment import ExperimentConfig
+from scale_cl.experiments.settings import MethodSettings
+from scale_cl.experiments.train.sections import (
     CLEAN_RATES,
     CORPORA,
     PAPER_RATES,
-    CptDataConfig,
-    CptTrainConfig,
-    EvalConfig,
+    DataSection,
+    EvalSection,
+    TrainSection,
     check_run,
 )
-from scale_cl.experiments.experiment import ExperimentConfig
-from scale_cl.experiments.settings import MethodSettings
 from scale_cl.methods import METHOD_NAMES, method_spec
 from scale_cl.models import SMOLLM2
 from scale_cl.tuner.config import ScaleConfig
@@ -80,9 +80,9 @@ class TrainConfig(ExperimentConfig):
         },
     )
     seed: int = field(default=0, metadata={"ge": 0, "le": 4294967295, "help": "seed of data order and initialisation"})
-    data: CptDataConfig = field(default_factory=CptDataConfig)
-    train: CptTrainConfig = field(default_factory=CptTrainConfig)
-    eval: EvalConfig = field(default_factory=EvalConfig)
+    data: DataSection = field(default_factory=DataSection)
+    train: TrainSection = field(default_factory=TrainSection)
+    eval: EvalSection = field(default_factory=EvalSection)
     options: MethodSettings = field(default_factory=MethodSettings)
 
     def __post_init__(self) -> None:
@@ -99,7 +99,7 @@ class TrainConfig(ExperimentConfig):
 
     def check(self) -> None:
         """The checks of the final settings that need several at once and no model: continual pre-training's
-        (`scale_cl.experiments.cpt.config.check_run`) and a token budget of at least one optimizer step. The command
+        (`scale_cl.experiments.train.sections.check_run`) and a token budget of at least one optimizer step. The command
         line runs them before anything loads, ``--dry_run`` included."""
         check_run(self)
         step = self.train.batch_size * self.data.seq_len
@@ -157,8 +157,8 @@ def preset(name: str) -> TrainConfig:
         return TrainConfig(
             preset="smollm2",
             model=SMOLLM2,
-            data=CptDataConfig(seq_len=256, max_eval_sequences=16),
-            train=CptTrainConfig(
+            data=DataSection(seq_len=256, max_eval_sequences=16),
+            train=TrainSection(
                 lr=1e-5,
                 batch_size=8,
                 micro_batch_size=4,
@@ -168,7 +168,7 @@ def preset(name: str) -> TrainConfig:
                 save_every=200,
                 save_total_limit=3,
             ),
-            eval=EvalConfig(every=0, batch_size=4),
+            eval=EvalSection(every=0, batch_size=4),
             options=MethodSettings(scale=_scale(192, 192, 6), freeze_layers=6),
         )
     if name == "clean-en":
@@ -177,14 +177,14 @@ def preset(name: str) -> TrainConfig:
         return TrainConfig(
             preset="clean-en",
             model=CLEAN_EN,
-            data=CptDataConfig(
+            data=DataSection(
                 train=[f"{CORPORA}/korean/train.jsonl", f"{CORPORA}/korean/heldout.jsonl"],
                 old_eval=[f"en={CORPORA}/english-base/heldout.jsonl", f"handbook={CORPORA}/english/eval.jsonl"],
                 seq_len=256,
                 heldout_fraction=0.05,
                 max_eval_sequences=32,
             ),
-            train=CptTrainConfig(
+            train=TrainSection(
                 lr=1e-3,
                 tokens="2M",
                 batch_size=8,
@@ -195,7 +195,7 @@ def preset(name: str) -> TrainConfig:
                 save_every=100,
                 save_total_limit=3,
             ),
-            eval=EvalConfig(every=0, batch_size=8, representation_sequences=8),
+            eval=EvalSection(every=0, batch_size=8, representation_sequences=8),
             options=MethodSettings(scale=_scale(64, 64, 1), freeze_layers=1),
         )
     if name == "paper":
@@ -204,8 +204,8 @@ def preset(name: str) -> TrainConfig:
         return TrainConfig(
             preset="paper",
             model="meta-llama/Llama-3.2-1B",
-            data=CptDataConfig(seq_len=8192, max_eval_sequences=64),
-            train=CptTrainConfig(
+            data=DataSection(seq_len=8192, max_eval_sequences=64),
+            train=TrainSection(
                 lr=1e-5,
                 tokens="60B",
                 batch_size=512,
@@ -217,7 +217,7 @@ def preset(name: str) -> TrainConfig:
                 save_every=200,
                 save_total_limit=3,
             ),
-            eval=EvalConfig(every=0, batch_size=1, representation_sequences=8),
+            eval=EvalSection(every=0, batch_size=1, representation_sequences=8),
             options=MethodSettings(scale=_scale(256, 1024, 3), freeze_layers=3, lora_rank="256", llama_pro_blocks="4"),
         )
     raise ValueError(f"unknown preset {name!r}; valid presets: {', '.join(PRESETS)}")

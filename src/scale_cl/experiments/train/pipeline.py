@@ -16,8 +16,9 @@ Output folder::
                                take
     result.json, curves.png    the summary, and learning and forgetting over the run
 
-It trains through continual pre-training's path (`scale_cl.experiments.cpt.pipeline.run_method`) on its data path
-(`scale_cl.data.corpus`): the same settings mean the same thing in both commands.
+It trains through the path `scale-cl cpt` and `scale-cl sweep cpt` share
+(`scale_cl.experiments.train.method.run_method`) on their data path (`scale_cl.data.corpus`): the same settings mean
+the same thing in every command.
 """
 
 from __future__ import annotations
@@ -25,19 +26,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from scale_cl.experiments.cpt.pipeline import (
-    base_model_config,
-    base_model_ref,
-    load_run_corpus,
-    process_state,
-    reference_hidden,
-    run_method,
-    save_run_tokenizer,
-    validate,
-)
-from scale_cl.experiments.cpt.report import RESULT_FILE
 from scale_cl.experiments.run_folder import check_output_folder, claim_output_folder
 from scale_cl.experiments.train.config import TrainConfig
+from scale_cl.experiments.train.corpus import load_run_corpus, save_run_tokenizer
+from scale_cl.experiments.train.measure import reference_hidden
+from scale_cl.experiments.train.method import RESULT_FILE, RunOptions, run_method
+from scale_cl.experiments.train.prepare import base_model_config, base_model_ref, process_state, validate
 from scale_cl.files import write_text
 
 CONFIG_FILE = "train_config.json"
@@ -69,10 +63,7 @@ def run_train(cfg: TrainConfig, out: Path, command: str = "") -> dict[str, Any]:
         reference,
         cfg.method,
         out,
-        method_dir=out,
-        keep_checkpoints=True,
-        reading=cfg.read_with,
-        log_prefix="train",
+        RunOptions(method_dir=out, keep_checkpoints=True, reading=cfg.read_with, log_prefix="train"),
     )
     if main:
         from scale_cl.experiments.train.report import curves_figure, model_card

@@ -29,7 +29,7 @@ from transformers import PreTrainedModel
 from scale_cl.data.corpus import Corpus, PackedDataset
 from scale_cl.data.replay import ReplayMix
 from scale_cl.eval.perplexity import perplexity
-from scale_cl.experiments.cpt.config import CptConfig
+from scale_cl.experiments.train.sections import RunSettings
 from scale_cl.files import write_json
 from scale_cl.train.recipe import train_model
 
@@ -73,7 +73,7 @@ def choose(probes: list[LayerProbe], budget: float) -> tuple[LayerProbe, str]:
     )
 
 
-def check_probe_data(cfg: CptConfig, corpus: Corpus) -> None:
+def check_probe_data(cfg: RunSettings, corpus: Corpus) -> None:
     """Raise a ValueError unless the corpus can feed the probes (checked before any run is written; `validate`
     has refused data.streaming already)."""
     if corpus.replay is None:
@@ -94,7 +94,7 @@ def check_probe_data(cfg: CptConfig, corpus: Corpus) -> None:
         )
 
 
-def probe_training_data(cfg: CptConfig, corpus: Corpus) -> Subset:
+def probe_training_data(cfg: RunSettings, corpus: Corpus) -> Subset:
     """The probe steps' sequences: the run's kind of batches (replay mixed in as the run mixes it), drawn from
     everything but the sequences the probes are measured on."""
     new = corpus.train.blocks[:-PROBE_SEQUENCES]
@@ -109,12 +109,12 @@ def probe_training_data(cfg: CptConfig, corpus: Corpus) -> Subset:
     return steps
 
 
-def _loss(model: torch.nn.Module, blocks: torch.Tensor, cfg: CptConfig, bf16: bool) -> float:
+def _loss(model: torch.nn.Module, blocks: torch.Tensor, cfg: RunSettings, bf16: bool) -> float:
     return perplexity(model, blocks, cfg.eval.batch_size, bf16).loss
 
 
 def probe(
-    cfg: CptConfig, base: PreTrainedModel, corpus: Corpus, method: str, setting: dict[str, Any], args: Any
+    cfg: RunSettings, base: PreTrainedModel, corpus: Corpus, method: str, setting: dict[str, Any], args: Any
 ) -> LayerProbe:
     """Train a copy of ``base`` prepared as ``method`` with ``setting`` for the probe steps; measure it."""
     from scale_cl.methods import prepare
@@ -135,7 +135,7 @@ def probe(
 
 
 def choose_layers(
-    cfg: CptConfig, base: PreTrainedModel, corpus: Corpus, method: str, method_dir: Path, args: Any
+    cfg: RunSettings, base: PreTrainedModel, corpus: Corpus, method: str, method_dir: Path, args: Any
 ) -> dict[str, Any]:
     """Run (or reuse) the probes of ``method`` and return the choice record (``chosen``: the ScaleConfig fields)."""
     path = method_dir / CHOICE_FILE
