@@ -8,8 +8,8 @@ from dataclasses import replace
 import pytest
 
 from conftest import tiny_config
-from scale_cl.experiments.train.layer_choice import CHOICE_FILE, LayerProbe, candidate_layers, choose
 from scale_cl.experiments.cpt.pipeline import run_cpt
+from scale_cl.experiments.train.layer_choice import CHOICE_FILE, LayerProbe, candidate_layers, choose
 from scale_cl.models import load_trained
 
 

@@ -16,10 +16,10 @@ from typing import ClassVar
 from scale_cl.bounds import check_fields
 from scale_cl.data.corpus import CorpusConfig
 from scale_cl.experiments.experiment import ExperimentConfig
+from scale_cl.experiments.presets import load_preset
 from scale_cl.train.config import StageConfig
 
 PRESETS = ("clean-en", "micro")
-CORPUS = "outputs/corpora/english-base"  # written by measurements/cpt_corpus.py (Debian documentation packages)
 
 
 @dataclass
@@ -59,7 +59,7 @@ class BaseBuildConfig(ExperimentConfig):
     )
     data: CorpusConfig = field(default_factory=CorpusConfig)
     model: ArchitectureConfig = field(default_factory=ArchitectureConfig)
-    train: StageConfig = field(default_factory=StageConfig)
+    train: StageConfig = field(default_factory=lambda: StageConfig(max_steps=1500))  # budgeted in steps
     eval_every: int = field(default=250, metadata={"ge": 1, "help": "measure English perplexity every this many steps"})
     save_every: int = field(
         default=250, metadata={"ge": 0, "help": "write a resumable checkpoint every this many steps"}
@@ -93,46 +93,8 @@ class BaseBuildConfig(ExperimentConfig):
 
 
 def preset(name: str) -> BaseBuildConfig:
-    """The settings of preset ``name``."""
-    if name == "clean-en":
-        # 4.0M parameters (1.6M of them the tied 8k embedding), 1,500 steps of 16 x 256 tokens (6.1M tokens,
-        # ~2.5 passes over the ~10 MB English corpus): ~25 min on the project's 2-core CPU. Validation on
-        # the corpus builder's held-out English documents, which the CPT benchmark also measures forgetting on.
-        return BaseBuildConfig(
-            preset="clean-en",
-            data=CorpusConfig(
-                train=[f"{CORPUS}/train.jsonl"],
-                old_eval=[f"en={CORPUS}/heldout.jsonl"],
-                seq_len=256,
-                heldout_fraction=0.0,
-                max_eval_sequences=64,
-            ),
-            model=ArchitectureConfig(),
-            train=StageConfig(
-                lr=3e-3,
-                max_steps=1500,
-                batch_size=16,
-                warmup_steps=100,
-                weight_decay=0.1,
-                schedule="cosine_with_min_lr",
-                min_lr_ratio=0.1,
-            ),
-            eval_every=250,
-            save_every=250,
-        )
-    if name == "micro":
-        # The same code path in seconds (tests): a tiny model on a tiny corpus.
-        return BaseBuildConfig(
-            preset="micro",
-            data=CorpusConfig(seq_len=32, heldout_fraction=0.1, max_eval_sequences=4),
-            model=ArchitectureConfig(
-                vocab_size=320, hidden_size=32, layers=2, heads=4, kv_heads=2, intermediate_size=64
-            ),
-            train=StageConfig(lr=3e-3, max_steps=12, batch_size=4, warmup_steps=2, schedule="cosine"),
-            eval_every=6,
-            save_every=6,
-        )
-    raise ValueError(f"unknown preset {name!r}; valid presets: {', '.join(PRESETS)}")
+    """The settings of preset ``name``: ``scale_cl/configs/base/<name>.yaml`` on the defaults (its file says why)."""
+    return load_preset(BaseBuildConfig(), "base", name, PRESETS)
 
 
 @dataclass

@@ -6,7 +6,7 @@ its ``metadata["help"]`` is the option's help text.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from transformers import GPTNeoXConfig
@@ -16,11 +16,11 @@ from scale_cl.data import ATTRIBUTES, bio_spec, splits
 from scale_cl.experiments.bio.datasets import QA_LOSSES
 from scale_cl.experiments.experiment import ExperimentConfig, output_folder
 from scale_cl.experiments.growth import GrowthSettings
+from scale_cl.experiments.presets import load_preset
 from scale_cl.experiments.settings import MethodSettings, MethodStageConfig
 from scale_cl.methods import METHOD_NAMES as ALL_METHODS
 from scale_cl.methods import method_spec
 from scale_cl.train.config import StageConfig
-from scale_cl.tuner.config import ScaleConfig
 from scale_cl.tuner.routing.calibrated import OBJECTIVES
 
 PRESETS = ("micro", "small", "medium", "paper")
@@ -301,94 +301,9 @@ class BioConfig(ExperimentConfig):
             self.sequence.check_methods(self.methods, self.options.base_quant)
 
 
-def _scale(hidden_up: int, ffn_up: int) -> ScaleConfig:
-    """The paper's SCALE set-up for this benchmark: only the last layer collaborative (L_fp = -1)."""
-    return ScaleConfig(hidden_up=hidden_up, ffn_up=ffn_up, method="route", preserve_layers=-1)
-
-
 def preset(name: str) -> BioConfig:
-    """The settings of preset ``name`` (docs/usage.md says what each is for)."""
-    if name == "micro":
-        return BioConfig(
-            preset="micro",
-            eval_people=0,
-            data=DataConfig(people=120, pools="micro", vocab_size=512),
-            model=BackboneConfig(hidden_size=32, layers=2, heads=2, intermediate_size=64, max_seq_len=128),
-            pretrain=StageConfig(lr=3e-3, epochs=2, batch_size=16),
-            task0=StageConfig(lr=1e-3, epochs=1, batch_size=16),
-            task1=Task1Config(
-                lr=1e-3, max_steps=4, batch_size=16, eval_every=2, early_eval_every=1, early_eval_until=2
-            ),
-            options=MethodSettings(scale=_scale(hidden_up=16, ffn_up=16), freeze_layers=1),
-        )
-    if name == "small":
-        # Tuned on the 2-core CPU (docs/results/biography.md): 300 people's biographies, globally shuffled and
-        # packed afresh each epoch, 120 epochs (exposures are what limits Task 0: QA extracts about what
-        # pre-training stored, 68% after 60 epochs, 84% after 120); Task-0 QA at a low rate (extraction
-        # generalises best before QA over-fits). Task 1: per method, the lowest rate of the three-seed sweep
-        # (2026-11-23) that learned Task 1 to >= 95% in 200 steps (mean over the seeds), so that the preset
-        # compares methods near matched learning.
-        return BioConfig(
-            preset="small",
-            data=DataConfig(people=600, pools="small", vocab_size=3072),
-            model=BackboneConfig(hidden_size=128, layers=4, heads=4, intermediate_size=512, max_seq_len=256),
-            pretrain=StageConfig(lr=2e-3, epochs=120, batch_size=32, warmup_steps=50, schedule="cosine_with_min_lr"),
-            task0=StageConfig(lr=1e-4, epochs=4, batch_size=32),
-            task1=Task1Config(
-                lr=1e-4,
-                max_steps=200,
-                batch_size=32,
-                eval_every=20,
-                method_lr={
-                    "lora": 1.25e-4,
-                    "llama_pro": 2e-4,
-                    "scale_preserve": 2e-3,
-                    "scale_adapt": 5e-4,
-                    "scale_route": 1e-3,
-                },
-            ),
-            options=MethodSettings(scale=_scale(hidden_up=64, ffn_up=64), freeze_layers=1),
-        )
-    if name == "medium":
-        # The small preset at twice the width (GPT-NeoX 256 wide, FFN 1,024, 4.4M parameters) and half the
-        # pre-training epochs: at seed 0 it stores 92% of the held-out people's facts after 60 epochs where
-        # width 128 stores 84% after 120, in about the same stage-1 time (docs/results/biography.md, History).
-        # SCALE adds half the width again, as in small; the Task-1 rates are small's (not re-derived here).
-        small = preset("small")
-        return replace(
-            small,
-            preset="medium",
-            model=replace(small.model, hidden_size=256, intermediate_size=1024),
-            pretrain=replace(small.pretrain, epochs=60.0),
-            options=replace(small.options, scale=_scale(hidden_up=128, ffn_up=128)),
-        )
-    if name == "paper":
-        # Pythia-160M, 200k people, the original benchmark's and the paper's hyper-parameters (for a GPU).
-        return BioConfig(
-            preset="paper",
-            eval_people=2000,
-            data=DataConfig(people=200_000, pools="paper", vocab_size=32_768),
-            model=BackboneConfig(hidden_size=768, layers=12, heads=12, intermediate_size=3072, max_seq_len=512),
-            pretrain=StageConfig(
-                lr=1e-3,
-                epochs=10,
-                batch_size=96,
-                warmup_steps=1000,
-                weight_decay=0.1,
-                schedule="cosine_with_min_lr",
-                min_lr_ratio=0.1,
-            ),
-            task0=StageConfig(lr=5e-6, epochs=10, batch_size=48),
-            task1=Task1Config(
-                lr=5e-6,
-                epochs=10,
-                batch_size=48,
-                eval_every=1000,
-                method_lr={"scale_route": 5e-5, "llama_pro": 5e-5},
-            ),
-            options=MethodSettings(scale=_scale(hidden_up=128, ffn_up=128), freeze_layers=3, llama_pro_blocks="4"),
-        )
-    raise ValueError(f"unknown preset {name!r}; valid presets: {', '.join(PRESETS)}")
+    """The settings of preset ``name``: ``scale_cl/configs/bio/<name>.yaml`` on the defaults (its file says why)."""
+    return load_preset(BioConfig(), "bio", name, PRESETS)
 
 
 @dataclass

@@ -10,14 +10,11 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import ClassVar
 
-from scale_cl.experiments.base.name import CLEAN_EN
 from scale_cl.experiments.experiment import ExperimentConfig, output_folder
 from scale_cl.experiments.growth import GrowthSettings
+from scale_cl.experiments.presets import load_preset
 from scale_cl.experiments.settings import MethodSettings
 from scale_cl.experiments.train.sections import (
-    CLEAN_RATES,
-    CORPORA,
-    PAPER_RATES,
     DataSection,
     EvalSection,
     TrainSection,
@@ -25,7 +22,6 @@ from scale_cl.experiments.train.sections import (
 )
 from scale_cl.methods import METHOD_NAMES
 from scale_cl.models import SMOLLM2
-from scale_cl.tuner.config import ScaleConfig
 
 PRESETS = ("smollm2", "clean-en", "paper")
 
@@ -134,87 +130,8 @@ def _check_sequence(cfg: CptConfig) -> None:
 
 
 def preset(name: str) -> CptConfig:
-    """The settings of preset ``name`` (data sources are always the user's: see ``--data.*``)."""
-    if name == "smollm2":
-        # The paper's recipe scaled to SmolLM2-135M (30 layers, d=576, 3 KV heads of 64, FFN 1536) and a
-        # CPU budget: minimal head-aligned widths (3 x 64 = 192; FFN 1536 / 8 = 192, the paper's 1/8),
-        # L_fp, Freeze and the matched baselines scaled by 30/16 layers; short sequences, few steps.
-        return CptConfig(
-            preset="smollm2",
-            model=SMOLLM2,
-            data=DataSection(seq_len=256, max_eval_sequences=16),
-            train=TrainSection(
-                lr=1e-5,
-                max_steps=200,
-                batch_size=8,
-                micro_batch_size=4,
-                warmup_ratio=0.06,
-                schedule="linear",
-                method_lr=PAPER_RATES,
-                save_every=50,
-            ),
-            eval=EvalSection(every=20, batch_size=4),
-            options=MethodSettings(
-                scale=ScaleConfig(hidden_up=192, ffn_up=192, method="route", preserve_layers=6), freeze_layers=6
-            ),
-        )
-    if name == "clean-en":
-        # The clean benchmark: the English base built here (`scale-cl base`: 4.0M parameters, 6 layers, d=192,
-        # 6 heads of 32 in 3 KV groups, FFN 512, English-only 8k BPE) learns Korean, and forgets English: its
-        # held-out pre-training documents ("en") and the Debian handbook it never saw ("handbook"). SCALE adds
-        # one GQA group of heads (64) and 1/8 of the FFN (64); L_fp = 1 of 6 (the paper's 3 of 16, rounded).
-        return CptConfig(
-            preset="clean-en",
-            model=CLEAN_EN,
-            data=DataSection(
-                train=[f"{CORPORA}/korean/train.jsonl", f"{CORPORA}/korean/heldout.jsonl"],
-                old_eval=[f"en={CORPORA}/english-base/heldout.jsonl", f"handbook={CORPORA}/english/eval.jsonl"],
-                seq_len=256,
-                heldout_fraction=0.05,
-                max_eval_sequences=32,
-            ),
-            train=TrainSection(
-                lr=1e-3,
-                max_steps=100,
-                batch_size=8,
-                micro_batch_size=8,
-                warmup_ratio=0.06,
-                schedule="linear",
-                method_lr=CLEAN_RATES,
-                save_every=50,
-            ),
-            eval=EvalSection(every=20, batch_size=8, representation_sequences=8),
-            options=MethodSettings(
-                scale=ScaleConfig(hidden_up=64, ffn_up=64, method="route", preserve_layers=1), freeze_layers=1
-            ),
-        )
-    if name == "paper":
-        # Section 5 / Table 1: Llama-3.2-1B, one epoch of the user's corpus, batch 512 x 8192, linear
-        # schedule with 6% warm-up; rates FFT/LoRA/Freeze 1e-5, LLaMA Pro 2e-4, SCALE 1e-3.
-        return CptConfig(
-            preset="paper",
-            model="meta-llama/Llama-3.2-1B",
-            data=DataSection(seq_len=8192, max_eval_sequences=64),
-            train=TrainSection(
-                lr=1e-5,
-                epochs=1,
-                batch_size=512,
-                micro_batch_size=1,
-                warmup_ratio=0.06,
-                schedule="linear",
-                method_lr=PAPER_RATES,
-                gradient_checkpointing=True,
-                save_every=200,
-            ),
-            eval=EvalSection(every=100, batch_size=1, representation_sequences=8),
-            options=MethodSettings(
-                scale=ScaleConfig(hidden_up=256, ffn_up=1024, method="route", preserve_layers=3),
-                freeze_layers=3,
-                lora_rank="256",
-                llama_pro_blocks="4",
-            ),
-        )
-    raise ValueError(f"unknown preset {name!r}; valid presets: {', '.join(PRESETS)}")
+    """The settings of preset ``name``: ``scale_cl/configs/cpt/<name>.yaml`` on the defaults (its file says why)."""
+    return load_preset(CptConfig(), "cpt", name, PRESETS)
 
 
 @dataclass

@@ -10,13 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
-from scale_cl.experiments.base.name import CLEAN_EN
 from scale_cl.experiments.experiment import ExperimentConfig
+from scale_cl.experiments.presets import load_preset
 from scale_cl.experiments.settings import MethodSettings
 from scale_cl.experiments.train.sections import (
-    CLEAN_RATES,
-    CORPORA,
-    PAPER_RATES,
     DataSection,
     EvalSection,
     TrainSection,
@@ -24,7 +21,6 @@ from scale_cl.experiments.train.sections import (
 )
 from scale_cl.methods import METHOD_NAMES, method_spec
 from scale_cl.models import SMOLLM2
-from scale_cl.tuner.config import ScaleConfig
 from scale_cl.tuner.routing.router import ROUTERS
 
 PRESETS = ("smollm2", "clean-en", "paper")
@@ -146,81 +142,9 @@ def fit_to_depth(cfg: TrainConfig, model_config: Any, given: tuple[str, ...]) ->
     return replace(cfg, options=options)
 
 
-def _scale(hidden_up: int, ffn_up: int, preserve_layers: int) -> ScaleConfig:
-    return ScaleConfig(hidden_up=hidden_up, ffn_up=ffn_up, method="preserve", preserve_layers=preserve_layers)
-
-
 def preset(name: str) -> TrainConfig:
-    """The settings of preset ``name`` (the corpus is the user's, except clean-en's, which is the project's own)."""
-    if name == "smollm2":
-        # SmolLM2-135M on a CPU: the widths and rates of cpt's smollm2 preset (the paper's, scaled to 30 layers)
-        return TrainConfig(
-            preset="smollm2",
-            model=SMOLLM2,
-            data=DataSection(seq_len=256, max_eval_sequences=16),
-            train=TrainSection(
-                lr=1e-5,
-                batch_size=8,
-                micro_batch_size=4,
-                warmup_ratio=0.06,
-                schedule="linear",
-                method_lr=PAPER_RATES,
-                save_every=200,
-                save_total_limit=3,
-            ),
-            eval=EvalSection(every=0, batch_size=4),
-            options=MethodSettings(scale=_scale(192, 192, 6), freeze_layers=6),
-        )
-    if name == "clean-en":
-        # The clean English base learning Korean, as cpt's clean-en preset measures it, for a budget of 2M tokens
-        # (1,000 steps of 8 x 256)
-        return TrainConfig(
-            preset="clean-en",
-            model=CLEAN_EN,
-            data=DataSection(
-                train=[f"{CORPORA}/korean/train.jsonl", f"{CORPORA}/korean/heldout.jsonl"],
-                old_eval=[f"en={CORPORA}/english-base/heldout.jsonl", f"handbook={CORPORA}/english/eval.jsonl"],
-                seq_len=256,
-                heldout_fraction=0.05,
-                max_eval_sequences=32,
-            ),
-            train=TrainSection(
-                lr=1e-3,
-                tokens="2M",
-                batch_size=8,
-                micro_batch_size=8,
-                warmup_ratio=0.06,
-                schedule="linear",
-                method_lr=CLEAN_RATES,
-                save_every=100,
-                save_total_limit=3,
-            ),
-            eval=EvalSection(every=0, batch_size=8, representation_sequences=8),
-            options=MethodSettings(scale=_scale(64, 64, 1), freeze_layers=1),
-        )
-    if name == "paper":
-        # Section 5 / Table 1: Llama-3.2-1B, batch 512 x 8,192, linear schedule with 6% warm-up, rates FFT/LoRA/Freeze
-        # 1e-5, LLaMA Pro 2e-4, SCALE 1e-3; about 60B Korean tokens on 8 GPUs
-        return TrainConfig(
-            preset="paper",
-            model="meta-llama/Llama-3.2-1B",
-            data=DataSection(seq_len=8192, max_eval_sequences=64),
-            train=TrainSection(
-                lr=1e-5,
-                tokens="60B",
-                batch_size=512,
-                micro_batch_size=1,
-                warmup_ratio=0.06,
-                schedule="linear",
-                method_lr=PAPER_RATES,
-                gradient_checkpointing=True,
-                save_every=200,
-                save_total_limit=3,
-            ),
-            eval=EvalSection(every=0, batch_size=1, representation_sequences=8),
-            options=MethodSettings(scale=_scale(256, 1024, 3), freeze_layers=3, lora_rank="256", llama_pro_blocks="4"),
-        )
-    raise ValueError(f"unknown preset {name!r}; valid presets: {', '.join(PRESETS)}")
+    """The settings of preset ``name``: ``scale_cl/configs/train/<name>.yaml`` on the defaults (its file says why)."""
+    return load_preset(TrainConfig(), "train", name, PRESETS)
 
 
 @dataclass

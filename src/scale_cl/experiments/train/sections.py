@@ -20,22 +20,6 @@ from scale_cl.experiments.settings import MethodSettings, MethodStageConfig
 from scale_cl.train.chunked_loss import LOSSES
 from scale_cl.tuner.routing.calibrated import OBJECTIVES
 
-CORPORA = "outputs/corpora"  # written by measurements/cpt_corpus.py from Debian and PyPI packages
-# Section 5 / Table 1: LLaMA Pro 2e-4, SCALE 1e-3 (FFT, LoRA and Freeze take the stage's lr, 1e-5)
-PAPER_RATES = {"llama_pro": 2e-4, "scale_preserve": 1e-3, "scale_adapt": 1e-3, "scale_route": 1e-3}
-# The clean-en preset's rates (FFT takes the stage's lr, 1e-3: it learns Korean to perplexity ~7.5 in 100 steps
-# and raises English perplexity by ~85%; 3e-3 destroys English, 3e-4 learns little). The others were probed once
-# (seed 0, 2026-11-23) so that x0.3 to x3 of them brackets FFT's learning where the method can reach it.
-CLEAN_RATES = {
-    "freeze": 3e-3,
-    "lora": 1e-3,
-    "llama_pro": 2e-3,
-    "scale_preserve": 1e-2,
-    "scale_adapt": 1e-3,
-    "scale_route": 2e-3,
-}
-
-
 AUTO_MEASUREMENTS = 20  # eval.every 0: this many measurements a run, whatever its length
 _UNITS = {"": 1, "k": 10**3, "m": 10**6, "b": 10**9, "g": 10**9, "t": 10**12}
 _TOKENS = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmbgt]?)\s*$", re.IGNORECASE)

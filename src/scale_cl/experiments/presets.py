@@ -1,0 +1,25 @@
+"""The commands' presets as YAML files (``scale_cl/configs/<command>/<preset>.yaml``), each read as a user's
+``--config`` file is (`apply_overrides`) on top of the settings' defaults: a preset is data, checked like any
+settings file, and its file says why each value is what it is."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TypeVar
+
+from scale_cl.experiments.overrides import apply_overrides, read_yaml
+
+PRESET_DIR = Path(__file__).resolve().parents[1] / "configs"
+Settings = TypeVar("Settings")
+
+
+def preset_file(command: str, name: str) -> Path:
+    """Where preset ``name`` of ``command`` (``cpt``, ``train``, ``bio``, ``base``) is written."""
+    return PRESET_DIR / command / f"{name}.yaml"
+
+
+def load_preset(defaults: Settings, command: str, name: str, names: tuple[str, ...]) -> Settings:
+    """``defaults`` (a settings dataclass) with preset ``name``'s file applied; ``names``: the command's presets."""
+    if name not in names:
+        raise ValueError(f"unknown preset {name!r}; valid presets: {', '.join(names)}")
+    return apply_overrides(defaults, {**read_yaml(preset_file(command, name)), "preset": name})
