@@ -154,7 +154,7 @@ class CorpusConfig:
         metadata={
             "ge": 0,
             "help": "DataLoader worker processes per training process (a stream: each reads its own files); 0 = the "
-            "training process reads the blocks itself (enough from the cache: scale-cl's data_throughput benchmark)",
+            "training process reads the blocks itself",
         },
     )
     cache_dir: str = field(
