@@ -55,7 +55,7 @@ class BenchConfig:
         metadata={
             "ge": 0,
             "help": "training / forward batch size in sequences; 0: 4 on a CPU, 16 on a GPU (with --seq 0: 16 x 1024 "
-            "= 16k tokens a step, what fills an H100 at the 1B shape)",
+            "tokens a step)",
         },
     )
     seq: int = field(default=0, metadata={"ge": 0, "help": "tokens per sequence; 0: 256 on a CPU, 1024 on a GPU"})

@@ -14,7 +14,7 @@ DESCRIPTION = (
     "process per method), trainable parameters, forward FLOPs per token of the model as run, inference "
     "(forward and generate() tokens/s) and the one-off cost of upscale (wall time and peak memory, SVD "
     "included). Writes OUT/results.md and OUT/results.json with ratios against fft of the same base model, the "
-    "machine, torch version and date, and the issue-5 targets met or missed. Runs on the GPU in bf16 when "
+    "machine, torch version and date, and the cost targets met or missed. Runs on the GPU in bf16 when "
     "there is one (--device auto).\n\nshapes:\n"
     + "\n".join(f"  {name:9s} {shape.description}" for name, shape in SHAPES.items())
 )

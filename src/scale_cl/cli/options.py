@@ -1,36 +1,7 @@
 """Command-line options generated from (nested) settings dataclasses, and the YAML / override merge.
 
-Every leaf field of a settings dataclass is an option ``--<section>.<field>`` (a nested dataclass
-is a section); its help text is ``field.metadata["help"]``. Options default to "not given", so the
-defaults (a preset's) come first, then a YAML file (``--config``), then the options the command line
-names, in that order (`scale_cl.experiments.overrides.apply_overrides`).
-
-The option's form follows the field's default value: a bool takes ``true``/``false`` or nothing
-(``--flag`` alone is true); a list or tuple takes one or more values; a dict takes ``KEY=VALUE``
-items. Field metadata refines it:
-
-========================  =========================================================================
-``help``                  the help text (the default is appended unless ``show_default`` is False
-                          or the default is None: then the help text says what None means)
-``cli``                   False: not an option (set by the program itself)
-``choices``               the allowed values (of each item, for a list)
-``type``                  the value type where the default does not show it (None, an empty list)
-``nargs``                 overrides the number of values (``"*"``: a list that may be empty)
-``action``                ``"append"``: repeatable, every occurrence's value(s) collected in a list
-``positional``            True: a positional argument (optional when the default is None)
-``metavar``               the value's name in the help
-``aliases``               more option names (``("seed",)`` for ``seeds``)
-``negative``              the name of an option that sets a bool field false (``"no_progress"``)
-``leave_out``             a nested dataclass's settings this command does not take (no option, refused in YAML)
-``inline``                a nested dataclass whose options and YAML keys are not prefixed by the
-                          field's name (a command's own options beside an experiment's settings)
-``group``                 an inline field: the title of the help section its options are listed in
-``keys``, ``key_suffix``  a dict field: one more option ``--<section>.<key><suffix> VALUE`` per key
-``value_type``            a dict field: the type of its values
-========================  =========================================================================
-
-The canonical spelling of an option is the field's name (``--lr_scales``); the same name with
-dashes (``--lr-scales``) is accepted too, as a hidden alias.
+Every leaf field is an option ``--<section>.<field>`` whose help is ``field.metadata["help"]``; a preset's defaults
+come first, then ``--config`` YAML, then the options given. The field metadata keys it reads: docs/design.md §5.
 """
 
 from __future__ import annotations
@@ -101,7 +72,7 @@ def add_dataclass_options(
     root: argparse.ArgumentParser | None = None,
     leave_out: tuple[str, ...] = (),
 ) -> list[str]:
-    """One option per leaf field of ``instance`` (see the module docstring); returns their dests.
+    """One option per leaf field of ``instance`` (docs/design.md §5); returns their dests.
 
     A nested dataclass becomes a group of options ``--<field>.<leaf>`` (groups are made on ``root``,
     the top-level parser, since argparse does not nest them). ``aliases``: more option strings per

@@ -1,35 +1,7 @@
-"""Synthetic biographies of fictional people: the data of the paper's continual-biography benchmark.
+"""Synthetic biographies of fictional people: the data of the paper's continual-biography benchmark (Section 5.1).
 
-The benchmark (SCALE, Section 5.1) follows Zheng et al. 2025 ("spurious forgetting"), which follows
-Allen-Zhu & Li's "Physics of Language Models" biographies: N fictional people, each with a unique
-full name and six attributes; a model is pre-trained on their biographies, then fine-tuned on
-question answering (QA) about them. Everything here (the syllables, name patterns, majors, sentence
-templates and questions) was written for this project; no third-party name list or template is used.
-
-Design:
-
-- Pools. Names, cities, universities and employers are built procedurally from hand-written
-  syllables and endings (``Kavorin Dalesworth``, ``Tormouth``, ``Brellford Institute of
-  Technology``, ``Zanex Logistics``), so any pool size can be generated; majors are a hand-written
-  list of 100. All procedural words are unique across every pool, so no value is ambiguous. The
-  distinctive word of a university or employer comes first (``Brellford University``, never
-  ``University of Brellford``): the paper scores the first answer token, and a shared first word
-  (" University") would make that score meaningless. Each employer sits in one city, so a person's
-  employer city is a function of the employer.
-- People. Full names (first middle last) are unique; every attribute is drawn uniformly.
-- Biographies. One sentence per attribute, each from one of >= 20 templates per attribute, in a
-  random order; every sentence names the person in full (the "full name as subject" setting), the
-  name always comes before the value (a model cannot learn name -> value from a sentence that
-  states the value first), and the value always follows a space, so its tokens in a biography are
-  those of the QA answer.
-- QA. One fixed question per attribute; the answer is the value with a leading space.
-- Splits (shares of the paper's 200,000 people): pre-train on biographies of the first half;
-  Task 0 trains QA on the first quarter and tests it on the second; Task 1 trains and tests QA on
-  the next tenth, never seen in pre-training.
-
-Everything is deterministic under a seed (``random.Random``, never the global RNG). A person's
-biographies come from an RNG seeded by (seed, person index), so they do not depend on who else is
-generated.
+People with unique full names and six attributes, their biographies, one question per attribute, and the splits;
+all written for this project, deterministic under a seed (the pools, templates and splits: docs/design.md §7).
 """
 
 from __future__ import annotations
@@ -104,7 +76,7 @@ _EMPLOYER_FORMS = (
     "{} & {} Consulting",
 )
 
-# 100 majors, written for this project, each with a different first word (see the module docstring).
+# 100 majors, written for this project, each with a different first word (docs/design.md §7).
 MAJORS = (
     "Accounting", "Actuarial Science", "Aerospace Engineering", "African Studies", "Agronomy",
     "Anthropology", "Applied Mathematics", "Archaeology", "Architecture", "Art History",

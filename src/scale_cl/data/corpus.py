@@ -1,28 +1,8 @@
 """Text corpora for continual pre-training: sources read by `datasets`, tokenised once, held out, packed into blocks.
 
-The settings (`CorpusConfig`) name new-domain sources (``train``), old-domain evaluation sets (``old_eval``) and
-replay sources (``replay``); `build_corpus` turns them into what the trainer reads (`Corpus`):
-
-1. **Read** (`scale_cl.data.sources`): each source by the datasets builder of its files (``.txt``, ``.jsonl(.gz)``,
-   ``.parquet``, ``.arrow``), a ``save_to_disk`` folder, or ``hf:PATH[:CONFIG[:SPLIT]]``.
-2. **Tokenise once** (`scale_cl.data.tokens`): ``datasets.map`` with ``num_proc`` workers into the datasets cache
-   (``cache_dir``); a second launch or a resume reads no text. With ``streaming`` nothing is cached: the training split
-   is read, tokenised and packed as it trains (`scale_cl.data.stream`), in a shuffle buffer when one is set.
-3. **Hold out** a share of the new-domain documents: a document is held out when a hash of its text falls below
-   ``heldout_fraction`` (`scale_cl.data.tokens.is_heldout`). The split is made on documents before packing, so no block
-   mixes held-out and training text; it depends on the text alone (not on file order, caps or streaming), and copies
-   of a document land on the same side, so duplicates cannot leak.
-4. **Pack** (`scale_cl.data.packing`): each document's tokens then EOS, concatenated in order, cut into blocks of
-   ``seq_len``; the training split written once into the cache and read from disk a block at a time; the held-out
-   and old-domain sets (``max_eval_sequences`` blocks each) in memory. ``max_train_tokens`` keeps the first blocks.
-5. **Mix**: without ``weights`` the training sources are one stream, in order; with them each source is packed apart
-   and `datasets.interleave_datasets` draws blocks from them with those probabilities (the run's seed), until one
-   runs out. Replay sources (``replay``, ``replay_weights`` likewise) are packed the same way without every document
-   an old-domain evaluation set evaluates on (by its hash), so replayed text is never evaluated on; the training loop
-   mixes them in at an exact share of every batch (``replay_ratio``, `scale_cl.data.replay`).
-
-Every input error is raised before training: cheap ones by `check_corpus` before a model loads (a missing file, an
-empty one, a field that is not there), the rest by `build_corpus` (a split too small for one block, with its cause).
+`CorpusConfig` names new-domain sources, old-domain evaluation sets and replay sources; `build_corpus` reads,
+tokenises, holds out, packs and mixes them into the `Corpus` the trainer reads, raising every input error before
+training (the steps and why: docs/design.md §7, "Corpora through `datasets`").
 """
 
 from __future__ import annotations
@@ -174,7 +154,7 @@ class CorpusConfig:
         metadata={
             "ge": 0,
             "help": "DataLoader worker processes per training process (a stream: each reads its own files); 0 = the "
-            "training process reads the blocks itself (enough from the cache: scale-cl's data_throughput benchmark)",
+            "training process reads the blocks itself",
         },
     )
     cache_dir: str = field(
@@ -453,7 +433,7 @@ def _heldout_cause(config: CorpusConfig, stats: CorpusStats) -> str:
 
 
 def build_corpus(config: CorpusConfig, tokenizer: PreTrainedTokenizerBase, seed: int = 0) -> Corpus:
-    """Read, split and pack the corpus (module doc); every input error is raised here, before training.
+    """Read, split and pack the corpus (docs/design.md §7); every input error is raised here, before training.
 
     ``seed`` draws the weighted mixture of sources (``weights``, ``replay_weights``).
     """

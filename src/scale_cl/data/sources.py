@@ -1,26 +1,8 @@
 """Where text comes from: every source a corpus names, read by the `datasets` library into one ``text`` column.
 
-A source is one string:
-
-- a file: ``notes.txt``, ``docs.jsonl`` / ``docs.jsonl.gz`` / ``.json`` (one JSON object per line, the document in
-  its ``text_field``), ``docs.parquet`` (the column ``text_field``), ``docs.arrow`` (an Arrow stream file, as
-  ``save_to_disk`` writes them);
-- a glob of such files, read in sorted order: ``data/*.jsonl``, ``data/**/*.parquet`` (formats may mix);
-- a folder written by ``Dataset.save_to_disk`` (``DatasetDict``: its ``train`` split);
-- ``hf:PATH[:CONFIG[:SPLIT]]``: ``datasets.load_dataset(PATH, CONFIG, split=SPLIT)``, split ``train`` by default:
-  ``hf:wikimedia/wikipedia:20231101.ko:train``, ``hf:user/corpus::validation`` (no config), ``hf:./my_folder`` (a
-  local folder of data files that ``load_dataset`` reads), slices too: ``hf:user/corpus::train[:1%]``.
-
-A ``.txt`` file holds one document per file, per blank-line paragraph or per line (``txt_documents``: ``file``,
-``paragraph``, ``line``), or, by default (``auto``), one per file when a source names several files, and when it names
-one file, one per paragraph if the file has a blank line, else one per line (so a single file is never one document);
-the datasets ``text`` builder splits it. Files are read by datasets' own builders (``json``,
-``parquet``, ``text``, ``arrow``), which convert them to Arrow once into the datasets cache; a second launch memory-maps
-that copy. With ``streaming`` nothing is converted: records are read as they are consumed.
-
-What is not the library's is the checking: `check_source` reads one record per file to refuse, before a model loads,
-a missing or empty file, a glob that matches nothing, a folder that is no dataset, a missing text field; and when a
-builder fails on a file, `explain_failure` finds the first bad line (not UTF-8, not JSON, not an object) to name it.
+A source is a file (``.txt``, ``.jsonl(.gz)``, ``.json``, ``.parquet``, ``.arrow``), a glob of them, a
+``save_to_disk`` folder, or ``hf:PATH[:CONFIG[:SPLIT]]``. Reading is datasets' own builders; ours is the checking
+(`check_source`, `explain_failure`), which names a bad file or line before a model loads (docs/design.md §7).
 """
 
 from __future__ import annotations
@@ -188,7 +170,7 @@ def _apart(load: Callable[[], Any]) -> None:
 
 
 def txt_unit(txt_documents: str, paths: Sequence[Path]) -> str:
-    """What one document of the .txt files of a source is, with ``auto`` resolved (module doc)."""
+    """What one document of the .txt files of a source is, with ``auto`` resolved (docs/design.md §7)."""
     if txt_documents != "auto":
         return txt_documents
     if len(paths) > 1:

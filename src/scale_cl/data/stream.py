@@ -1,23 +1,8 @@
 """A training split packed on the fly from streamed sources, that resumes where it stopped without re-reading.
 
-For a corpus read as it trains (``data.streaming``): no cache is built, each source's records are read as they are
-consumed, tokenised in batches and cut into blocks (`scale_cl.data.packing.BlockCutter`). The stream's shards are the
-sources' files (every file of every source, in order); each is packed apart, its last partial block dropped, so for a
-source of one file the blocks are those the cached path packs.
-
-* ``shuffle_buffer`` > 0 shuffles the order of the files, then the blocks in windows of that many (each window
-  permuted from the run's seed, the epoch and the window's number): the same order on every run.
-* Weighted sources (`MixedStream`) draw each block's source as ``datasets.interleave_datasets`` does (the run's seed),
-  until one source is exhausted.
-* **Resuming.** While it reads, a stream leaves a bookmark every `STRIDE` blocks: the file, the documents of it read,
-  the tokens waiting for the next block. ``position(n)`` is where block ``n`` starts (a checkpoint saves it);
-  ``resume(position)`` makes the next pass start there: the file opened at the bookmark's document (documents are
-  skipped unread by the tokenizer), at most `STRIDE` blocks (and a shuffle window) packed again. Resuming costs the
-  same at a thousand blocks as at a million; what grows is the part of the current file skipped, which is parsed
-  (not tokenised).
-* The Trainer reads the stream in its own process (on several processes rank 0 reads it and hands out the batches,
-  accelerate's default). With ``dataloader_num_workers`` > 1 each worker reads its own files and no position is kept:
-  a resume then reads the stream up to the step, exact but slow.
+For ``data.streaming``: each source file is read, tokenised and packed as it trains, shuffled in windows and drawn by
+weight as `datasets.interleave_datasets` draws; a bookmark every `STRIDE` blocks lets ``resume(position)`` start at
+the checkpoint's block without tokenising what came before (docs/design.md §7, "Corpora through `datasets`").
 """
 
 from __future__ import annotations
@@ -213,7 +198,8 @@ class BlockStream(IterableDataset):
             window += 1
 
     def position(self, consumed: int) -> dict[str, Any] | None:
-        """Where block ``consumed`` of the first pass starts, or None when this stream cannot say (module doc)."""
+        """Where block ``consumed`` of the first pass starts, or None when this stream cannot say
+        (docs/design.md §7)."""
         run = self._pass
         if run is None or run.epoch != 0 or (run.ended_at is not None and consumed >= run.ended_at):
             return None

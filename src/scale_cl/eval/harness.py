@@ -1,33 +1,8 @@
 """lm-evaluation-harness benchmarks on a model of any training method: `evaluate`, and `run_eval` (``scale-cl eval``).
 
-The paper (Section 5, Table 2) evaluates with EleutherAI's lm-evaluation-harness, zero-shot, on an
-English set (forgetting) and a Korean set (learning); `TASK_PRESETS` names both:
-
-* ``english``: ``arc_challenge``, ``hellaswag``, ``mmlu``, ``truthfulqa_mc2``, ``winogrande``.
-  "TruthfulQA" is read as ``truthfulqa_mc2`` (the Open LLM Leaderboard's choice, and Table 2's
-  37.73 for Llama-3.2-1B is an MC2-sized number; MC1 is much lower for small models). ``mmlu`` is
-  lm-eval's group of 57 subjects (its ``acc`` is their sample-weighted mean).
-* ``korean``: ``kobest_boolq``, ``kobest_copa``, ``kobest_hellaswag`` (KoBEST, Table 2).
-
-`PAPER_METRICS` is the metric we read each Table 2 column as: ``acc_norm`` where the task reports
-it, else ``acc``. The paper does not say; our reading is that the base model's ARC 36.60 and
-HellaSwag 63.66 are the ``acc_norm`` values lm-eval gives Llama-3.2-1B (its plain ``acc`` is
-several points lower), and we apply the same rule to KoBEST (a guess). Every metric lm-eval
-reports is kept in the results anyway.
-
-Models: `evaluate` passes the model *instance* to lm-eval's ``HFLM``, so whatever `prepare` or
-`scale_cl.models.load_trained` returns is evaluated as it is: an upscaled model is an ordinary HF
-causal LM subclass, and a LoRA model is a PEFT ``PeftModel``, which HFLM accepts too (it forwards
-``config``, ``device`` and ``forward`` to the wrapped model). LoRA is evaluated unmerged by default
-(exactly the trained function); ``merge_lora=True`` merges the adapter into the base weights first
-(faster on large models; equal up to floating-point rounding).
-
-Local tasks: ``include_path`` adds a folder of lm-eval task YAMLs. Note that a relative
-``dataset_kwargs: {data_files: ...}`` is resolved by ``datasets`` against the *current working
-directory*, not against the YAML's folder; use absolute paths, or a ``custom_dataset: !function``
-loader (see ``tests/data/lm_eval_tasks``). lm-eval's built-in tasks download their data from the
-Hugging Face hub on first use (and KoBEST's ``f1`` loads the ``evaluate`` library's metric from the
-hub; without it lm-eval only logs an error, the accuracy metrics are unaffected).
+The model instance (an upscaled model, a PEFT LoRA model, any method's) goes to lm-eval's ``HFLM`` as it is.
+`TASK_PRESETS` and `PAPER_METRICS` are how the paper's Table 2 is read: its tasks and the metric of each column
+(docs/design.md §7, "Table 2 read with lm-eval").
 """
 
 from __future__ import annotations
@@ -48,7 +23,7 @@ if TYPE_CHECKING:
     from torch import nn
     from transformers import PreTrainedTokenizerBase
 
-# The metric of each Table 2 column (see the module docstring).
+# The metric of each Table 2 column (docs/design.md §7).
 PAPER_METRICS: dict[str, str] = {
     "arc_challenge": "acc_norm",
     "hellaswag": "acc_norm",

@@ -1,46 +1,12 @@
 """A SCALE-upscaled causal LM as a stock transformers model: the modeling code of an exported folder.
 
-Written by ``scale-cl export`` (arXiv 2511.03270) next to ``config.json`` and the weights, and loaded with
-``AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)`` (``AutoModel`` loads its base model). It
-imports only torch and transformers, so the model runs where the scale-cl package is not installed.
-
-The exported weights are the upscaled model's blocks merged into stock-shaped tensors: every linear is
-``[[W, W12], [W21, W22]]`` (new attention heads appended after the original ones), the embedding is
-``[E, E_up]`` and the LM head ``[W_out, alpha W_out_up]`` (``up_logit_scale`` folded in). The stock classes therefore
-compute the upscaled model once two things are swapped in:
-
-* the norms (`SplitRMSNormGroups`, `SplitLayerNorm`), in the base model (`ScaleModelMixin`: `ScaleLlamaModel`,
-  `ScaleMistralModel`, `ScaleQwen2Model`, `ScaleGPTNeoXModel`): the first ``scale_hidden_size`` features (the original
-  stream ``x``) and the rest (``x_up``) are normalised with their own statistics (``x`` never reads
-  ``x_up``'s; with ``scale_up_norm`` ``"original"`` or ``"joint"``, ``x_up`` takes ``x``'s or the whole width's);
-  a model grown more than once normalises each earlier stage's group apart too (``scale_norm_groups``), and its
-  "original" sizes are those of the model its last stage grew;
-* for ``scale_method == "route"`` (paper Eq. 5), two paths above the first collaborative layer
-  ``scale_preserve_layers``, in the base model too: a pre-hook stacks the batch as ``[preserve path; adapt path]``
-  there (`stack_paths`, so the KV cache holds both paths in those layers) and each linear of those layers applies
-  W12 to the adapt half only (`TwoPathLinear`); the causal LM's head combines the halves per token (`RouteHead`).
-  Hidden states asked for with ``output_hidden_states`` hold both paths (2B rows) from that layer on.
-  With a mixing router (``scale_mixture``: scale-cl's likelihood, nested, confidence, hybrid or calibrated router,
-  or any other that declares its evidence) the head mixes experts' distributions by the posterior over experts instead
-  (`posterior_mix`): Route's two paths; SCALE-Preserve's one path's ``Z`` (the base's logits) and ``Z + Z_up``
-  (`RouteHead` with ``stacked=False``), or on a model grown per task the base's logits, the model's after each
-  earlier stage (the cumulative sums of the head's stage columns) and its own. The posterior reads the document so
-  far (``prefix``: a model pre-hook hands the head the token ids, `capture_router_inputs`), each expert's confidence
-  at the position (`expert_confidence`), or both.
-
-Serving. transformers' ``generate`` serves every export. vLLM's Transformers backend (``model_impl="transformers"``
-with ``trust_remote_code``) builds the base model with ``AutoModel.from_config`` (``auto_map["AutoModel"]``), sets
-``config._attn_implementation`` to its own attention function, passes its own keyword arguments to the base model's
-forward and puts its own LM head on the output, loading ``lm_head.weight``. The classes here keep that contract: the
-customisation (the norms) lives in the base model, attention is the stock layers' (through
-``ALL_ATTENTION_FUNCTIONS[config._attn_implementation]``, the forward's ``**kwargs`` reaching every call), every class
-sets ``_supports_attention_backend = True``, and for SCALE-Preserve and SCALE-Adapt the head is one plain linear over
-the base model's output (``Z + alpha Z_up = [h; h_up] [W_out, alpha W_out_up]^T``). So SCALE-Preserve (with Eq. 5's
-``"cosine"`` router, which leaves it unrouted) and SCALE-Adapt are servable by vLLM's Transformers backend. SCALE-Route
-and SCALE-Preserve with a mixing router (``scale_mixture``) are not
-(`mixes_logits`; ``scale_vllm_servable`` false in the config): they mix per token at the logits, which a plain LM head
-cannot compute, so their base model refuses vLLM's attention implementation (`VLLM_ATTENTION`) rather than serve
-something else; serve them with transformers' ``generate``.
+Written by ``scale-cl export`` (arXiv 2511.03270) next to ``config.json`` and the merged weights, and loaded with
+``AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)``; it imports only torch and transformers. The
+stock classes compute the upscaled model with the split norms swapped into the base model and, for SCALE-Route or a
+mixing router (``scale_mixture``), a head that combines two paths or mixes experts per token (`RouteHead`).
+transformers' ``generate`` serves every export; vLLM's Transformers backend serves those whose head is one plain
+linear (``scale_vllm_servable``: SCALE-Preserve and SCALE-Adapt without a mixing router). The design: scale-cl's
+docs/design.md §7, "Exported models merge the blocks".
 """
 
 from __future__ import annotations

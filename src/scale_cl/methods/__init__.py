@@ -1,24 +1,13 @@
 """The seven methods of the paper's comparison behind one registry, and `prepare(model, method, **options)`.
 
-One module per method, each a function that modifies the model in place (or wraps it, LoRA) and
-sets ``requires_grad`` to exactly what the method trains::
+::
 
     from scale_cl.methods import prepare
     model = prepare(model, "scale_route", hidden_up=256, ffn_up=1024, preserve_layers=3)
     model = prepare(model, "lora", rank="match", match=ScaleConfig(hidden_up=256, ffn_up=1024))
-    model = prepare(model, "llama_pro", blocks=4)
 
-=================  ==========================================================================
-``fft``            everything trains (no options)
-``lora``           PEFT LoRA: ``rank`` (int or "match"), ``alpha``, ``dropout``, ``target_modules``, ``match``
-``freeze``         embedding + bottom ``layers`` decoder layers frozen, the rest trains
-``llama_pro``      ``blocks`` identity-initialised block copies (int, "match"), ``match``; only they train
-``scale_*``        `scale_cl.tuner.upscale` with preserve / adapt / route: ``scale`` or ScaleConfig fields
-=================  ==========================================================================
-
-`REGISTRY` is the one list of methods every experiment, the sweep and the bench read. A method's
-module is imported only when the method is prepared, so importing this package pulls in no
-baseline (PEFT included).
+`REGISTRY` is the one list of methods every experiment, the sweep and the bench read; a method's module is imported
+only when it is prepared. Each method's options: docs/design.md §0.
 """
 
 from __future__ import annotations

@@ -1,22 +1,8 @@
 """The base model as a teacher: a KL term to the base's next-token distribution (docs/design.md §2).
 
-The training loss becomes ``CE + lambda * T^2 * sum_t w_t KL(p_base^T(.|t) || p_model^T(.|t)) / N`` over the
-positions ``t`` that carry a label (``N``: the same token count the cross-entropy is averaged over, so the two
-terms stay on one scale under gradient accumulation and across processes), where ``p^T`` is the softmax at
-temperature ``T`` and the weight ``w_t`` of a position is
-
-- 1 on a replayed (or pseudo-replayed) sequence: old-domain text, where the base is the target;
-- on a new-domain sequence, by ``new_tokens``: ``exp(-H(p_base(.|t)))`` (``confidence``: the base is sure of
-  the English, code and numbers inside Korean text, and unsure of the Korean), 1 (``all``: plain LwF), or 0
-  (``none``).
-
-Where the base's logits come from (`teacher_for`):
-
-- SCALE-Preserve and SCALE-Route compute them exactly in their own forward pass (the original stream with
-  W12 = 0 is the base model, Theorem 3.1): the head hands them over (`HeadTeacher`), no second forward pass.
-- Every other method (FFT, LoRA, Freeze, LLaMA Pro, SCALE-Adapt) runs a frozen copy of the base model on the
-  same batch (`CopyTeacher`): learning without forgetting (Li & Hoiem 2017) as a user would write it, one
-  more forward pass and one more copy of the weights in memory.
+The loss becomes ``CE + lambda * T^2 * sum_t w_t KL(p_base^T || p_model^T) / N``, ``w_t`` set by replay and
+``new_tokens``. SCALE-Preserve's and SCALE-Route's heads hand over the base's logits from their own forward pass
+(`HeadTeacher`); every other method runs a frozen copy of the base (`CopyTeacher`; `teacher_for` picks).
 """
 
 from __future__ import annotations

@@ -1,24 +1,8 @@
 """Sharded training through accelerate (FSDP2, DeepSpeed ZeRO-3): what a command does differently (docs/usage.md).
 
-Under sharding every process holds a slice of every weight, and a forward pass gathers each layer's slices from
-all processes. So what a DDP run does on the main process alone must run on every process: the evaluations
-(`scale_cl.train.callbacks.PeriodicEval`) and gathering the trained weights before the main process saves them
-(`full_state_dict`). The merged inference form of a `ScaleLinear` is switched off (`set_merged_inference`: it would
-keep a dense copy of every layer on every process, and the gathered weights it is built from are freed after each
-layer's forward).
-
-``accelerate launch --config_file configs/accelerate/fsdp2.yaml`` sets accelerate's environment
-(``ACCELERATE_USE_FSDP``, ``ACCELERATE_USE_DEEPSPEED`` and ``ACCELERATE_DEEPSPEED_ZERO_STAGE``), so
-`requested_sharding` knows before anything is built, and a command can refuse what it does not support before it
-writes anything.
-
-**Mixed precision under FSDP2 is the one-process run's**: fp32 weights and gradients, bf16 products under
-``torch.autocast`` (`autocast_as_one_process`). Left to itself, accelerate's FSDP2 plugin casts every parameter to
-bf16 for the forward pass (norm gains and the embedding too, so the whole residual stream is bf16), reduces the
-gradients in bf16, and does not autocast (its FSDP2 path skips the wrapper its other paths put around
-``forward``): another, coarser arithmetic than one GPU's, which moved 3% of a tiny model's trained weights by up to
-2.3e-3 after 6 steps (measured on an H200; reproduced on the CPU). DeepSpeed's bf16 mode likewise computes with
-bf16 weights; it is left as DeepSpeed has it.
+Every process evaluates and gathers the trained weights before the main one saves (`full_state_dict`), the merged
+inference form is off, `requested_sharding` reads the launcher's environment before anything is built, and FSDP2
+trains in the one-process run's mixed precision (`autocast_as_one_process`). Why each: docs/design.md §7.
 """
 
 from __future__ import annotations

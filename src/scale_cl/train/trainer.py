@@ -1,29 +1,9 @@
 """A Trainer whose checkpoints hold only what trains, are written atomically, and which stops on NaN/inf loss.
 
-Why not the stock Trainer checkpoints: they hold every weight (a 1B base model per checkpoint for a
-method that trains a few percent of it), a crash while saving leaves a ``checkpoint-N`` folder
-that looks complete, and a NaN loss is silently averaged away (``logging_nan_inf_filter``).
-
-A checkpoint folder ``checkpoint-N`` here holds ``model.safetensors`` (the parameters with
-``requires_grad``, under the names of the model as trained), ``checkpoint.json`` (what was
-trained, from which base model, with the SHA-256 of the weights), and the Trainer's own
-optimizer, scheduler, RNG and trainer-state files. It is written in a hidden staging folder and
-renamed into place once every file (of every process) is there, so ``checkpoint-N`` either is
-complete or does not exist. The staging folder is removed after each save and by a save that fails or is
-interrupted (Ctrl-C, SIGTERM); files a killed process left there are cleared by the next save. Resuming
-(``trainer.train(resume_from_checkpoint=...)``) goes through the Trainer's own machinery (data order, RNG,
-optimizer, scheduler), so a resumed run continues bitwise where the interrupted one stopped (on CPU). A streamed
-training split (`scale_cl.data.stream`) also saves its position (``stream.json``): a resumed run starts reading
-there instead of reading the stream up to the step.
-
-A NaN/inf loss raises `NonFiniteLossError` before the optimizer applies it; so do non-finite
-trainable weights at a checkpoint (a finite loss with a non-finite gradient), so a checkpoint the
-error names as the last good one holds finite weights.
-
-FSDP and DeepSpeed keep their own (sharded) checkpoint formats; with them this class keeps the Trainer's
-saving and loading of the weights and optimizer, and still stages each checkpoint and writes its
-``checkpoint.json`` (the run, the step, ``"format": "accelerate"``) last, so resuming finds only complete
-checkpoints of the same run.
+``checkpoint-N`` holds ``model.safetensors`` (the trainable parameters, under the live model's names),
+``checkpoint.json`` (the run), a stream's ``stream.json`` and the Trainer's own optimizer, scheduler, RNG and state
+files; it is staged and renamed into place, so it is complete or absent. Why, and what FSDP / DeepSpeed change:
+docs/design.md §7, "Checkpoints and models".
 """
 
 from __future__ import annotations

@@ -53,19 +53,8 @@ class ScaleConfig:
             model, a learning-forgetting frontier over ``alpha``.
         route_exact: SCALE-Route: a token routed to the preserve path gets the base model's logits ``Z_p``
             exactly, instead of Eq. 5's ``(Z_p + Z_a) / 2 + Z_p_up``.
-        router: SCALE-Route's router: ``"cosine"`` (Eq. 5, the paper's) or ``"likelihood"`` (``p = w p_base +
-            (1 - w) p_new``, ``w`` from the running log-likelihood ratio of the document so far under the two
-            paths: `scale_cl.tuner.routing.likelihood`). SCALE-Preserve reads it too when it is
-            ``"likelihood"``: its ``Z`` is the base model's logits exactly, so ``p_base`` is the base's and
-            ``p_new`` the model's own ``Z + alpha Z_up``, from one forward pass (the paper's Preserve has no
-            router: with ``"cosine"`` it is not routed, `routed`). ``"nested"`` (SCALE-Preserve grown per task):
-            the same rule over the base and every stage's model, nested experts of one pass
-            (`scale_cl.tuner.routing.nested`). ``"confidence"``: the experts (those of ``"likelihood"``, or of
-            ``"nested"`` on a grown model) weighed by each one's confidence at the position; ``"hybrid"``: the
-            likelihood routers' prefix posterior with that confidence as the next token's expected evidence
-            (`scale_cl.tuner.routing.confidence`, where the rule is derived). ``"calibrated"``: the same evidence
-            weighed by a gate fitted to the model and its data (``router_prior``, ``router_decay`` and the three
-            ``router_*_weight`` below; `scale_cl.tuner.routing.calibrated`).
+        router: the registered router that reads the head's paths (its help text; which methods it routes:
+            `routed`; each router: docs/design.md §2).
         router_prior: the likelihood router's prior log-odds for the base path (``w = sigmoid(prior)`` at a
             document start).
         router_decay: the likelihood router's decay of past evidence per token, in (0, 1] (1: the whole document
@@ -128,10 +117,10 @@ class ScaleConfig:
         default="cosine",
         metadata={
             "help": f"SCALE-Route's router, one of {tuple(ROUTERS)}: Eq. 5's cosine, or p = w p_base + (1 - w) "
-            "p_new with w from the document's running log-likelihood ratio under the two paths (likelihood), "
-            "from each path's confidence at the position (confidence), both (hybrid), or both weighed by a gate "
-            "fitted to the model (calibrated); SCALE-Preserve reads every router but cosine (its base logits are "
-            "exact)"
+            "p_new with w from the document's running log-likelihood ratio under the two paths (likelihood; nested: "
+            "the same over a grown SCALE-Preserve model's base and stages), from each path's confidence at the "
+            "position (confidence), both (hybrid), or both weighed by a gate fitted to the model (calibrated); "
+            "SCALE-Preserve reads every router but cosine (its base logits are exact)"
         },
     )
     router_prior: float = field(
@@ -157,8 +146,8 @@ class ScaleConfig:
         metadata={
             "gt": 0,
             "le": 100,
-            "help": "confidence and hybrid routers: w ~ exp(confidence / T); 1 counts it as one token's evidence, "
-            "1/3 (the default) is the biography probe's exp(-3 x entropy)",
+            "help": "confidence and hybrid routers: T in w ~ exp(confidence / T); 1 counts the confidence as one "
+            "token's evidence, smaller trusts it more (1/3: exp(-3 x entropy))",
         },
     )
     router_prefix_weight: float = field(

@@ -1,33 +1,8 @@
-"""Initialisers of the expansion blocks W21 and W22 (paper Fig. 5, docs/design.md §1).
+"""Initialisers of the expansion blocks W21 and W22 (paper Fig. 5): ``svd``, ``random`` and ``zero``.
 
-`svd` is defined as follows (the paper only says "dimension-reduced SVD of W"). With the frozen
-weight ``W = U S V^T`` (singular values descending):
-
-* ``W21`` (``out_up x in``, reads the original stream ``x``): row ``i`` is ``s_i v_i^T``, i.e.
-  ``W21 = S_k V_k^T`` with ``k = out_up``: the top-k principal directions of ``W`` in ``x``'s space,
-  with ``W``'s own scale. When ``out_up`` exceeds ``min(out, in)`` (the most directions ``W`` has),
-  the remaining rows are zero.
-* ``W22`` (``out_up x in_up``, reads the new stream, whose basis carries no meaning yet): the
-  rectangular diagonal ``diag(s_1 .. s_m)``, ``m = min(out_up, in_up, min(out, in))``: the same
-  top singular values as ``W``, in the standard basis.
-
-`random` is He/Kaiming uniform with the block's own fan-in (``torch.nn.Linear``'s default), and
-`zero` is zeros. No full SVD is computed: when few directions are needed from a large matrix the
-SVD is randomised (Halko et al.'s range finder with power iterations, as ``torch.svd_lowrank``,
-but drawing from a given generator); otherwise the singular pairs come from the symmetric
-eigendecomposition of the smaller Gram matrix (``W^T W`` or ``W W^T``), which takes about a third
-of a full SVD's time on CPU (Llama-3.2-1B's 8192 x 2048 FFN weights: 0.6 s instead of 2.2 s
-each). In float32 the Gram matrix squares the condition number, so a singular value ``s_i`` is
-exact to about ``eps * s_1^2 / s_i``: the strong directions, which carry the initialisation, are
-as exact as the SVD's, the weakest ones only approximate. The randomised path (4 power
-iterations) is approximate too: on SmolLM2-135M's real weights, whose spectra are flat, its top
-singular values come out up to 5% low (2 iterations: 10%; 1: 15%), and near-equal singular values
-leave their individual directions ill-defined, so only the spanned subspace is meaningful.
-
-`upscale` computes the singular pairs of all its matrices with `top_singular_all`: on a CPU, one
-single-threaded worker per torch thread (LAPACK's QR and eigendecomposition gain little from a
-second thread; ~1.3x faster in total on 2 cores), each matrix drawing from its own generator so
-the result does not depend on scheduling.
+``svd``: with ``W = U S V^T``, ``W21 = S_k V_k^T`` (``k = out_up``) and ``W22 = diag(s_1 .. s_m)``, the singular
+pairs from a randomised SVD or the Gram matrix's eigendecomposition, never a full SVD; `top_singular_all` computes
+those of every matrix in parallel. The definition, its accuracy and its cost: docs/design.md §1.1.
 """
 
 from __future__ import annotations

@@ -1,29 +1,13 @@
 """The checkpoint format of an upscaled model: only what SCALE added, plus a JSON config naming the base model.
 
-`save` writes it and `read_meta` / `read_tensors` read and verify it; `scale_cl.tuner.restore.load`
-rebuilds the model from it.
+`save` writes it, `read_meta` / `read_tensors` read and verify it, `scale_cl.tuner.restore.load` rebuilds the model::
 
-A checkpoint directory holds:
+    scale_config.json                  the ScaleConfig, the base model and its fingerprint, tensors, files' SHA-256
+    model.safetensors                  the parameters SCALE added (and new token rows), under the live model's names
+    base_model.safetensors             only with full=True: the frozen base weights
+    scale_frozen_stages.safetensors    only for a model grown more than once: the earlier stages' frozen blocks
 
-* ``scale_config.json``: format version, the ScaleConfig (method included), the base model's
-  name or path (and GGUF file), its class, config and a fingerprint of its weights, and the name
-  and shape of every saved tensor, and the SHA-256 of every weight file (checked on load, so a
-  file damaged after saving is refused rather than loaded with wrong values);
-* ``model.safetensors``: every parameter SCALE added (``w12``/``w21``/``w22``/``bias_up``/
-  ``weight_up``), and an extended vocabulary's new token rows (``weight_new``, `scale_cl.tuner.vocab`), under
-  the names the upscaled model uses (its state-dict keys). Named as transformers names a model's weights, so the
-  stock ``Trainer`` (and TRL's trainers, built on it) resumes an upscaled model from its own checkpoint: it loads
-  this file into the live model with ``load_state_dict(strict=False)``, and the keys it lacks, the frozen ones, are
-  the model's ``_keys_to_ignore_on_save`` (`scale_cl.tuner.modes.ScaleModelMixin`), so it does not warn. Format
-  version 1 named it ``scale_model.safetensors``; such checkpoints still load;
-* ``base_model.safetensors``: only for ``full=True``, the frozen base weights, so that loading
-  needs no other file;
-* ``scale_frozen_stages.safetensors``: only for a model grown more than once (`scale_cl.tuner.stages`), what the
-  earlier stages added to the frozen tensors (each one's right and bottom blocks, `scale_cl.tuner.stages.frozen_parts`);
-  the config then lists the earlier stages (``stages``: their configs and sizes), which loading replays.
-
-Files are written to temporary names and renamed into place, so an interrupted save never leaves
-a directory that looks complete. Nothing is pickled.
+Written atomically, nothing pickled (docs/design.md §5; the names and format versions: §7).
 """
 
 from __future__ import annotations

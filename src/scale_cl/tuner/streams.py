@@ -1,26 +1,8 @@
 """The decoder layer with the original and the added stream kept apart (docs/design.md §1.4).
 
-transformers' decoder layer hands one hidden tensor from module to module, so every widened module joins its
-output's two parts, ``[x; x_up]``, and the next splits them again: per layer two norms, the attention's linears
-and the FFN each concatenate, the attention joins its original and added heads, and in training the backward of
-every split writes a full-width gradient whose constant original part is zeros. Here the layer splits its input
-once, hands the pair ``(x, x_up)`` through the norms (`SplitNorm.project`), the attention (each linear's
-`ScaleLinear.project`, the rotary embedding and the attention function on the original heads and the added ones
-apart, `scale_cl.tuner.attention.attend_apart`) and the FFN (`ScaleMLP.project`), adds each residual per part, and
-joins the two once, at the layer's output. A KV cache stores every head as one tensor: the keys and values are
-joined for it and split again. One mixin per family: `LlamaLayerApart` (Llama, Mistral, Qwen2) and `NeoXLayerApart`
-(GPT-NeoX: fused per-head query-key-value rows, a parallel or sequential residual).
-
-The forward arithmetic is the stock layer's, element for element: the logits are equal bitwise. The backward sums
-each part's gradient from its consumers in another order than the stock layer sums its full-width ones, so in fp32
-the gradients differ from the stock layer's by rounding, and lie as close to the exact ones (tests/test_streams.py
-derives the bound against float64).
-
-The stock forward runs instead where the pair cannot serve: where a linear takes the merged inference form (one
-product over the whole input), while transformers records the attention weights (its hook on the attention
-module), where anything else hooks the attention module or its linears (DeepSpeed ZeRO-3 gathers each module's
-weights in its hooks), in training with GPT-NeoX's hidden dropout on (one mask over the whole width), or when
-``keep_streams_apart`` is False.
+The layer splits its input once, hands the pair ``(x, x_up)`` through the norms, the attention and the FFN, adds each
+residual per part and joins once at its output; the forward is the stock layer's bitwise. One mixin per family
+(`LlamaLayerApart`, `NeoXLayerApart`); the stock forward runs where the pair cannot serve (`streams_apart_now`).
 """
 
 from __future__ import annotations
@@ -47,7 +29,7 @@ def _hooked(module: nn.Module) -> bool:
 
 class StreamsApartLayer:
     """Mixed into a decoder layer's class by `upscale` (`streams_apart_class`): a family's forward keeps the two
-    streams apart where `streams_apart_now` allows (module doc), else calls the stock forward."""
+    streams apart where `streams_apart_now` allows (docs/design.md §1.4), else calls the stock forward."""
 
     keep_streams_apart: bool = True
     attention_name: ClassVar[str]  # the layer's attention module

@@ -1,31 +1,13 @@
-"""The biography continual-learning pipeline (paper Section 5, Fig. 8).
+"""The biography continual-learning pipeline (paper Section 5, Fig. 8; the stages and their caching: docs/design.md §7).
 
-Stage 1 pre-trains a GPT-NeoX model from scratch on the biographies of people [0, N/2); stage 2
-fine-tunes QA of Task 0 (people [0, N/4), loss on the answer only); stage 3 applies a method and
-fine-tunes QA of Task 1 (new people [N/2, 6N/10)) while Task 0 and Task 1 are evaluated every few
-steps with hard first-token accuracy. Task 0 is read two ways: the paper's, on people [N/4, N/2)
-whose QA was never trained (knowledge *extracted* from the biographies), and on the QA-trained
-people [0, N/4) (``task0_trained``: memorised QA, near 100% at the start), so that forgetting can be
-read even where extraction is weak.
+Stage 1 pre-trains a GPT-NeoX model on biographies, stage 2 fine-tunes Task 0's QA, stage 3 applies each method and
+fine-tunes Task 1's QA. What it writes (each file atomically; a re-run skips what is done)::
 
-Stages 1-2 are computed once per (settings, seed) and cached under ``<cache>/<stage>-<key>``
-(default cache: ``<out>/cache``), where the key hashes every setting the stage depends on, so runs
-of other Task-1 settings can share one cache folder (one run at a time); each method's stage-3 result is written
-to ``<out>/seed-<s>/<method>.json``. Everything is written to a temporary name and renamed into
-place, so a killed run leaves no half-written stage and a re-run skips what is done.
-
-Every stage stops with `NonFiniteLossError` on a NaN/inf loss. A Task-1 run that lasts long enough
-(`CHECKPOINT_MINUTES`, e.g. the paper preset's) also writes resumable checkpoints to
-``<out>/seed-<s>/<method>.checkpoints/`` at evaluation steps, so a killed run continues from the last
-one (bitwise the same curve on CPU); they are deleted when the method finishes.
-
-With a stage's ``report_to`` naming TensorBoard, its events go to ``<cache>/<stage>-<key>.logs`` (stages
-1-2) and ``<out>/seed-<s>/<method>.logs`` (stage 3). ``report_to`` is in no cache key: where metrics
-are sent changes no result; nor is a stage's ``device``, nor its ``precision`` where it is ``auto``.
-
-Each stage trains on its own ``device`` in its own ``precision`` (`scale_cl.train.device`); what is measured
-outside a stage's training (the stage models' accuracies, the step-0 reading of a sweep, the Task-0 model's
-pseudo-replay text) runs on Task 1's.
+    <cache>/<stage>-<key>/                 stages 1-2, keyed by a hash of their settings (default cache: <out>/cache)
+    <cache>/<stage>-<key>.logs             their TensorBoard events (with report_to naming TensorBoard)
+    <out>/seed-<s>/<method>.json           each method's stage-3 result
+    <out>/seed-<s>/<method>.checkpoints/   a long Task-1 run's resumable checkpoints, deleted when it finishes
+    <out>/seed-<s>/<method>.logs           stage 3's TensorBoard events
 """
 
 from __future__ import annotations
@@ -294,7 +276,7 @@ def stage_models(cfg: BioConfig, data: BioData, seed: int, cache: Path) -> tuple
 
 
 def task1_placement(cfg: BioConfig) -> Placement:
-    """Where Task 1 trains, and what is measured outside the stages' training runs on (module doc)."""
+    """Where Task 1 trains, and what is measured outside the stages' training runs on (docs/design.md §7)."""
     return stage_placement(cfg.task1)
 
 

@@ -1,25 +1,12 @@
 """The calibrated router: the evidence of the other mixing routers, weighed by a gate fitted to the model and its data.
 
-Each fixed router trusts one kind of evidence by construction: the likelihood router the prefix (which separates
-whole documents, not cohorts that share a template), the confidence router each expert's sureness at the position
-(which says which expert is sure, not which is right), the hybrid both at a fixed exchange rate. How far each kind of
-evidence can be trusted depends on the model and the data, so here the exchange rate is a gate fitted after training::
+::
 
     s_j,t = prior_j + a_r r_j,t + a_H (-H(p_j,t)) + a_top ln max_v p_j,t(v)      w_t = softmax_j(s_j,t)
 
-with ``r`` the likelihood routers' running log-likelihood (decayed by ``router_decay``, reset at EOS), ``-H`` and
-``ln max p`` the confidence routers' two measures, ``prior`` on the base alone, and ``a_r``, ``a_H``, ``a_top`` the
-settings ``router_prefix_weight``, ``router_entropy_weight`` and ``router_top_weight``. It holds the other routers as
-special cases: ``a_r = 1, a_H = a_top = 0`` the likelihood router, ``a_r = 0`` and one confidence weight ``1 / T``
-the confidence router, ``a_r = 1`` with it the hybrid. Linear in the evidence: a log-linear pool of the evidence's
-posteriors, few parameters to fit, each a trust that can be read. Causal, normalised and reset at EOS as the hybrid is
-(one formula: `scale_cl.tuner.routing.posterior.posterior_mix`); no gradient flows through ``w``. The experts are the
-likelihood router's two or, on a grown model, the nested router's k + 1; the export computes it from its declaration.
-Unfitted, its settings' defaults are the hybrid's (entropy at ``T = 1/3``).
-
-Fitted (`fit_gate`) on the evidence the experts give (`scale_cl.tuner.routing.posterior.Evidence`, collected while
-``RouteState.evidence`` is a list) on two sides, text the base writes and the new domain's text: no old data, and no
-gradient into the model.
+``a_r``, ``a_H``, ``a_top`` are ``router_prefix_weight``, ``router_entropy_weight``, ``router_top_weight`` (unfitted:
+the hybrid's); `fit_gate` fits the gate on the experts' evidence from text the base writes and the new domain's text,
+with no gradient into the model. Why, and the other routers as its special cases: docs/design.md §2.
 """
 
 from __future__ import annotations

@@ -1,27 +1,13 @@
 """The mixing routers' one formula: experts' next-token distributions weighed by the posterior over experts.
 
-Every router but Eq. 5's mixes E >= 2 experts, the base's logits first (SCALE-Route's preserve path ``Z_p``;
-SCALE-Preserve's ``Z``; on a model grown k times the base and each stage's model, `nested_logits`)::
+::
 
-    r_j,t = decay * r_j,t-1 + ln p_j(x_t | x_<t)                 (r = 0 at a document start: prefix evidence)
-    w_t = softmax_j(prior_j + r_j,t + c_j,t / T)                 (prior_0 = router_prior, the others 0)
-    p(x_t+1 | x_<=t) = sum_j w_j,t p_j(x_t+1 | x_<=t)
+    r_j,t = decay * r_j,t-1 + ln p_j(x_t | x_<t)       (r = 0 at a document start: a sequence start, after each EOS)
+    w_t = softmax_j(prior_j + r_j,t + c_j,t / T)       p(x_t+1 | x_<=t) = sum_j w_j,t p_j(x_t+1 | x_<=t)
 
-so ``w_t`` reads the tokens up to ``x_t`` and never the token it predicts. ``c_j,t`` is expert j's confidence at
-the position (`scale_cl.tuner.routing.confidence`, where the term is derived). A router is this formula with the
-prefix evidence (``prefix``) and the confidence (``confident``) on or off: the likelihood router reads the prefix
-(with two experts ``w_0 = sigmoid(prior + r_0 - r_1)``, the running log-likelihood ratio), the confidence router
-the confidence, the hybrid both. A document starts at the start of a sequence and after each EOS token (``r`` is
-reset there). Padding (attention mask 0) adds no evidence, nor does the first real token of a left-padded row (its
-prediction came from a pad position). ``w`` is a decision, as Eq. 5's is: no gradient flows through it.
-
-In ``generate()`` with a KV cache each call sees only the new tokens: `ExpertMemory` carries each ``r_j`` and the
-last position's log-probabilities to the next call, which reads its first token's evidence from them; a call with
-an empty cache starts afresh. Beam search reorders the memory with the cache.
-
-An extended vocabulary's new tokens have no row in the base model, so the base expert gives them no mass: their
-logit is `MISSING_ROW_LOGIT_GAP` below the expert's least (`with_missing_rows`), as the two-model control gives
-a base that lacks them (`scale_cl.eval.mixture`).
+A router is this formula with the prefix evidence ``r`` and the confidence ``c`` on or off (`MixtureRouter`);
+`ExpertMemory` carries ``r`` from one ``generate()`` call to the next. Padding, EOS, the experts and an extended
+vocabulary's missing rows: docs/design.md §2.
 """
 
 from __future__ import annotations

@@ -6,29 +6,8 @@
     model, tokenizer, added = extend_vocab(model, tokenizer, new_domain_texts, count=2000)
     model = prepare(model, "scale_route", ...)        # or any method; upscale-then-extend works too
 
-`extend_tokenizer` learns ``count`` BPE merges on top of the base tokenizer's own segmentation of
-the new-domain text and appends them (lowest priority) with the ids ``V .. V+N-1`` (``V``: the
-model's embedding rows); `grow_embeddings` appends ``N`` rows to the embedding and LM head as
-separate parameters (``weight_new``), initialised as the mean of the rows of each new token's base
-pieces. Every method keeps what it freezes frozen: SCALE, Freeze and LLaMA Pro keep the original
-rows frozen and train ``weight_new``; LoRA trains the new rows through PEFT's trainable tokens;
-full fine-tuning trains everything.
-
-What is exact, before training (tested on every architecture):
-
-* ids below ``V`` read the original embedding rows bitwise, so on text the extended tokenizer
-  splits as before (old-domain text where no new merge fires) a SCALE model's original stream is
-  the base model's, and its logits over the original vocabulary (``logits[..., :V]``) are the base
-  model's (Theorem 3.1 with the extension);
-* the original rows stay bitwise unchanged under training for SCALE, Freeze, LLaMA Pro and LoRA.
-
-Cost for SCALE: the new rows feed the original stream, so it is no longer constant and backward runs
-through the frozen products (`set_method`); a SCALE-Preserve step then costs about what an Adapt
-step does (measured 1.5x Preserve without an extension on a 6-layer d=256 Llama, CPU, 2026-11-24).
-
-What is not exact: the softmax spans ``V + N`` tokens, so every original token's log-probability drops by
-the same per-position amount ``log(1 + sum_new exp(z_new) / sum_old exp(z_old))``, and text where a
-new merge fires is split into different (fewer) tokens, so its perplexity is over another sequence.
+The new rows are separate parameters (``weight_new``); every method but full fine-tuning keeps the original rows
+frozen. What is exact, what is not, and what it costs SCALE: docs/design.md §2.
 """
 
 from __future__ import annotations
