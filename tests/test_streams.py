@@ -19,6 +19,7 @@ import torch
 from conftest import ARCHS, greedy, make_model, randomize_new_weights, token_batch, upscaled_copy
 from exactness import assert_exact_to_rounding
 from scale_cl.tuner import streams
+from scale_cl.tuner.arch import gpt_neox, llama
 from scale_cl.tuner.layers import ScaleLinear
 from scale_cl.tuner.merged import merged_inference
 from scale_cl.tuner.scale_state import decoder_layers
@@ -62,7 +63,8 @@ def calls(monkeypatch):
         seen.append(1)
         return inner(*args, **kwargs)
 
-    monkeypatch.setattr(streams, "attention_pair", counted)
+    for family in (llama, gpt_neox):  # each family's layer calls the shared attention through its own module
+        monkeypatch.setattr(family, "attention_pair", counted)
     return seen
 
 

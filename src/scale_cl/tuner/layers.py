@@ -17,7 +17,6 @@ from torch import nn
 
 from scale_cl.tuner.config import UP_NORMS
 from scale_cl.tuner.merged import merged_product
-from scale_cl.tuner.quant import is_quantized
 from scale_cl.tuner.routing.router import HeadPaths, original_logits, router_named
 from scale_cl.tuner.routing.rows import constant_half_rows, routed_rows
 from scale_cl.tuner.routing.state import RouteState
@@ -33,6 +32,12 @@ def is_new_parameter(name: str) -> bool:
 
 # Where a grown model's norm keeps the earlier stages' norm (frozen): `SplitNorm` ``inner`` (`scale_cl.tuner.stages`).
 INNER = "inner"
+
+
+def is_quantized(module: nn.Module) -> bool:
+    """Whether ``module`` is a bitsandbytes quantized linear (without importing bitsandbytes): its product is the
+    frozen base's `W x + b` (`scale_cl.tuner.quant`)."""
+    return type(module).__module__.startswith("bitsandbytes.") and isinstance(module, nn.Linear)
 
 
 class SplitInput(nn.Module):

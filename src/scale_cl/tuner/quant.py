@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from scale_cl.tuner.arch import spec_for
+from scale_cl.tuner.layers import is_quantized
 
 BASE_QUANTS = ("none", "int8", "nf4")  # `--options.base_quant`
 # bitsandbytes warns at import, on an AVX512-bf16 CPU, that it cannot fetch a CPU kernel from the Hub (the
@@ -40,11 +41,6 @@ def check_base_quant(kind: str) -> None:
             f"base_quant {kind!r} needs bitsandbytes: pip install bitsandbytes (or pip install -e '.[quant]' in "
             "scale-cl's checkout)"
         )
-
-
-def is_quantized(module: nn.Module) -> bool:
-    """Whether ``module`` is a bitsandbytes quantized linear (without importing bitsandbytes)."""
-    return type(module).__module__.startswith("bitsandbytes.") and isinstance(module, nn.Linear)
 
 
 def quantized_kind(model: nn.Module) -> str:

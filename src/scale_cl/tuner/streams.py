@@ -1,8 +1,9 @@
 """The decoder layer with the original and the added stream kept apart (docs/design.md §1.4).
 
 The layer splits its input once, hands the pair ``(x, x_up)`` through the norms, the attention and the FFN, adds each
-residual per part and joins once at its output; the forward is the stock layer's bitwise. One mixin per family
-(`LlamaLayerApart`, `NeoXLayerApart`); the stock forward runs where the pair cannot serve (`streams_apart_now`).
+residual per part and joins once at its output; the forward is the stock layer's bitwise. Each family's forward is a
+`StreamsApartLayer` in its architecture's file (`scale_cl.tuner.arch.llama`, `scale_cl.tuner.arch.gpt_neox`); the
+stock forward runs where the pair cannot serve (`streams_apart_now`).
 """
 
 from __future__ import annotations
@@ -56,120 +57,6 @@ class StreamsApartLayer:
         return not (recording_attentions() or _hooked(attention) or any(_hooked(linear) for linear in linears))
 
 
-class LlamaLayerApart(StreamsApartLayer):
-    """Llama, Mistral and Qwen2's decoder layer (pre-norm, sequential residual), streams apart."""
-
-    attention_name = "self_attn"
-    attention_linears = ("q_proj", "k_proj", "v_proj", "o_proj")
-
-    def forward_apart(
-        self,
-        hidden_states: torch.Tensor,
-        attention_mask: torch.Tensor | None = None,
-        position_ids: torch.LongTensor | None = None,
-        cache: Any = None,
-        use_cache: bool | None = False,
-        position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
-        **kwargs: Any,
-    ) -> torch.Tensor:
-        norm = self.input_layernorm
-        x, x_up = hidden_states.split((norm.hidden_size, norm.hidden_up), dim=-1)
-        normed = norm.project(x, x_up)
-        attended = llama_attention_pair(self.self_attn, *normed, position_embeddings, attention_mask, cache, kwargs)
-        x, x_up = x + attended[0], x_up + attended[1]  # the residual first, as the stock layer adds it
-        mlp = self.mlp.project(*self.post_attention_layernorm.project(x, x_up))
-        return torch.cat((x + mlp[0], x_up + mlp[1]), dim=-1)
-
-
-class NeoXLayerApart(StreamsApartLayer):
-    """GPT-NeoX's layer (parallel or sequential residual), streams apart."""
-
-    attention_name = "attention"
-    attention_linears = ("query_key_value", "dense")
-
-    def streams_apart_now(self, kwargs: dict[str, Any]) -> bool:
-        hidden_dropout = self.post_attention_dropout.p or self.post_mlp_dropout.p
-        return not (self.training and hidden_dropout) and super().streams_apart_now(kwargs)
-
-    def forward_apart(
-        self,
-        hidden_states: torch.Tensor,
-        attention_mask: torch.Tensor | None = None,
-        position_ids: torch.LongTensor | None = None,
-        use_cache: bool | None = False,
-        layer_past: Any = None,
-        position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
-        **kwargs: Any,
-    ) -> torch.Tensor:
-        norm = self.input_layernorm
-        x, x_up = hidden_states.split((norm.hidden_size, norm.hidden_up), dim=-1)
-        normed = norm.project(x, x_up)
-        attended = neox_attention_pair(self.attention, *normed, position_embeddings, attention_mask, layer_past, kwargs)
-        if self.use_parallel_residual:  # mlp + attention + input, in the stock layer's order
-            mlp = self.mlp.project(*self.post_attention_layernorm.project(x, x_up))
-            return torch.cat((mlp[0] + attended[0] + x, mlp[1] + attended[1] + x_up), dim=-1)
-        x, x_up = attended[0] + x, attended[1] + x_up
-        mlp = self.mlp.project(*self.post_attention_layernorm.project(x, x_up))
-        return torch.cat((mlp[0] + x, mlp[1] + x_up), dim=-1)
-
-
-def llama_attention_pair(
-    attention: nn.Module,
-    x: torch.Tensor,
-    x_up: torch.Tensor,
-    position_embeddings: tuple[torch.Tensor, torch.Tensor],
-    attention_mask: Any,
-    cache: Any,
-    kwargs: dict[str, Any],
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """A Llama-family attention module's forward on the normalised input's two parts: its output's two parts."""
-    rows = x.shape[:-1]
-
-    def heads(part: torch.Tensor) -> torch.Tensor:
-        return part.view(*rows, -1, attention.head_dim).transpose(1, 2)
-
-    query, query_up = map(heads, attention.q_proj.project(x, x_up))
-    key, key_up = map(heads, attention.k_proj.project(x, x_up))
-    value, value_up = map(heads, attention.v_proj.project(x, x_up))
-    extra = {"dropout": attention.attention_dropout if attention.training else 0.0, "scaling": attention.scaling}
-    extra.update(_sliding_window(attention))
-    original, added = attention_pair(
-        attention,
-        (query, key, value),
-        (query_up, key_up, value_up),
-        position_embeddings,
-        attention_mask,
-        cache,
-        {"kwargs": kwargs},
-        {**extra, **kwargs},
-    )
-    return attention.o_proj.project(original.reshape(*rows, -1), added.reshape(*rows, -1))
-
-
-def neox_attention_pair(
-    attention: nn.Module,
-    x: torch.Tensor,
-    x_up: torch.Tensor,
-    position_embeddings: tuple[torch.Tensor, torch.Tensor],
-    attention_mask: Any,
-    cache: Any,
-    kwargs: dict[str, Any],
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """GPT-NeoX's attention module's forward on the normalised input's two parts: its output's two parts. Its fused
-    rows hold ``[q_h; k_h; v_h]`` per head, so each part's rows are its own heads' queries, keys and values."""
-    rows = x.shape[:-1]
-
-    def heads(part: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        return part.view(*rows, -1, 3 * attention.head_size).transpose(1, 2).chunk(3, dim=-1)
-
-    fused, fused_up = attention.query_key_value.project(x, x_up)
-    extra = {"scaling": attention.scaling, "dropout": attention.attention_dropout if attention.training else 0.0}
-    original, added = attention_pair(
-        attention, heads(fused), heads(fused_up), position_embeddings, attention_mask, cache, {}, {**extra, **kwargs}
-    )
-    return attention.dense.project(original.reshape(*rows, -1), added.reshape(*rows, -1))
-
-
 def attention_pair(
     attention: nn.Module,
     original: tuple[torch.Tensor, ...],
@@ -197,28 +84,19 @@ def attention_pair(
     return outputs[0][0], outputs[1][0]
 
 
-def _sliding_window(attention: nn.Module) -> dict[str, Any]:
-    """The ``sliding_window`` the stock forward passes its attention function: Qwen2's module's own, Mistral's
-    config's; none for Llama, whose config has no such field."""
-    if "sliding_window" in vars(attention):
-        return {"sliding_window": attention.sliding_window}
-    config = getattr(attention.config, "model_config", attention.config)
-    return {"sliding_window": config.sliding_window} if hasattr(config, "sliding_window") else {}
-
-
-FAMILIES: dict[str, type[StreamsApartLayer]] = {"llama": LlamaLayerApart, "gpt_neox": NeoXLayerApart}
 _CLASSES: dict[type, type] = {}
 
 
-def streams_apart_class(cls: type, family: str) -> type:
-    """A subclass of the decoder layer's class ``cls`` with the forward of its family's (an `ArchSpec`'s ``family``)
-    `StreamsApartLayer`. It keeps the class's name, which accelerate's FSDP wrapping finds the layers by (the model's
-    ``_no_split_modules``). A family with no such forward keeps its class (its widened modules join and split)."""
-    if issubclass(cls, StreamsApartLayer) or family not in FAMILIES:
+def streams_apart_class(cls: type, layer_apart: type[StreamsApartLayer] | None) -> type:
+    """A subclass of the decoder layer's class ``cls`` with the forward of its family's `StreamsApartLayer` (its
+    `ArchSpec`'s ``layer_apart``). It keeps the class's name, which accelerate's FSDP wrapping finds the layers by
+    (the model's ``_no_split_modules``). A family with no such forward keeps its class (its widened modules join and
+    split)."""
+    if issubclass(cls, StreamsApartLayer) or layer_apart is None:
         return cls
     if cls not in _CLASSES:
         name = cls.__name__
-        _CLASSES[cls] = type(name, (FAMILIES[family], cls), {"__module__": __name__, "__qualname__": name})
+        _CLASSES[cls] = type(name, (layer_apart, cls), {"__module__": __name__, "__qualname__": name})
     return _CLASSES[cls]
 
 

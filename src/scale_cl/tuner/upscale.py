@@ -119,7 +119,7 @@ def upscale(model: PreTrainedModel, config: ScaleConfig) -> PreTrainedModel:
             mlp = spec.mlp
             _set(layer, mlp.path, ScaleMLP(layer.get_submodule(mlp.path), mlp.gate, mlp.up, mlp.down, mlp.act))
             attention.install(layer.get_submodule(spec.attention), model.config, dims.heads, dims.kv_heads)
-            layer.__class__ = streams_apart_class(type(layer), spec.family)
+            layer.__class__ = streams_apart_class(type(layer), spec.layer_apart)
             hook = partial(stack_paths_hook, state=route, index=index)
             route.handles.append(layer.register_forward_pre_hook(hook, with_kwargs=True))
 

@@ -1,8 +1,9 @@
 """Where each supported architecture keeps its linears, norms, embedding and head.
 
-An `ArchSpec` is data, not code: `scale_cl.tuner.upscale` walks a model with it. Adding a family means
-adding one file with one `ArchSpec` and one entry in `SPECS`; its decoder layer then joins and splits the two
-streams in every widened module, until `scale_cl.tuner.streams.FAMILIES` gives it a layer that keeps them apart.
+An `ArchSpec` is data: `scale_cl.tuner.upscale` walks a model with it. Adding a family means adding one file with
+its `ArchSpec` and, optionally, its decoder layer's forward with the two streams apart (a
+`scale_cl.tuner.streams.StreamsApartLayer`, the spec's ``layer_apart``; without one the layer joins and splits the
+streams in every widened module), and one entry in `SPECS` (docs/design.md §0, "Add a family").
 """
 
 from __future__ import annotations

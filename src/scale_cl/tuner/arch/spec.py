@@ -50,3 +50,6 @@ class ArchSpec:
     config_heads: str = "num_attention_heads"
     config_kv_heads: str | None = "num_key_value_heads"
     config_norm_eps: str = "rms_norm_eps"
+    # the decoder layer's forward with the two streams apart (a `scale_cl.tuner.streams.StreamsApartLayer` in the
+    # family's file); None: its widened modules join and split the streams
+    layer_apart: type | None = None
