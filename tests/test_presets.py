@@ -37,17 +37,15 @@ def test_an_unknown_preset_names_the_valid_ones():
         cpt_config.preset("tiny")
 
 
-def test_a_preset_file_with_an_unknown_setting_is_refused_by_its_name(tmp_path, monkeypatch):
+def test_a_preset_file_with_an_unknown_setting_is_refused_by_its_name(tmp_path):
     (tmp_path / "cpt").mkdir()
     (tmp_path / "cpt" / "smollm2.yaml").write_text("train:\n  lr_typo: 1.0e-3\n")
-    monkeypatch.setattr("scale_cl.experiments.presets.PRESET_DIR", tmp_path)
     with pytest.raises(ValueError, match=re.escape("unknown setting 'train.lr_typo'")):
-        load_preset(cpt_config.CptConfig(), "cpt", "smollm2", cpt_config.PRESETS)
+        load_preset(cpt_config.CptConfig(), "cpt", "smollm2", cpt_config.PRESETS, tmp_path)
 
 
-def test_a_preset_value_outside_its_range_is_refused(tmp_path, monkeypatch):
+def test_a_preset_value_outside_its_range_is_refused(tmp_path):
     (tmp_path / "bio").mkdir()
     (tmp_path / "bio" / "micro.yaml").write_text("task1:\n  batch_size: 0\n")
-    monkeypatch.setattr("scale_cl.experiments.presets.PRESET_DIR", tmp_path)
     with pytest.raises(ValueError, match=re.escape("task1.batch_size")):
-        load_preset(bio_config.BioConfig(), "bio", "micro", bio_config.PRESETS)
+        load_preset(bio_config.BioConfig(), "bio", "micro", bio_config.PRESETS, tmp_path)

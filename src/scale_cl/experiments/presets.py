@@ -13,13 +13,17 @@ PRESET_DIR = Path(__file__).resolve().parents[1] / "configs"
 Settings = TypeVar("Settings")
 
 
-def preset_file(command: str, name: str) -> Path:
-    """Where preset ``name`` of ``command`` (``cpt``, ``train``, ``bio``, ``base``) is written."""
-    return PRESET_DIR / command / f"{name}.yaml"
+def preset_file(command: str, name: str, folder: Path | None = None) -> Path:
+    """Where preset ``name`` of ``command`` (``cpt``, ``train``, ``bio``, ``base``) is written (in ``folder``,
+    default `PRESET_DIR`)."""
+    return (PRESET_DIR if folder is None else folder) / command / f"{name}.yaml"
 
 
-def load_preset(defaults: Settings, command: str, name: str, names: tuple[str, ...]) -> Settings:
-    """``defaults`` (a settings dataclass) with preset ``name``'s file applied; ``names``: the command's presets."""
+def load_preset(
+    defaults: Settings, command: str, name: str, names: tuple[str, ...], folder: Path | None = None
+) -> Settings:
+    """``defaults`` (a settings dataclass) with preset ``name``'s file applied; ``names``: the command's presets;
+    ``folder``: where its presets are (default `PRESET_DIR`, scale-cl's own)."""
     if name not in names:
         raise ValueError(f"unknown preset {name!r}; valid presets: {', '.join(names)}")
-    return apply_overrides(defaults, {**read_yaml(preset_file(command, name)), "preset": name})
+    return apply_overrides(defaults, {**read_yaml(preset_file(command, name, folder)), "preset": name})
