@@ -295,7 +295,7 @@ def check_eval(model_dir: Path, out: Path, device: str, dtype: str, monkeypatch)
     pytest.importorskip("lm_eval")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
-    tasks = Path(__file__).parent / "data" / "lm_eval_tasks"
+    tasks = Path(__file__).parent / "fixtures" / "lm_eval_tasks"
     argv = ["eval", str(model_dir), "--tasks", "scale_cl_tiny", "--include-path", str(tasks), "--out", str(out)]
     assert main([*argv, "--device", device, "--dtype", dtype, "--batch-size", "4", "--bootstrap-iters", "0"]) == 0
     results = json.loads(out.read_text())

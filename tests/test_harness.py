@@ -1,4 +1,4 @@
-"""`scale-cl eval`: lm-evaluation-harness on saved checkpoints, offline, with the local tasks in tests/data.
+"""`scale-cl eval`: lm-evaluation-harness on saved checkpoints, offline, with the local tasks in tests/fixtures.
 
 The base model is a tiny Llama (tied embeddings, GQA 2:1, like Llama-3.2-1B) with a BPE tokenizer
 trained on the task texts, briefly trained so that it answers the multiple-choice questions better
@@ -35,7 +35,7 @@ from scale_cl.eval.harness import (
 from scale_cl.methods import prepare
 from scale_cl.models import BaseModelRef, load_trained, save_trained
 
-TASKS_DIR = Path(__file__).parent / "data" / "lm_eval_tasks"
+TASKS_DIR = Path(__file__).parent / "fixtures" / "lm_eval_tasks"
 TASKS = ["scale_cl_tiny"]  # a group: a multiple-choice task and a perplexity task, with an aggregate acc
 FAST = ["--batch-size", "4", "--device", "cpu", "--bootstrap-iters", "1000"]
 

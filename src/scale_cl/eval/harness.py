@@ -25,7 +25,7 @@ causal LM subclass, and a LoRA model is a PEFT ``PeftModel``, which HFLM accepts
 Local tasks: ``include_path`` adds a folder of lm-eval task YAMLs. Note that a relative
 ``dataset_kwargs: {data_files: ...}`` is resolved by ``datasets`` against the *current working
 directory*, not against the YAML's folder; use absolute paths, or a ``custom_dataset: !function``
-loader (see ``tests/data/lm_eval_tasks``). lm-eval's built-in tasks download their data from the
+loader (see ``tests/fixtures/lm_eval_tasks``). lm-eval's built-in tasks download their data from the
 Hugging Face hub on first use (and KoBEST's ``f1`` loads the ``evaluate`` library's metric from the
 hub; without it lm-eval only logs an error, the accuracy metrics are unaffected).
 """
