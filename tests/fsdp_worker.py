@@ -24,9 +24,9 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 from transformers import LlamaForCausalLM
 
-sys.path.insert(0, str(Path(__file__).parent))
-from conftest import tiny_llama_config
+sys.path.insert(0, str(Path(__file__).parents[1]))  # the repository, for its `tests` package when run as a script
 from scale_cl import ScaleConfig, upscale
+from tests.conftest import tiny_llama_config
 
 STEPS, ROWS, LENGTH, LR = 4, 4, 16, 1e-3
 

@@ -18,13 +18,13 @@ from torch import nn
 
 pytest.importorskip("bitsandbytes", reason="base_quant needs bitsandbytes (pip install 'scale-cl[quant]')")
 
-from conftest import hidden_up_for, make_model, token_batch
-from exactness import assert_exact_to_rounding
 from scale_cl import ScaleConfig, load, upscale
 from scale_cl.experiments.growth import GrowthSettings
 from scale_cl.experiments.settings import MethodSettings
 from scale_cl.methods import prepare
 from scale_cl.tuner.quant import dense_weight, is_quantized, quantize_base, quantized_kind
+from tests.conftest import hidden_up_for, make_model, token_batch
+from tests.exactness import assert_exact_to_rounding
 
 KINDS = ("int8", "nf4")
 METHODS = ("preserve", "adapt", "route")

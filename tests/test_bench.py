@@ -9,7 +9,6 @@ import pytest
 import torch
 from transformers import LlamaForCausalLM
 
-from conftest import hidden_up_for, make_model, tiny_llama_config
 from scale_cl import ScaleConfig, upscale
 from scale_cl.bench import BenchConfig
 from scale_cl.bench.floor import fft_floor, scale_floor
@@ -22,6 +21,7 @@ from scale_cl.eval.cost import forward_flops_per_token, train_flops_per_token
 from scale_cl.methods import METHOD_NAMES
 from scale_cl.tuner.layers import ScaleLinear
 from scale_cl.tuner.scale_state import decoder_layers
+from tests.conftest import hidden_up_for, make_model, tiny_llama_config
 
 READING_NAMES = tuple(READINGS)
 SMOKE = ["--shapes", "tiny", "--batch", "2", "--seq", "16", "--warmup", "1", "--rounds", "1", "--threads", "1"]

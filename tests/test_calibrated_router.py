@@ -14,14 +14,14 @@ import math
 import pytest
 import torch
 
-from conftest import VOCAB, make_model, randomize_new_weights, token_batch, upscaled_copy
-from exactness import assert_exact_to_rounding, weight_floor
 from scale_cl import ScaleConfig, load, set_method, upscale
 from scale_cl.eval.mixture import ModelMixture, mixture_read_as
 from scale_cl.tuner.modes import set_live_settings
 from scale_cl.tuner.routing import ROUTERS
 from scale_cl.tuner.routing.calibrated import DECAYS, OBJECTIVES, Gate, fit_gate, gate_log_weights
 from scale_cl.tuner.routing.posterior import expert_evidence, posterior_mix
+from tests.conftest import VOCAB, make_model, randomize_new_weights, token_batch, upscaled_copy
+from tests.exactness import assert_exact_to_rounding, weight_floor
 
 pytestmark = pytest.mark.exactness
 

@@ -10,7 +10,6 @@ import torch
 from safetensors.torch import load_file
 from transformers import Trainer, TrainerCallback, TrainingArguments, default_data_collator
 
-from conftest import VOCAB, make_model
 from scale_cl.data.corpus import PackedDataset
 from scale_cl.methods import prepare
 from scale_cl.train.trainer import (
@@ -23,6 +22,7 @@ from scale_cl.train.trainer import (
     complete_checkpoints,
     load_trainable,
 )
+from tests.conftest import VOCAB, make_model
 
 RUN = {"method": "scale_adapt", "lr": 1e-3}
 

@@ -16,14 +16,14 @@ import torch
 import torch.nn.functional as F
 from transformers import TrainingArguments
 
-from conftest import ARCHS, VOCAB, make_model, randomize_new_weights, token_batch, upscaled_copy
-from exactness import assert_exact_to_rounding
 from scale_cl.train.chunked_loss import LossTargets, sliced_head
 from scale_cl.train.distill import CopyTeacher, DistillConfig, HeadTeacher, distill_sum
 from scale_cl.train.trainer import CheckpointingTrainer
 from scale_cl.tuner.layers import is_new_parameter
 from scale_cl.tuner.modes import set_live_settings
 from scale_cl.tuner.sliced_loss import chunkable, slice_positions, use_sliced_loss
+from tests.conftest import ARCHS, VOCAB, make_model, randomize_new_weights, token_batch, upscaled_copy
+from tests.exactness import assert_exact_to_rounding
 
 pytestmark = pytest.mark.exactness
 

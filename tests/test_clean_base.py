@@ -16,10 +16,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig
 
-from exactness import assert_exact_to_rounding
 from scale_cl.experiments.base.build import INFO_FILE, build_base
 from scale_cl.experiments.base.config import preset
 from scale_cl.experiments.base.name import CLEAN_EN, resolve_model_name
+from tests.exactness import assert_exact_to_rounding
 
 pytestmark = pytest.mark.exactness
 

@@ -7,9 +7,9 @@ import copy
 import pytest
 import torch
 
-from conftest import ARCHS, hidden_up_for, make_model, token_batch
-from exactness import assert_exact_to_rounding
 from scale_cl import ScaleConfig, upscale
+from tests.conftest import ARCHS, hidden_up_for, make_model, token_batch
+from tests.exactness import assert_exact_to_rounding
 
 pytestmark = pytest.mark.exactness
 

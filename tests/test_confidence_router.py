@@ -14,14 +14,14 @@ import math
 import pytest
 import torch
 
-from conftest import VOCAB, make_model, randomize_new_weights, token_batch, upscaled_copy
-from exactness import assert_exact_to_rounding, weight_floor
 from scale_cl import ScaleConfig, load, set_method, upscale
 from scale_cl.eval.mixture import ModelMixture
 from scale_cl.eval.route_separation import collect_base_weights, mixes_experts
 from scale_cl.tuner.modes import set_live_settings
 from scale_cl.tuner.routing.mixing import expert_confidence, log_normalisers
 from scale_cl.tuner.routing.posterior import posterior_mix
+from tests.conftest import VOCAB, make_model, randomize_new_weights, token_batch, upscaled_copy
+from tests.exactness import assert_exact_to_rounding, weight_floor
 
 pytestmark = pytest.mark.exactness
 

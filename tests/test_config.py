@@ -10,10 +10,10 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from conftest import VOCAB, hidden_up_for, make_model
-from exactness import assert_exact_to_rounding
 from scale_cl import METHODS, ScaleConfig, scale_config_of, set_method, upscale
 from scale_cl.tuner.layers import ScaleLinear
+from tests.conftest import VOCAB, hidden_up_for, make_model
+from tests.exactness import assert_exact_to_rounding
 
 pytestmark = pytest.mark.exactness
 

@@ -17,7 +17,6 @@ import pytest
 import torch
 from transformers import default_data_collator
 
-from exactness import assert_exact_to_rounding
 from scale_cl.cli.options import add_dataclass_options
 from scale_cl.data import tokens as tokens_module
 from scale_cl.data.corpus import (
@@ -38,6 +37,7 @@ from scale_cl.data.corpus import (
 from scale_cl.data.packing import BlockCutter, document_positions
 from scale_cl.data.tokenizer import train_bpe_tokenizer
 from scale_cl.experiments.overrides import nest
+from tests.exactness import assert_exact_to_rounding
 
 DOCS = [
     "The first document talks about rivers and mountains.",

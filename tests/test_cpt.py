@@ -22,12 +22,12 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from conftest import cpt_argv, tiny_config
-from exactness import assert_exact_to_rounding, assert_within_noise, max_error
 from scale_cl.experiments.cpt.config import CptConfig
 from scale_cl.experiments.cpt.pipeline import load_run_corpus, run_cpt
 from scale_cl.models import load_trained
 from scale_cl.train.trainer import CHECKPOINT_META, TRAINABLE_WEIGHTS
+from tests.conftest import cpt_argv, tiny_config
+from tests.exactness import assert_exact_to_rounding, assert_within_noise, max_error
 
 
 def _reading(record: dict) -> torch.Tensor:

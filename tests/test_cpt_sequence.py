@@ -13,14 +13,14 @@ import torch
 from transformers import AutoTokenizer
 
 import scale_cl.experiments.cpt.sequence as sequence
-from conftest import SYLLABLES, _documents, tiny_config
-from exactness import assert_exact_to_rounding
 from scale_cl.eval.continual import continual_metrics
 from scale_cl.experiments.cpt.config import CptSequenceConfig
 from scale_cl.experiments.cpt.pipeline import run_cpt
 from scale_cl.experiments.cpt.sequence import run_cpt_sequence
 from scale_cl.experiments.sweep.experiments import CptExperiment
-from test_cpt import base_readings
+from tests.conftest import SYLLABLES, _documents, tiny_config
+from tests.exactness import assert_exact_to_rounding
+from tests.test_cpt import base_readings
 
 STEPS = 4
 

@@ -34,9 +34,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from conftest import ARCHS, VOCAB, make_model, token_batch
-from exactness import assert_exact_to_rounding
 from scale_cl import ScaleConfig, set_method, upscale
+from tests.conftest import ARCHS, VOCAB, make_model, token_batch
+from tests.exactness import assert_exact_to_rounding
 
 pytestmark = pytest.mark.exactness
 

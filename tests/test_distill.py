@@ -11,8 +11,6 @@ import torch
 import torch.nn.functional as F
 from transformers import LlamaForCausalLM, TrainingArguments
 
-from conftest import randomize_new_weights, tiny_config, tiny_llama_config, tiny_scale_config, token_batch
-from exactness import assert_exact_to_rounding
 from scale_cl import upscale
 from scale_cl.data.pseudo_replay import cached_blocks, generate_blocks
 from scale_cl.data.replay import REPLAY_KEY
@@ -30,6 +28,8 @@ from scale_cl.train.distill import (
     teacher_for,
 )
 from scale_cl.train.trainer import CheckpointingTrainer
+from tests.conftest import randomize_new_weights, tiny_config, tiny_llama_config, tiny_scale_config, token_batch
+from tests.exactness import assert_exact_to_rounding
 
 pytestmark = pytest.mark.exactness
 

@@ -30,13 +30,13 @@ import torch
 import torch.distributed as dist
 from safetensors.torch import load_file
 
-from conftest import cpt_argv, kill_when, run_launch, tiny_config
-from exactness import assert_within_noise, max_error
 from scale_cl.data import tokens as tokens_module
 from scale_cl.data.corpus import CorpusConfig, build_corpus
 from scale_cl.experiments.cpt.config import CptConfig
 from scale_cl.experiments.cpt.pipeline import run_cpt
 from scale_cl.train.trainer import CHECKPOINT_META
+from tests.conftest import cpt_argv, kill_when, run_launch, tiny_config
+from tests.exactness import assert_within_noise, max_error
 
 pytestmark = [
     pytest.mark.slow,

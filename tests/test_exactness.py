@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from exactness import assert_exact_to_rounding, eps, rounding_bound
+from tests.exactness import assert_exact_to_rounding, eps, rounding_bound
 
 pytestmark = pytest.mark.exactness
 

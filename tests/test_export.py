@@ -32,9 +32,6 @@ import torch
 from safetensors.torch import load_file
 
 import scale_cl
-from conftest import ARCHS, VOCAB, hidden_up_for, make_model, randomize_new_weights, upscaled_copy
-from conftest import greedy as generate_greedy
-from exactness import assert_exact_to_rounding, weight_floor
 from scale_cl import ScaleConfig, set_method, upscale
 from scale_cl.cli import main
 from scale_cl.eval.route_separation import mixes_experts
@@ -49,7 +46,10 @@ from scale_cl.tuner.arch import SPECS
 from scale_cl.tuner.io import CONFIG_NAME
 from scale_cl.tuner.modes import set_live_settings
 from scale_cl.tuner.vocab import grow_embeddings, new_row_parameters
-from test_generate import padded_prompts  # three rows, left-padded by 0, 3 and 5 tokens
+from tests.conftest import ARCHS, VOCAB, hidden_up_for, make_model, randomize_new_weights, upscaled_copy
+from tests.conftest import greedy as generate_greedy
+from tests.exactness import assert_exact_to_rounding, weight_floor
+from tests.test_generate import padded_prompts  # three rows, left-padded by 0, 3 and 5 tokens
 
 pytestmark = pytest.mark.exactness
 

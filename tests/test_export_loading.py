@@ -19,14 +19,14 @@ import pytest
 import torch
 from transformers import AutoTokenizer, LlamaForCausalLM
 
-from conftest import cpt_argv, randomize_new_weights, tiny_config
-from exactness import assert_exact_to_rounding
 from scale_cl import ScaleConfig, load, upscale
 from scale_cl.cli import main
 from scale_cl.export import export_model
 from scale_cl.models import BaseModelRef, load_base
 from scale_cl.remote_code import MODELING_FILE, trust_own_code
 from scale_cl.tuner.arch import refuse_export, spec_for_config
+from tests.conftest import cpt_argv, randomize_new_weights, tiny_config
+from tests.exactness import assert_exact_to_rounding
 
 
 @pytest.fixture(scope="module")

@@ -28,16 +28,16 @@ from safetensors.torch import load_file
 from transformers import AttentionInterface, AutoConfig, AutoModel, AutoModelForCausalLM
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from conftest import VOCAB
-from exactness import assert_exact_to_rounding
 from scale_cl.export import modeling_scale
 from scale_cl.export.card import CardInfo, model_card
 from scale_cl.export.export import export_model
 from scale_cl.export.merge import FAMILIES
 from scale_cl.tuner.config import ScaleConfig
 from scale_cl.tuner.routing import ROUTERS
-from test_export import LIKELIHOOD, lively_scale_model
-from test_generate import padded_prompts  # three rows, left-padded by 0, 3 and 5 tokens
+from tests.conftest import VOCAB
+from tests.exactness import assert_exact_to_rounding
+from tests.test_export import LIKELIHOOD, lively_scale_model
+from tests.test_generate import padded_prompts  # three rows, left-padded by 0, 3 and 5 tokens
 
 pytestmark = pytest.mark.exactness
 

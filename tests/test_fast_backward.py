@@ -17,11 +17,11 @@ import functools
 import pytest
 import torch
 
-from conftest import hidden_up_for, hold_w12, make_model, randomize_new_weights, token_batch
-from exactness import assert_exact_to_rounding
 from scale_cl import ScaleConfig, set_method, upscale
 from scale_cl.tuner.layers import ScaleHead, ScaleLinear, SplitNorm
 from scale_cl.tuner.modes import set_live_settings
+from tests.conftest import hidden_up_for, hold_w12, make_model, randomize_new_weights, token_batch
+from tests.exactness import assert_exact_to_rounding
 
 pytestmark = pytest.mark.exactness
 

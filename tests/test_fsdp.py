@@ -30,11 +30,10 @@ pytestmark = [
 ]
 pytest.importorskip("torch.distributed.fsdp", reason="FSDP2 (fully_shard) needs torch >= 2.6")
 
-sys.path.insert(0, str(Path(__file__).parent))
-import fsdp_worker as worker  # noqa: E402
-from conftest import run_launch  # noqa: E402
-from exactness import assert_exact_to_rounding  # noqa: E402
 from scale_cl.tuner.layers import is_new_parameter  # noqa: E402
+from tests import fsdp_worker as worker  # noqa: E402
+from tests.conftest import run_launch  # noqa: E402
+from tests.exactness import assert_exact_to_rounding  # noqa: E402
 
 WORKER = Path(__file__).parent / "fsdp_worker.py"
 # Route: the harder case (its stacked paths and its routed head under sharding). SCALE-Preserve under FSDP2 is

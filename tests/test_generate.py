@@ -14,11 +14,11 @@ import copy
 import pytest
 import torch
 
-from conftest import VOCAB, make_model, randomize_new_weights, upscaled_copy
-from conftest import greedy as generate_greedy
-from exactness import assert_exact_to_rounding
 from scale_cl import ROUTE_SHARE_KEY, set_method
 from scale_cl.tuner.layers import ScaleLinear
+from tests.conftest import VOCAB, make_model, randomize_new_weights, upscaled_copy
+from tests.conftest import greedy as generate_greedy
+from tests.exactness import assert_exact_to_rounding
 
 pytestmark = pytest.mark.exactness
 

@@ -19,12 +19,12 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from conftest import ARCHS, cpt_argv, make_model, randomize_new_weights, tiny_config, token_batch, upscaled_copy
 from scale_cl.cli import main
 from scale_cl.models import load_trained
 from scale_cl.train.device import CUDNN_ATTENTION_ENV, avoid_cudnn_attention, resolve_device
-from test_training import assert_frozen_unchanged, frozen_snapshot, loss_of
-from test_training import upscaled as upscaled_for_training
+from tests.conftest import ARCHS, cpt_argv, make_model, randomize_new_weights, tiny_config, token_batch, upscaled_copy
+from tests.test_training import assert_frozen_unchanged, frozen_snapshot, loss_of
+from tests.test_training import upscaled as upscaled_for_training
 
 CUDA = torch.cuda.is_available()
 needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA device: torch.cuda.is_available() is False here")

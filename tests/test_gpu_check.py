@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import _kill_tree
+from tests.conftest import _kill_tree
 
 ROOT = Path(__file__).parent.parent
 

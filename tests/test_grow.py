@@ -13,13 +13,13 @@ import copy
 import pytest
 import torch
 
-from conftest import VOCAB, make_model, randomize_new_weights, tiny_scale_config, token_batch, upscaled_copy
-from exactness import assert_exact_to_rounding
 from scale_cl import load, set_method, upscale
 from scale_cl.tuner import stages
 from scale_cl.tuner.layers import ScaleLinear, SplitNorm
 from scale_cl.tuner.modes import set_live_settings
 from scale_cl.tuner.stages import FrozenMLP, stage_count
+from tests.conftest import VOCAB, make_model, randomize_new_weights, tiny_scale_config, token_batch, upscaled_copy
+from tests.exactness import assert_exact_to_rounding
 
 pytestmark = pytest.mark.exactness
 

@@ -18,8 +18,6 @@ from transformers import AutoTokenizer, LlamaForCausalLM
 
 pytest.importorskip("lm_eval")
 
-from conftest import tiny_llama_config
-from exactness import assert_exact_to_rounding
 from scale_cl.cli import main
 from scale_cl.data.tokenizer import EOS_TOKEN, train_bpe_tokenizer
 from scale_cl.eval.harness import (
@@ -34,6 +32,8 @@ from scale_cl.eval.harness import (
 )
 from scale_cl.methods import prepare
 from scale_cl.models import BaseModelRef, load_trained, save_trained
+from tests.conftest import tiny_llama_config
+from tests.exactness import assert_exact_to_rounding
 
 TASKS_DIR = Path(__file__).parent / "fixtures" / "lm_eval_tasks"
 TASKS = ["scale_cl_tiny"]  # a group: a multiple-choice task and a perplexity task, with an aggregate acc

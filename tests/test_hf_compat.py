@@ -9,11 +9,11 @@ import pytest
 import torch
 from torch import nn
 
-from conftest import ARCHS, make_model, token_batch, upscaled_copy
 from scale_cl.tuner import hf_compat
 from scale_cl.tuner.hf_compat import RECORDING_HOOK, TransformersChanged, family_function, recording_attentions
 from scale_cl.tuner.scale_state import decoder_layers
 from scale_cl.tuner.streams import LEGACY_CACHE_ARGUMENT, StreamsApartLayer, stock_class
+from tests.conftest import ARCHS, make_model, token_batch, upscaled_copy
 
 
 def _first_layer(arch: str) -> tuple[nn.Module, nn.Module]:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from exactness import assert_exact_to_rounding
 from scale_cl.tuner.init import expansion_blocks, top_singular, top_singular_all
+from tests.exactness import assert_exact_to_rounding
 
 pytestmark = pytest.mark.exactness
 

@@ -80,9 +80,9 @@ def test_a_run_stopped_by_ctrl_c_resumes_without_duplicate_records(at_step, work
     import json
 
     import scale_cl.experiments.cpt.report as report
-    from conftest import tiny_config
     from scale_cl.experiments.cpt.pipeline import run_cpt
     from scale_cl.train.callbacks import PeriodicEval
+    from tests.conftest import tiny_config
 
     monkeypatch.setattr(report, "plot", lambda results, out: [])
 
@@ -114,7 +114,7 @@ def test_a_real_cpt_run_stopped_by_a_signal_ends_cleanly_and_resumes(sent, code,
     import time
 
     import scale_cl.experiments.cpt.report as report
-    from conftest import cpt_argv, tiny_config
+    from tests.conftest import cpt_argv, tiny_config
 
     monkeypatch.setattr(report, "plot", lambda results, out: [])  # the resume in this process: no figures checked
     out = tmp_path / "run"

@@ -13,8 +13,8 @@ from safetensors import safe_open
 from transformers import AutoModelForCausalLM
 
 import scale_cl
-from conftest import ARCHS, VOCAB, hold_w12, make_model, tiny_scale_config
 from scale_cl import ScaleConfig, set_method, upscale
+from tests.conftest import ARCHS, VOCAB, hold_w12, make_model, tiny_scale_config
 
 CONFIG = "scale_config.json"
 WEIGHTS = "model.safetensors"

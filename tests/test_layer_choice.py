@@ -7,10 +7,10 @@ from dataclasses import replace
 
 import pytest
 
-from conftest import tiny_config
 from scale_cl.experiments.cpt.layer_choice import CHOICE_FILE, LayerProbe, candidate_layers, choose
 from scale_cl.experiments.cpt.pipeline import run_cpt
 from scale_cl.models import load_trained
+from tests.conftest import tiny_config
 
 
 def _p(layers: int, learning: float, forgetting: float, modules=("attn", "ffn")) -> LayerProbe:

@@ -11,11 +11,11 @@ import copy
 import pytest
 import torch
 
-from conftest import VOCAB, make_model, randomize_new_weights, upscaled_copy
-from exactness import assert_exact_to_rounding
 from scale_cl import set_method
 from scale_cl.tuner.modes import set_live_settings
 from scale_cl.tuner.routing.posterior import ExpertMemory, posterior_mix, running_ratio
+from tests.conftest import VOCAB, make_model, randomize_new_weights, upscaled_copy
+from tests.exactness import assert_exact_to_rounding
 
 pytestmark = pytest.mark.exactness
 

@@ -8,12 +8,12 @@ import pytest
 import torch
 from transformers import TrainingArguments
 
-from conftest import make_model, tiny_config, upscaled_copy
 from scale_cl.experiments.cpt.pipeline import run_cpt
 from scale_cl.experiments.settings import MethodSettings
 from scale_cl.experiments.sweep.runner import concerns
 from scale_cl.models import load_trained
 from scale_cl.train.trainer import CheckpointingTrainer
+from tests.conftest import make_model, tiny_config, upscaled_copy
 
 
 def _trainer(model, tmp_path, lr_ratios):

@@ -16,13 +16,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import make_model, randomize_new_weights, upscaled_copy
-from exactness import assert_exact_to_rounding
 from scale_cl import set_method
 from scale_cl.tuner import merged
 from scale_cl.tuner.layers import CONSTANT_HALF, EQ1, MERGED, ROUTED, ScaleLinear
 from scale_cl.tuner.merged import set_merged_inference
-from test_generate import padded_prompts
+from tests.conftest import make_model, randomize_new_weights, upscaled_copy
+from tests.exactness import assert_exact_to_rounding
+from tests.test_generate import padded_prompts
 
 pytestmark = pytest.mark.exactness
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import make_model
 from scale_cl.methods import METHOD_NAMES, QUANTIZABLE_METHODS, REGISTRY, check_quantizable, prepare
 from scale_cl.tuner.config import ScaleConfig
+from tests.conftest import make_model
 
 PACKAGE = Path(__file__).parent.parent / "src" / "scale_cl"
 NAMES = set(METHOD_NAMES)

@@ -22,8 +22,6 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from conftest import ARCHS, VOCAB, greedy, hidden_up_for, make_model, tiny_scale_config, token_batch
-from exactness import assert_exact_to_rounding
 from scale_cl import ScaleConfig, parameter_summary, scale_config_of, upscale
 from scale_cl.methods import (
     METHOD_NAMES,
@@ -38,6 +36,8 @@ from scale_cl.methods import (
     trainable_parameter_count,
 )
 from scale_cl.tuner.config import METHODS as SCALE_CONFIG_METHODS
+from tests.conftest import ARCHS, VOCAB, greedy, hidden_up_for, make_model, tiny_scale_config, token_batch
+from tests.exactness import assert_exact_to_rounding
 
 SCALE_NAMES = ("scale_preserve", "scale_adapt", "scale_route")
 LLAMA, NEOX_PAR, NEOX_SEQ = "llama-gqa2-tied", "neox-parallel-rot0.25", "neox-sequential-rot1.0"

@@ -13,10 +13,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from exactness import assert_exact_to_rounding
 from scale_cl.tuner.routing import mixing
 from scale_cl.tuner.routing.mixing import log_normalisers, mixture_log_probs
 from scale_cl.tuner.routing.posterior import posterior_mix
+from tests.exactness import assert_exact_to_rounding
 
 pytestmark = pytest.mark.exactness
 

@@ -12,11 +12,11 @@ import itertools
 import pytest
 import torch
 
-from conftest import make_model, randomize_new_weights, token_batch, upscaled_copy
-from exactness import assert_exact_to_rounding, weight_floor
 from scale_cl import ScaleConfig, load, upscale
 from scale_cl.eval.mixture import ModelMixture
 from scale_cl.tuner.modes import set_live_settings
+from tests.conftest import make_model, randomize_new_weights, token_batch, upscaled_copy
+from tests.exactness import assert_exact_to_rounding, weight_floor
 
 pytestmark = pytest.mark.exactness
 

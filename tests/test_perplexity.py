@@ -10,9 +10,9 @@ import torch
 import torch.nn.functional as F
 from transformers import LlamaForCausalLM
 
-from conftest import tiny_llama_config
-from exactness import assert_exact_to_rounding
 from scale_cl.eval.perplexity import new_domain_tokens, perplexity
+from tests.conftest import tiny_llama_config
+from tests.exactness import assert_exact_to_rounding
 
 pytestmark = pytest.mark.exactness
 
@@ -73,8 +73,8 @@ def test_cpt_records_the_split_at_every_evaluation(workspace, tmp_path):
     import json
     from dataclasses import replace
 
-    from conftest import tiny_config
     from scale_cl.experiments.cpt.pipeline import run_cpt
+    from tests.conftest import tiny_config
 
     cfg = tiny_config(workspace, ["fft"], steps=3, save_every=0)
     cfg = replace(cfg, eval=replace(cfg.eval, nll_split=True))

@@ -17,10 +17,10 @@ from typing import Any, NamedTuple
 import pytest
 import torch
 
-from conftest import VOCAB, hidden_up_for, make_model, token_batch, upscaled_copy
-from exactness import assert_exact_to_rounding
 from scale_cl import ScaleConfig, set_method, upscale
 from scale_cl.tuner.layers import ScaleLinear
+from tests.conftest import VOCAB, hidden_up_for, make_model, token_batch, upscaled_copy
+from tests.exactness import assert_exact_to_rounding
 
 pytestmark = pytest.mark.exactness
 

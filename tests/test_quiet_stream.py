@@ -17,12 +17,12 @@ import pytest
 import torch
 from torch import nn
 
-from conftest import make_model, randomize_new_weights
-from exactness import assert_exact_to_rounding
 from scale_cl import load, set_method, set_up_logit_scale
 from scale_cl.tuner.layers import SplitNorm
 from scale_cl.tuner.modes import set_live_settings
-from test_preservation import (
+from tests.conftest import make_model, randomize_new_weights
+from tests.exactness import assert_exact_to_rounding
+from tests.test_preservation import (
     assert_equal_within,
     assert_logits_base,
     assert_original_stream_equal,

@@ -10,11 +10,11 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from conftest import tiny_config
 from scale_cl.data.corpus import CorpusConfig, build_corpus, is_stream, read_documents
 from scale_cl.data.replay import REPLAY_KEY, ReplayMix, ReplayStream, is_replay, replay_before, whole_per_batch
 from scale_cl.experiments.cpt.config import CptConfig
 from scale_cl.experiments.cpt.pipeline import load_run_corpus, run_cpt, training_data
+from tests.conftest import tiny_config
 
 
 def _blocks(rows: int, start: int, width: int = 4) -> torch.Tensor:

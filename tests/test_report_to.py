@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from conftest import tiny_config
 from scale_cl.experiments.bio.config import preset as bio_preset
 from scale_cl.experiments.bio.pipeline import stage_keys
 from scale_cl.experiments.cpt.pipeline import run_cpt
@@ -21,6 +20,7 @@ from scale_cl.train import reporting
 from scale_cl.train.arguments import training_arguments
 from scale_cl.train.callbacks import _flatten
 from scale_cl.train.config import StageConfig
+from tests.conftest import tiny_config
 
 EVENTS = "events.out.tfevents.*"
 

@@ -24,14 +24,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from conftest import VOCAB, make_model, randomize_new_weights, upscaled_copy
-from exactness import assert_exact_to_rounding
 from scale_cl import ROUTE_SHARE_KEY, ScaleConfig, set_method
 from scale_cl.tuner.layers import ScaleHead, ScaleLinear
 from scale_cl.tuner.modes import set_live_settings
 from scale_cl.tuner.routing.state import RouteState
 from scale_cl.tuner.scale_state import ScaleState
 from scale_cl.tuner.widths import Dims
+from tests.conftest import VOCAB, make_model, randomize_new_weights, upscaled_copy
+from tests.exactness import assert_exact_to_rounding
 
 pytestmark = pytest.mark.exactness
 

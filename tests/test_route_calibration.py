@@ -8,13 +8,13 @@ from dataclasses import replace
 import pytest
 import torch
 
-from conftest import tiny_config
 from scale_cl import load, set_method
 from scale_cl.experiments.cpt.pipeline import run_cpt
 from scale_cl.models import load_trained
 from scale_cl.train.route_calibration import calibrate_route_tau, route_cosines, sequence_batches, tau_for_share
 from scale_cl.train.trainer import CheckpointingTrainer
-from test_route import assert_eq5, base_hidden_size, eq5_references, input_batch, reference_route, scale_model
+from tests.conftest import tiny_config
+from tests.test_route import assert_eq5, base_hidden_size, eq5_references, input_batch, reference_route, scale_model
 
 pytestmark = pytest.mark.exactness
 

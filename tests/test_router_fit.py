@@ -9,8 +9,6 @@ import copy
 import pytest
 import torch
 
-from conftest import VOCAB, make_model, randomize_new_weights, upscaled_copy
-from exactness import assert_exact_to_rounding
 from scale_cl import ScaleConfig, upscale
 from scale_cl.data.pseudo_replay import generate_blocks
 from scale_cl.eval.mixture import mixture_read_as
@@ -27,6 +25,8 @@ from scale_cl.train.router_fit import (
 from scale_cl.tuner.modes import set_live_settings
 from scale_cl.tuner.routing.calibrated import Gate, gate_log_weights
 from scale_cl.tuner.scale_state import scale_config_of
+from tests.conftest import VOCAB, make_model, randomize_new_weights, upscaled_copy
+from tests.exactness import assert_exact_to_rounding
 
 pytestmark = pytest.mark.exactness
 

@@ -10,8 +10,6 @@ import json
 import pytest
 import torch
 
-from conftest import make_model, randomize_new_weights, token_batch, upscaled_copy
-from exactness import assert_exact_to_rounding
 from scale_cl import scale_config_of, set_method
 from scale_cl.tuner.config import ScaleConfig
 from scale_cl.tuner.modes import live_settings, set_live_settings
@@ -22,6 +20,8 @@ from scale_cl.tuner.routing.cosine import CosineRouter
 from scale_cl.tuner.routing.likelihood import LikelihoodRouter
 from scale_cl.tuner.routing.nested import NestedRouter
 from scale_cl.tuner.routing.posterior import MixtureRouter
+from tests.conftest import make_model, randomize_new_weights, token_batch, upscaled_copy
+from tests.exactness import assert_exact_to_rounding
 
 pytestmark = pytest.mark.exactness
 

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from conftest import make_model, upscaled_copy
 from scale_cl import ScaleConfig, scale_config_of, upscale
 from scale_cl.tuner.modes import set_live_settings
 from scale_cl.tuner.scale_state import ScaleState, StageRecord, scale_state_of
+from tests.conftest import make_model, upscaled_copy
 
 ROOT = Path(__file__).parent.parent
 

@@ -9,12 +9,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import make_model, randomize_new_weights, upscaled_copy
-from exactness import assert_exact_to_rounding
 from scale_cl.eval.mixture import ModelMixture
 from scale_cl.eval.route_separation import base_weights, router_separation
 from scale_cl.eval.segments import SEGMENTS, mixed_documents, segment_readings
 from scale_cl.tuner.modes import set_live_settings
+from tests.conftest import make_model, randomize_new_weights, upscaled_copy
+from tests.exactness import assert_exact_to_rounding
 
 EOS = 0
 

@@ -14,13 +14,13 @@ import pytest
 import torch
 from transformers import LlamaForCausalLM
 
-from exactness import assert_exact_to_rounding
 from scale_cl.experiments.train.pipeline import run_train
 from scale_cl.models import load_trained
 from scale_cl.tuner.layers import is_new_parameter
 from scale_cl.tuner.modes import set_live_settings
-from test_stock_trainers import CHAT_TEMPLATE, QUESTIONS
-from test_train import config
+from tests.exactness import assert_exact_to_rounding
+from tests.test_stock_trainers import CHAT_TEMPLATE, QUESTIONS
+from tests.test_train import config
 
 pytest.importorskip("trl")
 pytestmark = pytest.mark.exactness

@@ -34,12 +34,12 @@ import torch
 import torch.distributed as dist
 from safetensors.torch import load_file
 
-from conftest import cpt_argv, kill_when, run_launch, tiny_config
-from exactness import assert_within_noise, max_error
 from scale_cl.cli import main
 from scale_cl.experiments.cpt.config import CptConfig
 from scale_cl.experiments.cpt.pipeline import run_cpt
 from scale_cl.train.trainer import CHECKPOINT_META
+from tests.conftest import cpt_argv, kill_when, run_launch, tiny_config
+from tests.exactness import assert_within_noise, max_error
 
 ROOT = Path(__file__).parent.parent
 CONFIGS = ROOT / "configs" / "accelerate"

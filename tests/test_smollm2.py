@@ -12,12 +12,12 @@ import copy
 import pytest
 import torch
 
-from conftest import randomize_new_weights
-from exactness import assert_exact_to_rounding
 from scale_cl import ScaleConfig, upscale
 from scale_cl.export.export import export_model
 from scale_cl.models.smollm2 import INSTALL_HINT, load_smollm2, smollm2_gguf
-from test_export import assert_matches, job, load_in_clean_python, reference
+from tests.conftest import randomize_new_weights
+from tests.exactness import assert_exact_to_rounding
+from tests.test_export import assert_matches, job, load_in_clean_python, reference
 
 pytestmark = [
     pytest.mark.slow,

@@ -16,12 +16,12 @@ import torch
 from safetensors.torch import load_file
 from transformers import LlamaForCausalLM, Trainer, TrainerCallback, TrainingArguments, default_data_collator
 
-from conftest import VOCAB, hidden_up_for, make_model, tiny_llama_config
-from exactness import assert_exact_to_rounding
 from scale_cl import ScaleConfig, load, upscale
 from scale_cl.data.corpus import PackedDataset
 from scale_cl.tuner.io import CONFIG_NAME, V1_WEIGHTS_NAME, WEIGHTS_NAME
 from scale_cl.tuner.layers import is_new_parameter
+from tests.conftest import VOCAB, hidden_up_for, make_model, tiny_llama_config
+from tests.exactness import assert_exact_to_rounding
 
 STEPS, SAVE_AT = 6, 3
 

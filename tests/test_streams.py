@@ -16,12 +16,12 @@ import pickle
 import pytest
 import torch
 
-from conftest import ARCHS, greedy, make_model, randomize_new_weights, token_batch, upscaled_copy
-from exactness import assert_exact_to_rounding
 from scale_cl.tuner import streams
 from scale_cl.tuner.layers import ScaleLinear
 from scale_cl.tuner.merged import merged_inference
 from scale_cl.tuner.scale_state import decoder_layers
+from tests.conftest import ARCHS, greedy, make_model, randomize_new_weights, token_batch, upscaled_copy
+from tests.exactness import assert_exact_to_rounding
 
 pytestmark = pytest.mark.exactness
 

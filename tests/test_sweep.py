@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from conftest import tiny_config
 from scale_cl.cli import build_parser, main
 from scale_cl.experiments.bio.config import preset
 from scale_cl.experiments.sweep.experiments import BASE_FILE, BioExperiment, CptExperiment
 from scale_cl.experiments.sweep.report import write_report
 from scale_cl.experiments.sweep.runner import POINT_FILE, Axis, SweepSettings, plan, point_config, run_sweep
+from tests.conftest import tiny_config
 
 METHODS = ["fft", "scale_adapt"]
 

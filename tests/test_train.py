@@ -22,7 +22,6 @@ import yaml
 from safetensors.torch import load_file
 from transformers import AutoConfig
 
-from exactness import assert_exact_to_rounding
 from scale_cl.cli import build_parser, main, parse_settings
 from scale_cl.experiments.base.config import preset as base_preset
 from scale_cl.experiments.cpt.config import CptDataConfig, CptTrainConfig, EvalConfig
@@ -34,6 +33,7 @@ from scale_cl.train.callbacks import LossLog, SaveEveryMinutes
 from scale_cl.train.config import StageConfig
 from scale_cl.train.trainer import TRAINABLE_WEIGHTS, CheckpointingTrainer
 from scale_cl.tuner.config import ScaleConfig
+from tests.exactness import assert_exact_to_rounding
 
 RECIPE = Path(__file__).parents[1] / "configs" / "train-llama-3.2-1b-8gpu.yaml"
 TRAINING_STEP = CheckpointingTrainer.training_step
@@ -470,7 +470,7 @@ def test_a_run_killed_with_sigkill_resumes_by_running_the_same_command(workspace
     import subprocess
     import sys
 
-    from conftest import kill_when
+    from tests.conftest import kill_when
 
     def argv(out: Path) -> list[str]:
         return [
@@ -674,8 +674,8 @@ def test_document_masking_keeps_each_document_alone_in_every_scale_method(method
     tests/test_corpus.py, `test_a_document_boundary_one_token_off_is_outside_the_bound`)."""
     from transformers import LlamaForCausalLM
 
-    from conftest import tiny_llama_config, upscaled_copy
     from scale_cl.data.packing import DocumentMaskCollator
+    from tests.conftest import tiny_llama_config, upscaled_copy
 
     torch.manual_seed(0)
     base = LlamaForCausalLM(tiny_llama_config())

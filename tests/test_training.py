@@ -17,10 +17,10 @@ import torch
 from transformers import Trainer, TrainingArguments
 
 import scale_cl
-from conftest import VOCAB, hold_w12, make_model, token_batch, upscaled_copy
-from exactness import assert_exact_to_rounding
 from scale_cl import parameter_summary, set_method
 from scale_cl.tuner.layers import ScaleLinear
+from tests.conftest import VOCAB, hold_w12, make_model, token_batch, upscaled_copy
+from tests.exactness import assert_exact_to_rounding
 
 pytestmark = pytest.mark.exactness
 

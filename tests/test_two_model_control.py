@@ -11,11 +11,11 @@ import copy
 import pytest
 import torch
 
-from conftest import make_model, randomize_new_weights, token_batch, upscaled_copy
-from exactness import assert_exact_to_rounding
 from scale_cl import set_method
 from scale_cl.eval.mixture import ModelMixture
 from scale_cl.tuner.modes import set_live_settings
+from tests.conftest import make_model, randomize_new_weights, token_batch, upscaled_copy
+from tests.exactness import assert_exact_to_rounding
 
 pytestmark = pytest.mark.exactness
 

@@ -13,17 +13,6 @@ import json
 import pytest
 import torch
 
-from conftest import (
-    SYLLABLES,
-    VOCAB,
-    WORDS,
-    _documents,
-    hidden_up_for,
-    make_model,
-    tiny_scale_config,
-    token_batch,
-)
-from exactness import assert_exact_to_rounding
 from scale_cl import load, upscale
 from scale_cl.data.tokenizer import train_bpe_tokenizer
 from scale_cl.methods import METHOD_NAMES, prepare
@@ -40,6 +29,17 @@ from scale_cl.tuner.vocab import (
     merge_vocab,
     vocab_rows,
 )
+from tests.conftest import (
+    SYLLABLES,
+    VOCAB,
+    WORDS,
+    _documents,
+    hidden_up_for,
+    make_model,
+    tiny_scale_config,
+    token_batch,
+)
+from tests.exactness import assert_exact_to_rounding
 
 pytestmark = pytest.mark.exactness
 
@@ -162,7 +162,7 @@ def test_scale_exact_over_the_original_vocabulary(arch_name, method, order):
 @pytest.mark.parametrize("arch", ["llama-gqa2-tied", "neox-parallel-rot0.25"])
 def test_generate_with_an_extended_vocabulary(arch):
     """Greedy decoding (KV cache, merged inference form, route's stacked paths) can emit and read new tokens."""
-    from conftest import greedy
+    from tests.conftest import greedy
 
     base = make_model(arch)
     model = upscale(grow_embeddings(copy.deepcopy(base), synthetic_extension()), tiny_scale_config(base, "route"))
@@ -504,7 +504,7 @@ def test_new_ids_follow_a_padded_embedding(english, domains):
     """A model may have more rows than its tokenizer has tokens (Qwen2, Pythia): new ids start at its row count."""
     from transformers import LlamaForCausalLM
 
-    from conftest import tiny_llama_config
+    from tests.conftest import tiny_llama_config
 
     torch.manual_seed(0)
     model = LlamaForCausalLM(tiny_llama_config(vocab_size=len(english) + 4, tie_word_embeddings=True))
@@ -519,7 +519,7 @@ def test_bad_extensions_are_refused_and_change_nothing(english, domains):
     from tokenizers import Tokenizer, models
     from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
 
-    from conftest import tiny_llama_config
+    from tests.conftest import tiny_llama_config
 
     model = LlamaForCausalLM(tiny_llama_config(vocab_size=len(english), tie_word_embeddings=True))
     small = make_model("llama-gqa2-tied")
@@ -559,8 +559,8 @@ def test_extend_vocab_option_is_parsed_and_checked():
 def test_cpt_extend_vocab_larger_than_the_text_fails_before_anything_is_written(workspace, tmp_path):
     from dataclasses import replace
 
-    from conftest import tiny_config
     from scale_cl.experiments.cpt.pipeline import run_cpt
+    from tests.conftest import tiny_config
 
     cfg = tiny_config(workspace, ["freeze"])
     cfg = replace(cfg, data=replace(cfg.data, extend_vocab=100_000))
@@ -575,9 +575,9 @@ def test_cpt_with_an_extended_vocabulary(workspace, tmp_path):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from conftest import tiny_config
     from scale_cl.experiments.cpt.pipeline import run_cpt
     from scale_cl.models import load_trained
+    from tests.conftest import tiny_config
 
     methods = ["scale_preserve", "freeze", "lora"]
     cfg = tiny_config(workspace, methods, steps=2, save_every=0)
@@ -632,9 +632,9 @@ def test_cpt_sweep_with_an_extended_vocabulary(workspace, tmp_path):
     """The sweep packs its corpus once and evaluates the base once: both with the extended vocabulary."""
     from dataclasses import replace
 
-    from conftest import tiny_config
     from scale_cl.experiments.sweep.experiments import BASE_FILE, CptExperiment
     from scale_cl.experiments.sweep.runner import SweepSettings, run_sweep
+    from tests.conftest import tiny_config
 
     cfg = tiny_config(workspace, ["scale_preserve"], steps=2, save_every=0)
     cfg = replace(cfg, data=replace(cfg.data, extend_vocab=16))
