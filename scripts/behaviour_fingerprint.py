@@ -33,7 +33,7 @@ def tuner_fingerprint(checkout: Path) -> dict[str, dict]:
 
     if (checkout / "tests" / "__init__.py").is_file():  # the tests as a package (tests/__init__.py)
         from tests.conftest import make_model, randomize_new_weights, token_batch, upscaled_copy
-        from tests.test_training import loss_of
+        from tests.train.test_training import loss_of
     else:  # a checkout from before: every test file in tests/ itself
         from conftest import make_model, randomize_new_weights, token_batch, upscaled_copy
         from test_training import loss_of
