@@ -13,7 +13,7 @@ joined for it and split again. One mixin per family: `LlamaLayerApart` (Llama, M
 
 The forward arithmetic is the stock layer's, element for element: the logits are equal bitwise. The backward sums
 each part's gradient from its consumers in another order than the stock layer sums its full-width ones, so in fp32
-the gradients differ from the stock layer's by rounding, and lie as close to the exact ones (tests/test_streams.py
+the gradients differ from the stock layer's by rounding, and lie as close to the exact ones (tests/tuner/test_streams.py
 derives the bound against float64).
 
 The stock forward runs instead where the pair cannot serve: where a linear takes the merged inference form (one
