@@ -3,7 +3,7 @@
 Interleaves the methods (one step each, round after round) so machine drift hits all of them
 alike, and reports the median step time (forward, backward, AdamW) and its ratio to FFT. Also
 times each SCALE method with the constant-stream optimisation switched off ("plain"), which is
-the reference the optimisation must match in gradients (tests/test_fast_backward.py).
+the reference the optimisation must match in gradients (tests/tuner/test_fast_backward.py).
 
     python measurements/step_time.py [--rounds 5] [--batch 4] [--seq 256]
 """

@@ -28,11 +28,15 @@ CLOCK_FIELDS = {"seconds", "date"}
 
 
 def tuner_fingerprint(checkout: Path) -> dict[str, dict]:
-    sys.path[:0] = [str(checkout / "src"), str(checkout / "tests")]
+    sys.path[:0] = [str(checkout / "src"), str(checkout), str(checkout / "tests")]
     import torch
 
-    from conftest import make_model, randomize_new_weights, token_batch, upscaled_copy
-    from test_training import loss_of
+    if (checkout / "tests" / "__init__.py").is_file():  # the tests as a package (tests/__init__.py)
+        from tests.conftest import make_model, randomize_new_weights, token_batch, upscaled_copy
+        from tests.train.test_training import loss_of
+    else:  # a checkout from before: every test file in tests/ itself
+        from conftest import make_model, randomize_new_weights, token_batch, upscaled_copy
+        from test_training import loss_of
 
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)

@@ -83,7 +83,7 @@ step versions 60 "$PYTHON" -m scale_cl.bench.gpu_check versions "$OUT/versions.j
 
 if has pytest; then
   # one process (-o addopts=: not pyproject's two workers; the GPU machine may lack pytest-xdist)
-  step tests 180 "$PYTHON" -m pytest tests/test_gpu.py tests/test_sharded_commands.py -k "cuda or gpus" -q -rs \
+  step tests 180 "$PYTHON" -m pytest tests/e2e/test_gpu.py tests/e2e/test_sharded_commands.py -k "cuda or gpus" -q -rs \
     -o addopts= -p no:cacheprovider --junitxml="$OUT/tests.xml" "${TESTS[@]}"
 fi
 

@@ -7,7 +7,7 @@
 #   ATEN_CPU_CAPABILITY=default MKL_CBWR=COMPATIBLE   ATen's scalar code, MKL's most conservative path
 #
 # On an Intel AVX512 machine (the project's) each changes the rounding of matrix products or a log-softmax
-# (tests/test_exactness.py checks it). Extra arguments go to pytest, e.g. `bash scripts/test_kernels.sh -n 0 -x`.
+# (tests/project/test_exactness.py checks it). Extra arguments go to pytest, e.g. `bash scripts/test_kernels.sh -n 0 -x`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 for kernels in "MKL_CBWR=AVX2" "ATEN_CPU_CAPABILITY=avx2 MKL_CBWR=AVX2" "ATEN_CPU_CAPABILITY=default MKL_CBWR=COMPATIBLE"; do

@@ -9,7 +9,7 @@ that happens to round exactly):
 
     max |got - exact|  <=  margin * max |stock - exact|  +  ulps * eps(dtype) * max |exact|
 
-The defaults (``margin`` 2, ``ulps`` 8) are tests/test_streams.py's, where this rule started: another order of the
+The defaults (``margin`` 2, ``ulps`` 8) are tests/tuner/test_streams.py's, where this rule started: another order of the
 same sums rounds about as far from the exact value as the stock order does. A comparison that needs more says why
 where it passes its own. Set ``SCALE_CL_EXACTNESS_LOG`` to a file to append every comparison's errors and the share
 of its bound it used (the headroom, as a JSON line), e.g. under other kernels (`scripts/test_kernels.sh`).
@@ -126,11 +126,11 @@ def weight_floor(
     the tokens read, decayed (times ``prefix_weight``, the calibrated router's), plus (the confidence routers) its
     confidence over the temperature, up to ``confidence``:
     s <= |prior| + max |log p| (1 - decay^T) / (1 - decay) + confidence in size (~56 for the nested experts of
-    tests/test_nested_router.py). The scores round at that size, not at the weight's (<= 1): a difference of two by up
-    to ~2 eps s, of which w_j moves by w_j (1 - w_j) <= 1/4. So the floor is s / 2 eps, not 8 eps of 1 (measured on
-    the nested experts: the one pass's weights lay up to 6.8 eps from float64, the control's, a stock that happened
-    to round luckily, 1.2 eps). ``exact_logits``: the mixture's float64 log-probabilities (each expert's are near
-    them); ``ids`` the tokens, ``real`` the positions that are not padding (B, T)."""
+    tests/tuner/routing/test_nested_router.py). The scores round at that size, not at the weight's (<= 1): a
+    difference of two by up to ~2 eps s, of which w_j moves by w_j (1 - w_j) <= 1/4. So the floor is s / 2 eps, not 8
+    eps of 1 (measured on the nested experts: the one pass's weights lay up to 6.8 eps from float64, the control's, a
+    stock that happened to round luckily, 1.2 eps). ``exact_logits``: the mixture's float64 log-probabilities (each
+    expert's are near them); ``ids`` the tokens, ``real`` the positions that are not padding (B, T)."""
     size = abs(prior) + confidence
     if prefix:
         read = real[:, :-1] & real[:, 1:]  # a real token read at a real position

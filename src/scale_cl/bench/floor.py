@@ -1,7 +1,7 @@
 """Each method's training FLOP floor per token: what its definition needs computed, counted by formula.
 
 `scale_cl.eval.cost` counts what a training step runs; this module says what it must run, from the shapes alone, so
-the two can be set side by side (`scale-cl bench`) and tested equal (tests/test_bench.py): any product the code
+the two can be set side by side (`scale-cl bench`) and tested equal (tests/bench/test_bench.py): any product the code
 computes that the method does not need shows up as the difference. The conventions are the counter's (2 FLOPs a
 multiply-add; attention dense over the sequence, its backward the 5 products torch counts), so the floor of full
 fine-tuning is exactly what it runs.

@@ -40,7 +40,7 @@ BATCHED_KWARGS = ("attention_mask", "position_ids", "position_embeddings")
 
 
 # Copy of scale_cl.tuner.layers.SplitNorm, rewritten standalone;
-# tested equal by tests/test_export.py::test_grown_models_are_exported.
+# tested equal by tests/export/test_export.py::test_grown_models_are_exported.
 def norm_groups(width: int, split: int, up_norm: str, earlier: list | None = None) -> list[tuple[int, int, int, int]]:
     """The spans a SCALE norm normalises apart, each with the span whose statistic it takes: ``(start, end,
     ref_start, ref_end)``. First the original stream ``[0, d)`` (its own), then each grown stage's group
@@ -58,7 +58,7 @@ def norm_groups(width: int, split: int, up_norm: str, earlier: list | None = Non
 
 
 # Copy of scale_cl.tuner.layers.SplitNorm, rewritten standalone;
-# tested equal by tests/test_export.py::test_scale_export_loads_without_scale_cl_and_matches.
+# tested equal by tests/export/test_export.py::test_scale_export_loads_without_scale_cl_and_matches.
 class SplitRMSNormGroups(nn.Module):
     """RMSNorm over ``x`` (the first ``split`` features) and over ``x_up`` (the rest) separately (on a grown model
     over each stage's group, `norm_groups`).
@@ -91,7 +91,7 @@ class SplitRMSNormGroups(nn.Module):
 
 
 # Copy of scale_cl.tuner.layers.SplitNorm, rewritten standalone;
-# tested equal by tests/test_export.py::test_scale_export_loads_without_scale_cl_and_matches.
+# tested equal by tests/export/test_export.py::test_scale_export_loads_without_scale_cl_and_matches.
 class SplitLayerNorm(nn.Module):
     """LayerNorm (with bias) over ``x`` (the first ``split`` features) and over ``x_up`` separately (on a grown
     model over each stage's group, `norm_groups`); a group that takes another span's statistic (``up_norm``
@@ -122,7 +122,7 @@ class SplitLayerNorm(nn.Module):
 
 
 # Copy of scale_cl.tuner.layers.ScaleLinear, rewritten standalone;
-# tested equal by tests/test_export.py::test_scale_export_loads_without_scale_cl_and_matches.
+# tested equal by tests/export/test_export.py::test_scale_export_loads_without_scale_cl_and_matches.
 class TwoPathLinear(nn.Linear):
     """A linear of a route layer: its input is ``[preserve path; adapt path]`` (2B rows).
 
@@ -149,7 +149,7 @@ class TwoPathLinear(nn.Linear):
 
 
 # Copy of scale_cl.tuner.routing.cosine.route_cosine, rewritten standalone;
-# tested equal by tests/test_export.py::test_exported_route_head_is_the_packages_eq5.
+# tested equal by tests/export/test_export.py::test_exported_route_head_is_the_packages_eq5.
 def route_mask(z_p: torch.Tensor, z_a: torch.Tensor, tau: float) -> torch.Tensor:
     """Tokens sent to the preserve path: ``cos(Z_p, Z_a) > tau`` over the vocabulary (float32)."""
     p, a = z_p.float(), z_a.float()
@@ -441,7 +441,7 @@ def posterior_mix(
 
 
 # Copy of scale_cl.tuner.routing.state.capture_inputs_hook, rewritten standalone;
-# tested equal by tests/test_export.py::test_the_likelihood_router_is_exported.
+# tested equal by tests/export/test_export.py::test_the_likelihood_router_is_exported.
 def capture_router_inputs(model: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
     """Forward pre-hook of a likelihood-routed model: hands the head this call's token ids and the mask of their
     positions, starts a fresh memory for a call with an empty KV cache, and asks for every position's logits
@@ -463,7 +463,7 @@ def capture_router_inputs(model: nn.Module, args: tuple, kwargs: dict) -> tuple[
 
 
 # Copy of scale_cl.tuner.routing.cosine.route_logits, rewritten standalone;
-# tested equal by tests/test_export.py::test_exported_route_head_is_the_packages_eq5.
+# tested equal by tests/export/test_export.py::test_exported_route_head_is_the_packages_eq5.
 class RouteHead(nn.Linear):
     """The LM head of a model that mixes at the logits: Eq. 5 over ``[preserve path; adapt path]`` (2B rows in, B
     rows out), or a mixing router's posterior mixture of experts (``scale_mixture``).
@@ -575,7 +575,7 @@ def _stack(value: Any, batch: int) -> Any:
 
 
 # Copy of scale_cl.tuner.routing.state.stack_paths_hook, rewritten standalone;
-# tested equal by tests/test_export.py::test_scale_export_loads_without_scale_cl_and_matches.
+# tested equal by tests/export/test_export.py::test_scale_export_loads_without_scale_cl_and_matches.
 def stack_paths(
     layer: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], *, first: bool
 ) -> tuple[tuple[Any, ...], dict[str, Any]]:
@@ -590,8 +590,8 @@ def stack_paths(
     return (hidden, *args[1:]), kwargs
 
 
-# The route settings below: Eq. 5's as scale_<name>, a mixing router's as it declares them (its
-# MixtureRouter.mixture); tested by tests/test_export_copies.py::test_the_exported_config_holds_every_route_setting.
+# The route settings below: Eq. 5's as scale_<name>, a mixing router's as it declares them (its MixtureRouter.mixture);
+# tested by tests/export/test_export_copies.py::test_the_exported_config_holds_every_route_setting.
 @dataclass(kw_only=True, repr=False)
 class ScaleFields:
     """What the stock config lacks: the original (pre-upscaling) sizes and the SCALE method's settings."""
@@ -741,7 +741,7 @@ class LlamaFamilyModelMixin(ScaleModelMixin):
     norm_class = SplitRMSNormGroups
 
     # Copy of scale_cl.tuner.arch.llama.LLAMA's linears, their sizes before upscaling;
-    # tested equal by tests/test_export_copies.py::test_the_exported_linears_are_the_architectures_of_the_tuner.
+    # tested equal by tests/export/test_export_copies.py::test_the_exported_linears_are_the_architectures_of_the_tuner.
     def original_linears(self, config: Any) -> dict[str, tuple[int, int]]:
         d, ffn = config.scale_hidden_size, config.scale_intermediate_size
         q, kv = config.scale_num_attention_heads * config.head_dim, config.scale_num_key_value_heads * config.head_dim
@@ -780,7 +780,7 @@ class ScaleGPTNeoXModel(ScaleModelMixin, GPTNeoXModel):
     norm_class = SplitLayerNorm
 
     # Copy of scale_cl.tuner.arch.gpt_neox.GPT_NEOX's linears, their sizes before upscaling;
-    # tested equal by tests/test_export_copies.py::test_the_exported_linears_are_the_architectures_of_the_tuner.
+    # tested equal by tests/export/test_export_copies.py::test_the_exported_linears_are_the_architectures_of_the_tuner.
     def original_linears(self, config: Any) -> dict[str, tuple[int, int]]:
         d, ffn = config.scale_hidden_size, config.scale_intermediate_size
         return {

@@ -252,7 +252,7 @@ class CheckpointingTrainer(Trainer):
         written, and ``save_model``'s ``output_dir`` covers the weights only, not the optimizer,
         scheduler, RNG and trainer-state files. So this overrides the private ``Trainer._save_checkpoint``
         and relies on it reading ``args.output_dir`` when called (through the private ``_get_output_dir``),
-        as transformers 5.23 (the version checked) does; tests/test_checkpointing.py fails naming both
+        as transformers 5.23 (the version checked) does; tests/train/test_checkpointing.py fails naming both
         if a release changes that. A hyper-parameter search trial (its own sub-folder) keeps the
         Trainer's saving.
         """

@@ -1,4 +1,4 @@
-"""Every place scale-cl reads transformers' private code, in one module (tests/test_hf_compat.py checks each).
+"""Every place scale-cl reads transformers' private code, in one module (tests/tuner/test_hf_compat.py checks each).
 
 The streams-apart layer (`scale_cl.tuner.streams`) and the split-heads attention (`scale_cl.tuner.attention`) call
 what a decoder layer's own forward calls, and must know when transformers records the attention weights. None of

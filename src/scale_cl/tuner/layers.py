@@ -67,7 +67,7 @@ ROUTED = "routed"  # route's stacked rows: W12 on the adapt half only (`scale_cl
 CONSTANT_HALF = "constant_half"  # route's stacked training rows whose preserve half is constant: each half apart
 
 
-# Copied to export/modeling_scale.py (TwoPathLinear): change both (tests/test_export_copies.py).
+# Copied to export/modeling_scale.py (TwoPathLinear): change both (tests/export/test_export_copies.py).
 class ScaleLinear(SplitInput):
     """Eq. 1: ``[[W, W12], [W21, W22]] @ [x; x_up]`` with ``W`` (and its bias) frozen.
 
@@ -291,7 +291,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 # Copied to export/modeling_scale.py (SplitRMSNormGroups, SplitLayerNorm, norm_groups): change both
-# (tests/test_export_copies.py).
+# (tests/export/test_export_copies.py).
 class SplitNorm(SplitInput):
     """Normalises ``x`` with the frozen original norm over ``d`` and ``x_up`` with a new one over ``u``.
 

@@ -21,7 +21,7 @@ from scale_cl.tuner.routing.router import HeadPaths, Router, register_router
 from scale_cl.tuner.routing.state import Reading, RouteState
 
 
-# Copied to export/modeling_scale.py (route_mask): change both (tests/test_export_copies.py).
+# Copied to export/modeling_scale.py (route_mask): change both (tests/export/test_export_copies.py).
 def route_cosine(z_p: torch.Tensor, z_a: torch.Tensor) -> torch.Tensor:
     """``cos(Z_p, Z_a)`` per token over the vocabulary (float32, no gradient): what Eq. 5 compares with tau.
 
@@ -32,7 +32,7 @@ def route_cosine(z_p: torch.Tensor, z_a: torch.Tensor) -> torch.Tensor:
         return (p.unsqueeze(-2) @ a.unsqueeze(-1))[..., 0, 0] / norms.clamp_min(1e-8)
 
 
-# Copied to export/modeling_scale.py (RouteHead): change both (tests/test_export_copies.py).
+# Copied to export/modeling_scale.py (RouteHead): change both (tests/export/test_export_copies.py).
 def route_logits(
     x: torch.Tensor,
     x_up: torch.Tensor,

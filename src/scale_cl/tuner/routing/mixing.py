@@ -28,14 +28,14 @@ CPU_CHUNK_ELEMENTS = 2**17  # a CPU chunk's elements per expert (512 KiB of fp32
 ACCELERATOR_CHUNK_ELEMENTS = 2**24  # a GPU's (64 MiB of fp32): few kernel launches, temporaries of bounded size
 
 
-# Copy in export/modeling_scale.py (chunk_rows): the same code (tests/test_export_copies.py).
+# Copy in export/modeling_scale.py (chunk_rows): the same code (tests/export/test_export_copies.py).
 def chunk_rows(vocab: int, device: torch.device) -> int:
     """Positions per chunk of a mixture over ``vocab`` entries on ``device``."""
     elements = CPU_CHUNK_ELEMENTS if device.type == "cpu" else ACCELERATOR_CHUNK_ELEMENTS
     return max(1, elements // vocab)
 
 
-# Copy in export/modeling_scale.py (log_normalisers): the same code (tests/test_export_copies.py).
+# Copy in export/modeling_scale.py (log_normalisers): the same code (tests/export/test_export_copies.py).
 def log_normalisers(experts: Sequence[torch.Tensor], increments: bool = False) -> torch.Tensor:
     """Each expert's ``logsumexp`` over the last dimension, stacked (E, ...), in fp32, a CPU chunk of positions at a
     time unless a gradient is needed: ``z_j - log_normalisers(...)[j]`` are expert j's log-probabilities.
@@ -59,7 +59,7 @@ def log_normalisers(experts: Sequence[torch.Tensor], increments: bool = False) -
     return out.view(len(flat), *experts[0].shape[:-1])
 
 
-# Copy in export/modeling_scale.py (mixture_log_probs): the same code (tests/test_export_copies.py).
+# Copy in export/modeling_scale.py (mixture_log_probs): the same code (tests/export/test_export_copies.py).
 def mixture_log_probs(
     experts: Sequence[torch.Tensor], shifts: Sequence[torch.Tensor], increments: bool = False
 ) -> torch.Tensor:
@@ -98,7 +98,7 @@ def mixture_log_probs(
 CONFIDENCES = ("entropy", "top")  # what an expert's confidence at a position is read as (`expert_confidence`)
 
 
-# Copy in export/modeling_scale.py (expert_confidence): the same code (tests/test_export_copies.py).
+# Copy in export/modeling_scale.py (expert_confidence): the same code (tests/export/test_export_copies.py).
 def expert_confidence(
     experts: Sequence[torch.Tensor], norms: torch.Tensor, kind: str, increments: bool = False
 ) -> torch.Tensor:
@@ -128,7 +128,7 @@ def expert_confidence(
     return out.view(norms.shape)
 
 
-# Copy in export/modeling_scale.py (expert_statistics): the same code (tests/test_export_copies.py).
+# Copy in export/modeling_scale.py (expert_statistics): the same code (tests/export/test_export_copies.py).
 def expert_statistics(
     experts: Sequence[torch.Tensor], increments: bool = False
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:

@@ -34,7 +34,7 @@ from scale_cl.tuner.routing.state import Reading, RouteState
 MISSING_ROW_LOGIT_GAP = 1e4
 
 
-# Copy in export/modeling_scale.py (with_missing_rows): the same code (tests/test_export_copies.py).
+# Copy in export/modeling_scale.py (with_missing_rows): the same code (tests/export/test_export_copies.py).
 def with_missing_rows(logits: torch.Tensor, vocab: int) -> torch.Tensor:
     """``logits`` (..., V) widened to ``vocab`` entries: each missing one `MISSING_ROW_LOGIT_GAP` below the least."""
     if logits.shape[-1] == vocab:
@@ -43,7 +43,7 @@ def with_missing_rows(logits: torch.Tensor, vocab: int) -> torch.Tensor:
     return torch.cat((logits, floor.expand(*floor.shape[:-1], vocab - logits.shape[-1])), dim=-1)
 
 
-# Copy in export/modeling_scale.py (running_ratio): the same code (tests/test_export_copies.py).
+# Copy in export/modeling_scale.py (running_ratio): the same code (tests/export/test_export_copies.py).
 def running_ratio(
     evidence: torch.Tensor, starts: torch.Tensor, decay: float, initial: torch.Tensor | None = None, chunk: int = 64
 ) -> torch.Tensor:
@@ -70,7 +70,7 @@ def running_ratio(
     return out
 
 
-# Copy in export/modeling_scale.py (padding_free): the same code (tests/test_export_copies.py).
+# Copy in export/modeling_scale.py (padding_free): the same code (tests/export/test_export_copies.py).
 def padding_free(evidence: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
     """``evidence`` (..., B, T) with no evidence from a padded token or one whose prediction came from padding."""
     if attention_mask is None:
@@ -81,7 +81,7 @@ def padding_free(evidence: torch.Tensor, attention_mask: torch.Tensor | None) ->
     return evidence
 
 
-# Copy in export/modeling_scale.py (document_starts): the same code (tests/test_export_copies.py).
+# Copy in export/modeling_scale.py (document_starts): the same code (tests/export/test_export_copies.py).
 def document_starts(ids: torch.Tensor, eos_ids: tuple[int, ...]) -> torch.Tensor:
     """Where a document starts (B, T): at each EOS token (the running ratio is reset there)."""
     starts = torch.zeros(ids.shape, dtype=torch.bool, device=ids.device)
@@ -90,7 +90,7 @@ def document_starts(ids: torch.Tensor, eos_ids: tuple[int, ...]) -> torch.Tensor
     return starts
 
 
-# Copy in export/modeling_scale.py (ExpertMemory): the same code (tests/test_export_copies.py).
+# Copy in export/modeling_scale.py (ExpertMemory): the same code (tests/export/test_export_copies.py).
 @dataclass
 class ExpertMemory:
     """What a generation step hands the next: each expert's running ratio and last position's log-probabilities."""
@@ -103,7 +103,7 @@ class ExpertMemory:
         self.last_log_probs = self.last_log_probs.index_select(1, index.to(self.last_log_probs.device))
 
 
-# Copied to export/modeling_scale.py (posterior_mix): change both (tests/test_export_copies.py).
+# Copied to export/modeling_scale.py (posterior_mix): change both (tests/export/test_export_copies.py).
 def posterior_mix(
     expert_logits: Sequence[torch.Tensor],
     input_ids: torch.Tensor | None,
@@ -241,7 +241,7 @@ def expert_evidence(
         )
 
 
-# Copied to export/modeling_scale.py (RouteHead.experts): change both (tests/test_export.py).
+# Copied to export/modeling_scale.py (RouteHead.experts): change both (tests/export/test_export.py).
 def nested_logits(paths: HeadPaths, widths: Sequence[int]) -> list[torch.Tensor]:
     """A grown model's experts as increments: the base's ``Z_0``, then each stage's columns' product ``Z_j`` (the
     experts are their cumulative sums, `scale_cl.tuner.routing.nested`), the current stage's ``alpha Z_up`` last."""
@@ -253,7 +253,7 @@ def nested_logits(paths: HeadPaths, widths: Sequence[int]) -> list[torch.Tensor]
     return experts
 
 
-# Copied to export/modeling_scale.py (RouteHead.experts): change both (tests/test_export.py).
+# Copied to export/modeling_scale.py (RouteHead.experts): change both (tests/export/test_export.py).
 def path_experts(paths: HeadPaths, widths: Sequence[int]) -> tuple[list[torch.Tensor], bool]:
     """The experts' logits from the head's input, and whether they are given as increments (`posterior_mix`): the
     two stacked paths' (Route), the base's ``Z`` and ``alpha Z_up`` (one path, upscaled once), or a grown model's

@@ -27,7 +27,7 @@ ROUTE_SHARE_KEY = "route_preserve_share"
 _BATCHED_KWARGS = ("attention_mask", "position_ids", "position_embeddings")
 
 
-# Copied to export/modeling_scale.py (_stack): change both (tests/test_export_copies.py).
+# Copied to export/modeling_scale.py (_stack): change both (tests/export/test_export_copies.py).
 def _stack(value: Any, batch: int) -> Any:
     if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] == batch and batch > 1:
         return torch.cat((value, value))
@@ -141,7 +141,7 @@ class RouteState:
         return self.active and self.first_stacked is not None
 
 
-# Copied to export/modeling_scale.py (stack_paths): change both (tests/test_export_copies.py).
+# Copied to export/modeling_scale.py (stack_paths): change both (tests/export/test_export_copies.py).
 def stack_paths_hook(
     layer: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], *, state: RouteState, index: int
 ) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
@@ -165,7 +165,7 @@ def stack_paths_hook(
     return (hidden, *args), kwargs
 
 
-# Copied to export/modeling_scale.py (capture_router_inputs): change both (tests/test_export_copies.py).
+# Copied to export/modeling_scale.py (capture_router_inputs): change both (tests/export/test_export_copies.py).
 def capture_inputs_hook(model: nn.Module, args: tuple, kwargs: dict, *, state: RouteState) -> tuple[tuple, dict] | None:
     """Forward pre-hook of the model: the likelihood router's view of the call (its token ids, the attention mask
     of its positions) and, for a call that starts new sequences (no KV cache yet), a fresh router memory.
