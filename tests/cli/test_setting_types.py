@@ -291,6 +291,7 @@ def test_a_value_is_converted_to_its_declared_type_or_refused_naming_the_setting
 # --------------------------------------------------------------------------------- the exit code and the disk
 
 
+@pytest.mark.slow
 def test_a_refused_setting_exits_2_with_one_line_and_writes_nothing(tmp_path):
     config = tmp_path / "bad.yaml"
     config.write_text("methods: fft\n")

@@ -538,6 +538,7 @@ def test_a_shuffle_buffer_reorders_the_blocks_by_seed_and_epoch(tmp_path, tok):
     assert not torch.equal(stacked(shuffled), first), "each epoch draws its own order"
 
 
+@pytest.mark.slow
 def test_dataloader_workers_each_read_their_own_files(tmp_path, tok):
     from torch.utils.data import DataLoader
 

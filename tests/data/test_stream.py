@@ -51,6 +51,7 @@ def read_to(stream, count: int) -> None:
         next(reader)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shuffle_buffer", [0, 5])
 def test_a_resumed_pass_yields_the_blocks_after_the_position(files, tok, small_steps, shuffle_buffer):
     def fresh():

@@ -248,6 +248,7 @@ def test_clear_errors_for_bad_model_arguments(runs, tmp_path, capsys):
     assert "not a folder of lm-eval task YAML" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_presets_are_lm_eval_task_names():
     assert expand_tasks(["english", "korean,arc_easy", "hellaswag"]) == [
         *TASK_PRESETS["english"],

@@ -173,6 +173,7 @@ def tokenizer_script(exported) -> tuple[subprocess.CompletedProcess, dict[str, s
     return done, {part.split("\n", 1)[0]: part for part in parts}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("trust", TRUSTS)
 def test_autotokenizer_loads_an_export_in_a_script_without_a_terminal(tokenizer_script, workspace, trust):
     """transformers' AutoTokenizer reads the model's config first, and an export's names custom code (``auto_map``):

@@ -161,6 +161,7 @@ def expected_llama_pro_positions(num_layers: int, blocks: int) -> list[int]:
 # Dispatcher: names, options, errors
 
 
+@pytest.mark.slow
 def test_registry_derives_the_scale_methods_and_imports_no_baseline_until_asked():
     """One registry: its SCALE entries are ScaleConfig's methods, and `import scale_cl` pulls in no PEFT."""
     scale = {spec.scale_method for spec in REGISTRY.values() if spec.is_scale}
@@ -597,6 +598,7 @@ def test_every_method_declares_the_experiment_settings_it_reads():
         settings_of("ftt")
 
 
+@pytest.mark.slow
 def test_import_scale_cl_loads_the_tuner_only():
     """``import scale_cl`` is the tuner: no method, training, data, experiment or CLI module, and no library for
     learning tokens (the vocabulary rows it loads need none), for the baselines (PEFT) or for a quantized base

@@ -123,6 +123,7 @@ def test_bad_input_is_refused_before_anything_is_written(tmp_path, texts, messag
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_cli_bad_input_exits_2_with_the_reason(tmp_path):
     korean = write_jsonl(tmp_path / "ko.jsonl", hangul_documents(3, 20))
     result = subprocess.run(

@@ -243,6 +243,7 @@ def test_cli_options_reach_the_settings():
     assert cfg.task1.max_steps == preset("micro").task1.max_steps  # not named: the preset's
 
 
+@pytest.mark.slow
 def test_cli_runs_with_yaml_and_command_line_overrides(tmp_path, capsys):
     config = tmp_path / "bio.yaml"
     config.write_text("preset: micro\nmethods: [fft, scale_route]\ntask1: {max_steps: 3, eval_every: 1}\n")

@@ -86,6 +86,7 @@ def per_task(tmp_path_factory, stages) -> tuple[Path, dict]:
     return out, sequence.run_bio_sequence(cfg, out, stages)
 
 
+@pytest.mark.slow
 def test_fft_s_control_mixes_the_task0_model_and_each_task_s_model_and_preserve_reads_its_stages(per_task):
     """task1.likelihood_control in a sequence: after task k, the Task-0 model and FFT's model after each task so far
     (k + 1 models) mixed, read with the router's AUROC; its matrix, metrics and a row of results.md. SCALE-Preserve
@@ -106,6 +107,7 @@ def test_fft_s_control_mixes_the_task0_model_and_each_task_s_model_and_preserve_
     assert "control" not in preserve and all("likelihood_router" in row for row in preserve["rows"])
 
 
+@pytest.mark.slow
 def test_a_sequence_reports_the_matrix_metrics_and_figures(per_task):
     out, results = per_task
     for method, summary in results["methods"].items():
@@ -125,6 +127,7 @@ def test_a_sequence_reports_the_matrix_metrics_and_figures(per_task):
     assert not list(out.glob("seed-0/*.tasks"))  # finished: no resume state left
 
 
+@pytest.mark.slow
 def test_per_task_growth_grows_scale_and_lora_and_their_cost(per_task):
     _, results = per_task
     growth = {m: [p["total"] for p in r["runs"][0]["parameters"]] for m, r in results["methods"].items()}
@@ -142,6 +145,7 @@ def test_per_task_growth_grows_scale_and_lora_and_their_cost(per_task):
     assert results["methods"]["fft"]["runs"][0]["growth"] == "once"
 
 
+@pytest.mark.slow
 def test_a_killed_sequence_resumes_to_the_same_result(per_task, stages, tmp_path, monkeypatch):
     """Killed during task 3 (after task 2 was saved): the re-run rebuilds the model (grown twice), loads its state
     and ends with bitwise the uninterrupted run's rows."""
@@ -172,6 +176,7 @@ def test_a_killed_sequence_resumes_to_the_same_result(per_task, stages, tmp_path
         assert got["rows"] == want["rows"] and got["parameters"] == want["parameters"]
 
 
+@pytest.mark.slow
 def test_a_sequence_trains_every_task_and_keeps_earlier_stages_frozen(tmp_path, stages, monkeypatch):
     """Each task moves what the method trains; under per-task growth an earlier stage's weights never move again."""
     cfg = micro_sequence(**{"sequence.growth": "per_task", "methods": ["scale_adapt"]})
@@ -196,6 +201,7 @@ def test_a_sequence_trains_every_task_and_keeps_earlier_stages_frozen(tmp_path, 
         assert merged and not merged & moved
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ("stacked", "merged"))
 def test_lora_adds_an_adapter_per_task(kind, tmp_path, stages, monkeypatch):
     """Stacked: each task trains only its own adapter, the earlier ones act and stay frozen (inference FLOPs grow);
