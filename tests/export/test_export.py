@@ -452,7 +452,6 @@ def tau_saved_and_reloaded(directory: Path):
     return loaded
 
 
-@pytest.mark.slow
 def test_tau_set_on_the_live_model_is_the_saved_loaded_and_exported_one(scale_exports):
     """One value from `set_method(model, "route", tau=...)` to the exported model: its config and its routing."""
     root, expected, got, _, mask = scale_exports
@@ -507,7 +506,6 @@ def test_exported_route_head_is_the_packages_eq5(new_rows, tau, exact):
     assert head.tau == tau - 0.5
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize(("arch", "method"), SCALE_CASES)
 def test_scale_export_loads_without_scale_cl_and_matches(scale_exports, arch, method):
     root, expected, got, summary, mask = scale_exports
@@ -539,7 +537,6 @@ def test_an_export_with_alpha_rounded_to_half_precision_falls_outside_the_bound(
             assert_matches(forward_readings(exported, ids, mask), want, mask, greedy=False)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(QUIET_CASES))
 def test_quiet_stream_options_are_exported(scale_exports, name):
     _, expected, got, _, mask = scale_exports
@@ -556,7 +553,6 @@ def test_route_exact_without_a_collaborative_layer_is_refused(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(LIKELIHOOD_CASES))
 def test_the_likelihood_router_is_exported(scale_exports, name):
     """Its mixture, its base weight per token, greedy generation with a KV cache and beam search (the memory
@@ -568,7 +564,6 @@ def test_the_likelihood_router_is_exported(scale_exports, name):
     assert float(weight.max() - weight.min()) > 0.2, "the weight moves with the evidence (not one constant mix)"
 
 
-@pytest.mark.slow
 def test_the_nested_router_is_exported(scale_exports):
     """A SCALE-Preserve model grown twice, read with the nested router: the three experts' mixture (the base's, the
     first stage's and its own logits from the head's stage columns), the base's weight, greedy generation with a KV
@@ -581,7 +576,6 @@ def test_the_nested_router_is_exported(scale_exports):
     assert float(weight.max() - weight.min()) > 0.2, "the base's weight moves with the evidence"
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(CONFIDENCE_CASES))
 def test_the_confidence_routers_are_exported(scale_exports, name):
     """Their mixture, the base's weight per token, greedy generation with a KV cache and beam search (the hybrid's
@@ -597,7 +591,6 @@ def test_the_confidence_routers_are_exported(scale_exports, name):
     assert "weight" in got[name], "the exported head keeps the base's weight per token"
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(CALIBRATED_CASES))
 def test_the_calibrated_router_is_exported(scale_exports, name):
     """Its gate (the mixture's settings in the config), the base's weight per token, greedy generation with a KV cache
@@ -612,7 +605,6 @@ def test_the_calibrated_router_is_exported(scale_exports, name):
     assert float(weight.max() - weight.min()) > 0.2, "the gate moves the base's weight"
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(GROWN_CASES))
 def test_grown_models_are_exported(scale_exports, name):
     """A model grown two or three times: its norms' groups (each with its statistic), the merged earlier stages
@@ -623,14 +615,12 @@ def test_grown_models_are_exported(scale_exports, name):
     assert_matches(got[name], expected[name], mask)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(ROUTE_EDGES))
 def test_route_export_from_layer_0_and_without_collaborative_layers(scale_exports, name):
     _, expected, got, _, mask = scale_exports
     assert_matches(got[name], expected[name], mask)
 
 
-@pytest.mark.slow
 def test_route_export_really_routes(scale_exports):
     """Guard: both branches of Eq. 5 are taken, and route's logits are neither adapt's nor preserve's."""
     got, mask = scale_exports[2], scale_exports[4]
@@ -643,7 +633,6 @@ def test_route_export_really_routes(scale_exports):
             assert (route - got[f"{arch}-{other}"]["logits"][real]).abs().max() > 1e-3, (arch, other)
 
 
-@pytest.mark.slow
 def test_scale_export_folder_is_a_hub_model_folder(scale_exports):
     root = scale_exports[0]
     folder = root / "qwen2-qkv-bias-route"
@@ -759,7 +748,6 @@ def other_exports(clean_loads):
     return clean_loads["other_exports"]
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("name", ["fft", "freeze", "llama_pro", "lora-in-memory", "lora"])
 def test_baseline_exports_are_plain_checkpoints(other_exports, name):
     root, expected, got, summary, mask = other_exports
@@ -771,7 +759,6 @@ def test_baseline_exports_are_plain_checkpoints(other_exports, name):
     assert_matches(got[name], expected[name], mask)
 
 
-@pytest.mark.slow
 def test_extended_vocabulary_route_export_matches(other_exports):
     root, expected, got, _, mask = other_exports
     config = json.loads((root / "extended" / "config.json").read_text())
@@ -780,7 +767,6 @@ def test_extended_vocabulary_route_export_matches(other_exports):
     assert_matches(got["extended"], expected["extended"], mask)
 
 
-@pytest.mark.slow
 def test_checkpoint_export_matches(other_exports):
     root, expected, got, summary, mask = other_exports
     assert summary["classes"]["checkpoint"].endswith(".ScaleMistralForCausalLM")
@@ -788,7 +774,6 @@ def test_checkpoint_export_matches(other_exports):
     assert "- method: `scale_adapt`" in (root / "checkpoint-export" / "README.md").read_text()
 
 
-@pytest.mark.slow
 def test_sharded_export_writes_an_index_and_loads(other_exports):
     root, expected, got, _, mask = other_exports
     index = json.loads((root / "sharded" / "model.safetensors.index.json").read_text())
@@ -798,7 +783,6 @@ def test_sharded_export_writes_an_index_and_loads(other_exports):
     assert_matches(got["sharded"], expected["sharded"], mask)
 
 
-@pytest.mark.slow
 def test_run_export_brings_tokenizer_and_model_card(other_exports, workspace):
     root, expected, got, summary, mask = other_exports
     folder = root / "scale_route-export"

@@ -60,7 +60,6 @@ def finished(workspace, tmp_path_factory):
     return out, run_cpt_sequence(cfg, out)
 
 
-@pytest.mark.slow
 @pytest.mark.exactness
 def test_the_perplexity_matrix_holds_the_old_domain_and_every_new_one(finished, workspace):
     out, results = finished
@@ -88,7 +87,6 @@ def test_the_perplexity_matrix_holds_the_old_domain_and_every_new_one(finished, 
     assert not list(out.glob("*/task-*.safetensors"))  # finished: no resume state left
 
 
-@pytest.mark.slow
 def test_a_killed_sequence_resumes_to_the_same_result(finished, workspace, tmp_path, monkeypatch):
     reference, _ = finished
     cfg = sequence_config(workspace, ["scale_preserve"], growth="per_task")
