@@ -4,8 +4,10 @@ settings file, and its file says why each value is what it is."""
 
 from __future__ import annotations
 
+import copy
+from functools import cache
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from scale_cl.experiments.overrides import apply_overrides, read_yaml
 
@@ -26,4 +28,11 @@ def load_preset(
     ``folder``: where its presets are (default `PRESET_DIR`, scale-cl's own)."""
     if name not in names:
         raise ValueError(f"unknown preset {name!r}; valid presets: {', '.join(names)}")
-    return apply_overrides(defaults, {**read_yaml(preset_file(command, name, folder)), "preset": name})
+    values = copy.deepcopy(_preset_values(preset_file(command, name, folder)))
+    return apply_overrides(defaults, {**values, "preset": name})
+
+
+@cache
+def _preset_values(path: Path) -> dict[str, Any]:
+    """A preset file's settings, read once a process (the command line builds every command's defaults each time)."""
+    return read_yaml(path)
