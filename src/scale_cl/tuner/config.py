@@ -23,95 +23,93 @@ UP_NORMS = ("own", "original", "joint")
 
 @dataclass
 class ScaleConfig:
-    """How to width-upscale a causal LM with SCALE.
-
-    Attributes:
-        hidden_up: width added to the residual stream (``u``); adds ``u / head_dim`` query heads.
-            Must be a positive multiple of ``head_dim * (n_heads / n_kv_heads)``.
-        ffn_up: width added to every FFN's hidden layer (``f``), 0 or more.
-        method: ``"preserve"`` (W12 frozen at zero everywhere), ``"adapt"`` (W12 trainable in
-            collaborative layers/modules) or ``"route"`` (per-token routing between both, Eq. 5).
-        preserve_layers: ``L_fp``; W12 stays frozen at zero in decoder layers ``< L_fp``.
-            Layers ``>= L_fp`` are collaborative (for ``adapt``/``route``). Negative values count
-            from the top like a Python index: ``-1`` makes only the last layer collaborative,
-            whatever the model's depth; `upscale` records the concrete value.
-        collab_modules: where W12 may train inside collaborative layers: ``"attn"``, ``"ffn"``.
-        w21_init: initialiser of W21 (new rows reading the original stream).
-        w22_init: initialiser of W22 (new rows reading the new stream).
-        route_tau: cosine threshold of Eq. 5, in [-1, 1]; a token whose preserve and adapt
-            logits agree above it goes to the preserve path.
-        seed: seed of the random and randomised-SVD initialisers (upscaling is deterministic).
-        embed_up_init: ``E_up`` at start: ``"random"`` (``E``'s standard deviation, the paper's) or ``"zero"``
-            (the new stream starts silent and speaks only where W21 and training make it).
-        up_norm: the statistic that normalises ``x_up``: ``"own"`` (its own RMS / mean and variance, the
-            paper's), ``"original"`` (the original stream's RMS / standard deviation) or ``"joint"`` (the whole
-            ``[x; x_up]``'s). With the last two ``x_up`` is as loud, relative to ``x``, as the model makes it,
-            rather than always unit-sized; ``"joint"`` is bounded where ``x_up`` outgrows ``x`` (``"original"``
-            is not, and can diverge: docs/design.md §2). Theorem 3.1 holds with each: ``x`` reads only its own.
-        up_logit_scale: ``alpha`` in ``Z + alpha Z_up``: scales the new stream's logits (1: the paper's; 0:
-            the base model's logits under SCALE-Preserve). Meant for evaluation after training: one trained
-            model, a learning-forgetting frontier over ``alpha``.
-        route_exact: SCALE-Route: a token routed to the preserve path gets the base model's logits ``Z_p``
-            exactly, instead of Eq. 5's ``(Z_p + Z_a) / 2 + Z_p_up``.
-        router: the registered router that reads the head's paths (its help text; which methods it routes:
-            `routed`; each router: docs/design.md §2).
-        router_prior: the likelihood router's prior log-odds for the base path (``w = sigmoid(prior)`` at a
-            document start).
-        router_decay: the likelihood router's decay of past evidence per token, in (0, 1] (1: the whole document
-            weighs alike; 0.95: about the last 20 tokens).
-        router_confidence: the confidence and hybrid routers' measure of an expert's confidence: ``"entropy"``
-            (its distribution's negative entropy) or ``"top"`` (the log of its top probability).
-        router_temperature: ``T`` in their ``w ~ exp(confidence / T)``: 1 counts the confidence as one token's
-            evidence; smaller trusts it more.
-        router_prefix_weight: the calibrated router's weight on the prefix's running log-likelihood ratio (1: the
-            posterior's, as the likelihood and hybrid routers count it).
-        router_entropy_weight: the calibrated router's weight on each expert's negative entropy at the position
-            (the hybrid's ``1 / T`` for ``"entropy"``).
-        router_top_weight: the calibrated router's weight on each expert's log top probability at the position.
-    """
+    """How to width-upscale a causal LM with SCALE. Each field is described once, by its ``metadata["help"]``: what
+    ``--options.scale.<field> --help`` prints, and the ``Attributes`` below (written from them after the class)."""
 
     hidden_up: int = field(
-        metadata={"gt": 0, "help": "width added to the residual stream (a multiple of head_dim x GQA group)"}
+        metadata={
+            "gt": 0,
+            "help": "width added to the residual stream (u; a positive multiple of head_dim x GQA group): u / head_dim "
+            "new query heads",
+        }
     )
-    ffn_up: int = field(metadata={"ge": 0, "help": "width added to every FFN's hidden layer (0 or more)"})
+    ffn_up: int = field(metadata={"ge": 0, "help": "width added to every FFN's hidden layer (f; 0 or more)"})
     # method and seed are each run's own in the experiments ("cli": False: no command-line option there)
-    method: str = field(default="preserve", metadata={"help": f"one of {METHODS}", "cli": False})
+    method: str = field(
+        default="preserve",
+        metadata={
+            "help": f"one of {METHODS}: preserve (W12 frozen at zero everywhere), adapt (W12 trains in the "
+            "collaborative layers and modules) or route (each token routed between the two, Eq. 5)",
+            "cli": False,
+        },
+    )
     preserve_layers: int = field(
         default=0,
         metadata={
-            "help": "L_fp: W12 frozen below this decoder layer; negative counts from the top (-1: only the last)"
+            "help": "L_fp: W12 frozen at zero below this decoder layer, the layers from it on collaborative (adapt, "
+            "route); negative counts from the top like a Python index (-1: only the last), recorded as the concrete "
+            "layer by upscale"
         },
     )
     collab_modules: tuple[str, ...] = field(
         default=("attn", "ffn"), metadata={"help": f"where W12 trains in collaborative layers: a subset of {MODULES}"}
     )
-    w21_init: str = field(default="svd", metadata={"help": f"W21 initialiser, one of {INITS}"})
-    w22_init: str = field(default="zero", metadata={"help": f"W22 initialiser, one of {INITS}"})
+    w21_init: str = field(
+        default="svd",
+        metadata={"help": f"initialiser of W21 (the new rows reading the original stream), one of {INITS}"},
+    )
+    w22_init: str = field(
+        default="zero", metadata={"help": f"initialiser of W22 (the new rows reading the new stream), one of {INITS}"}
+    )
     route_tau: float = field(
-        default=0.5, metadata={"ge": -1, "le": 1, "help": "SCALE-Route: cosine threshold of Eq. 5, in [-1, 1]"}
+        default=0.5,
+        metadata={
+            "ge": -1,
+            "le": 1,
+            "help": "SCALE-Route: cosine threshold of Eq. 5, in [-1, 1]: a token whose preserve and adapt logits agree "
+            "above it goes to the preserve path",
+        },
     )
     seed: int = field(
         default=0,
         metadata={
             "ge": 0,
             "le": 4294967295,
-            "help": "seed of the random and randomised-SVD initialisers",
+            "help": "seed of the random and randomised-SVD initialisers (upscaling is deterministic)",
             "cli": False,
         },
     )
 
     embed_up_init: str = field(
-        default="random", metadata={"help": f"E_up at start, one of {EMBED_UP_INITS} (zero: a silent new stream)"}
+        default="random",
+        metadata={
+            "help": f"E_up at start, one of {EMBED_UP_INITS}: random (E's standard deviation, the paper's) or zero "
+            "(the new stream starts silent and speaks only where W21 and training make it)"
+        },
     )
     up_norm: str = field(
         default="own",
-        metadata={"help": f"what normalises x_up, one of {UP_NORMS} (the original stream's or the whole width's RMS)"},
+        metadata={
+            "help": f"what normalises x_up, one of {UP_NORMS}: own (its own RMS / mean and variance, the paper's), "
+            "original (the original stream's RMS / standard deviation) or joint (the whole [x; x_up]'s); with the last "
+            "two x_up is as loud, relative to x, as the model makes it; joint is bounded where x_up outgrows x, "
+            "original is not and can diverge (docs/design.md §2); Theorem 3.1 holds with each"
+        },
     )
     up_logit_scale: float = field(
-        default=1.0, metadata={"ge": 0, "help": "alpha in Z + alpha Z_up: the new stream's weight in the logits"}
+        default=1.0,
+        metadata={
+            "ge": 0,
+            "help": "alpha in Z + alpha Z_up: the new stream's weight in the logits (1: the paper's; 0: the base "
+            "model's logits under SCALE-Preserve); for evaluation after training, a frontier over alpha from one model",
+        },
     )
     route_exact: bool = field(
-        default=False, metadata={"help": "SCALE-Route: tokens routed to the preserve path get the base's logits"}
+        default=False,
+        metadata={
+            "help": "SCALE-Route: a token routed to the preserve path gets the base's logits Z_p exactly, instead "
+            "of Eq. 5's (Z_p + Z_a) / 2 + Z_p_up"
+        },
     )
     router: str = field(
         default="cosine",
@@ -128,11 +126,18 @@ class ScaleConfig:
         metadata={
             "ge": -20,
             "le": 20,
-            "help": "likelihood router: prior log-odds of the base path at a document start (sigmoid(20) is 1 in fp32)",
+            "help": "likelihood router: prior log-odds of the base path at a document start (w = sigmoid(prior); "
+            "sigmoid(20) is 1 in fp32)",
         },
     )
     router_decay: float = field(
-        default=0.95, metadata={"gt": 0, "le": 1, "help": "likelihood router: decay of past evidence per token"}
+        default=0.95,
+        metadata={
+            "gt": 0,
+            "le": 1,
+            "help": "likelihood router: decay of past evidence per token (1: the whole document weighs "
+            "alike; 0.95: about the last 20 tokens)",
+        },
     )
     router_confidence: str = field(
         default="entropy",
@@ -220,6 +225,11 @@ class ScaleConfig:
         if unknown:
             raise ValueError(f"unknown ScaleConfig fields {unknown}; known fields: {sorted(known)}")
         return cls(**data)
+
+
+ScaleConfig.__doc__ = f"{ScaleConfig.__doc__}\n\n    Attributes:\n" + "".join(
+    f"        {f.name}: {f.metadata['help']}\n" for f in fields(ScaleConfig)
+)
 
 
 def check_method(method: str) -> str:
