@@ -7,10 +7,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from transformers import (
-    PreTrainedModel,
-    PreTrainedTokenizerBase,
-)
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from scale_cl.data.corpus import Corpus, build_corpus, split_documents
 from scale_cl.experiments.train.prepare import base_model_config, process_state

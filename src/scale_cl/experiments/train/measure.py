@@ -8,9 +8,7 @@ from typing import Any
 
 import torch
 from safetensors.torch import load_file, save_file
-from transformers import (
-    PreTrainedModel,
-)
+from transformers import PreTrainedModel
 
 from scale_cl.data.corpus import Corpus, eos_id
 from scale_cl.eval.perplexity import final_hidden_original, mean_cosine_similarity, new_domain_tokens, perplexity

@@ -10,13 +10,9 @@ from typing import Any
 
 import torch
 from accelerate import PartialState
-from transformers import (
-    AutoConfig,
-    PreTrainedModel,
-    TrainingArguments,
-)
+from transformers import AutoConfig, PreTrainedModel, TrainingArguments
 
-from scale_cl.data.corpus import Corpus, check_corpus, is_stream
+from scale_cl.data.corpus import Corpus, check_corpus, eos_id, is_stream
 from scale_cl.data.pseudo_replay import cached_blocks, generate_blocks
 from scale_cl.data.replay import ReplayMix, ReplayStream
 from scale_cl.experiments.base.name import resolve_model_name
@@ -123,8 +119,6 @@ def pseudo_replay_blocks(
     d = cfg.data
     if not d.pseudo_replay_ratio:
         return None
-    from scale_cl.data.corpus import eos_id
-
     placement = base_placement(cfg)
     settings = {
         "base": asdict(ref),
