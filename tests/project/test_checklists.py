@@ -17,8 +17,8 @@ from scale_cl.experiments.presets import load_preset
 from scale_cl.experiments.run_folder import claim_output_folder
 from scale_cl.methods import REGISTRY, MethodSpec, method_options, prepare
 from scale_cl.train.recipe import train_model
-from scale_cl.tuner.arch import SPECS, ArchSpec, LinearSpec, MlpSpec, spec_for
-from scale_cl.tuner.arch.llama import LlamaLayerApart
+from scale_cl.tuner.arch import SPECS, spec_for
+from scale_cl.tuner.arch.llama import LLAMA, LlamaLayerApart
 from scale_cl.tuner.scale_state import decoder_layers
 from scale_cl.tuner.streams import StreamsApartLayer
 from tests.conftest import make_model, token_batch, upscaled_copy
@@ -32,24 +32,8 @@ class NewFamilyForCausalLM(LlamaForCausalLM):
     """A family transformers would ship as its own classes (here Llama's, under another name)."""
 
 
-NEW_FAMILY = ArchSpec(
-    family="new_family",
-    backbone="model",
-    final_norm="norm",
-    layer_norms=("input_layernorm", "post_attention_layernorm"),
-    norm_kind="rms",
-    linears=(
-        LinearSpec("self_attn.q_proj", "attn", "hidden", "q"),
-        LinearSpec("self_attn.k_proj", "attn", "hidden", "kv"),
-        LinearSpec("self_attn.v_proj", "attn", "hidden", "kv"),
-        LinearSpec("self_attn.o_proj", "attn", "q", "hidden"),
-        LinearSpec("mlp.gate_proj", "ffn", "hidden", "ffn"),
-        LinearSpec("mlp.up_proj", "ffn", "hidden", "ffn"),
-        LinearSpec("mlp.down_proj", "ffn", "ffn", "hidden"),
-    ),
-    mlp=MlpSpec("mlp", gate="gate_proj", up="up_proj", down="down_proj", act="act_fn"),
-    attention="self_attn",
-)
+# its data: Llama's module layout under the new family's name (a real family writes its own, as tuner/arch/llama.py)
+NEW_FAMILY = replace(LLAMA, family="new_family", layer_apart=None)
 
 
 def _new_family_model(dtype: torch.dtype = torch.float32) -> NewFamilyForCausalLM:

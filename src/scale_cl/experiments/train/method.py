@@ -70,8 +70,7 @@ class CorpusRun(MethodRun):
 
     def __post_init__(self) -> None:
         o = self.run_options
-        self.initial, self.save_model, self.pseudo_replay_cache = o.initial, o.save_model, o.pseudo_replay_cache
-        self.keep_checkpoints, self.reading, self.log_prefix = o.keep_checkpoints, o.reading, o.log_prefix
+        self.keep_checkpoints = o.keep_checkpoints  # `MethodRun.run` reads it
         self.method_dir = self.out / self.method if o.method_dir is None else o.method_dir
         self.seed, self.options, e = self.cfg.seed, self.cfg.options, self.cfg.eval
         self.result_path = self.method_dir / RESULT_FILE
@@ -110,8 +109,10 @@ class CorpusRun(MethodRun):
             self.options = replace(self.options, scale=scale)
             if self.is_main:
                 chosen = describe(self.layer_choice)
-                print(f"[{self.log_prefix}] {method}: collaborative layers from probe runs\n{chosen}")
-        self.pseudo = pseudo_replay_blocks(cfg, self.ref, base, self.tokenizer, self.pseudo_replay_cache or self.out)
+                print(f"[{self.run_options.log_prefix}] {method}: collaborative layers from probe runs\n{chosen}")
+        self.pseudo = pseudo_replay_blocks(
+            cfg, self.ref, base, self.tokenizer, self.run_options.pseudo_replay_cache or self.out
+        )
         return base
 
     @property
@@ -122,7 +123,7 @@ class CorpusRun(MethodRun):
         from scale_cl.methods import trainable_parameter_count
 
         cfg, corpus = self.cfg, self.corpus
-        if "calibrated" in (self.reading, *self.read_plan.routers) and requested_sharding() is not None:
+        if "calibrated" in (self.run_options.reading, *self.read_plan.routers) and requested_sharding() is not None:
             raise ValueError(
                 "the calibrated router's gate is fitted on the whole model after training, which sharded weights "
                 "do not hold on one process: train without FSDP, or read it with another router (--reading, "
@@ -134,11 +135,15 @@ class CorpusRun(MethodRun):
         args = training_arguments(cfg, self.method, self.run_dir, self.steps, self.logging_dir)
         self.lr = args.learning_rate
         tracker = PeriodicEval(
-            read_as(evaluate_method(cfg, corpus, self.reference, self.original_width, args.bf16), self.reading),
+            read_as(
+                evaluate_method(cfg, corpus, self.reference, self.original_width, args.bf16), self.run_options.reading
+            ),
             every=cfg.eval.interval(self.steps),
             path=self.method_dir / "metrics.jsonl",
             tokens_per_step=tokens_per_step,
-            initial=None if self.initial is None else {**self.initial, "trainable": trainable_parameter_count(model)},
+            initial=None
+            if self.run_options.initial is None
+            else {**self.run_options.initial, "trainable": trainable_parameter_count(model)},
         )
         run_info = {
             "method": self.method,
@@ -189,14 +194,12 @@ class CorpusRun(MethodRun):
         sharding = requested_sharding()
         if sharding is not None:
             replay += f", weights sharded ({sharding}) across {process_state().num_processes} processes"
-        steps = self.steps
-        print(
-            f"[{self.log_prefix}] {self.method}: lr {self.lr:g}{groups}, {trainable:,} trainable, {steps} steps{replay}"
-        )
+        prefix, steps = self.run_options.log_prefix, self.steps
+        print(f"[{prefix}] {self.method}: lr {self.lr:g}{groups}, {trainable:,} trainable, {steps} steps{replay}")
 
     def result(self, trainer: Trainer, tracker: PeriodicEval, trainable: int, seconds: float) -> dict[str, Any]:
         """The summary; with ``save_model`` every process gathers sharded weights for the main one to save."""
-        self.weights = full_state_dict(trainer) if self.save_model else None  # None unsharded
+        self.weights = full_state_dict(trainer) if self.run_options.save_model else None  # None unsharded
         summary = {
             "method": self.method,
             "lr": self.lr,
@@ -207,7 +210,7 @@ class CorpusRun(MethodRun):
         summary.update(used_placement(trainer.args))  # device, precision (and the GPU) it trained on
         if self.layer_choice is not None:
             summary["layer_choice"] = self.layer_choice
-        if self.reading == "calibrated" and self.is_main:
+        if self.run_options.reading == "calibrated" and self.is_main:
             summary["gate_fit"] = self.fit_gate(trainer, tracker, seconds)
         return summary
 
@@ -220,18 +223,18 @@ class CorpusRun(MethodRun):
         gate = ", ".join(
             f"{name.removeprefix('router_')} {value:.3g}" for name, value in fit.fit.gate.settings().items()
         )
-        print(f"[{self.log_prefix}] calibrated router fitted in {fit.seconds:.1f} s: {gate}")
+        print(f"[{self.run_options.log_prefix}] calibrated router fitted in {fit.seconds:.1f} s: {gate}")
         return {**fit.summary(), "share_of_training": fit.seconds / max(seconds, 1e-9)}
 
     def save(self, trainer: Trainer, tracker: PeriodicEval, result: dict[str, Any]) -> None:
         """The model (read with ``reading``, `scale_cl.models.save_trained`), and the curve into the summary."""
-        if self.save_model:
-            with reading_applied(trainer.model, self.reading, keep=True):
+        if self.run_options.save_model:
+            with reading_applied(trainer.model, self.run_options.reading, keep=True):
                 model_dir = self.method_dir / "model"
                 save_trained(trainer.model, self.tokenizer, self.method, self.ref, model_dir, state_dict=self.weights)
         result["curve"] = tracker.records
-        if self.reading is not None:
-            result["reading"] = self.reading
+        if self.run_options.reading is not None:
+            result["reading"] = self.run_options.reading
 
     def finish(self) -> None:
         process_state().wait_for_everyone()
